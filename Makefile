@@ -1,0 +1,60 @@
+# agentboot: `make run` starts everything locally, `make test` runs every test
+# that needs no root, `make e2e` runs the VM lab (root).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+# Heavy tools are built once per version into this cache, outside the clone,
+# so that a fresh clone on the same machine (CI) reuses them.
+AGENTBOOT_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/agentboot
+export AGENTBOOT_CACHE
+
+BIN            := $(CURDIR)/bin
+TESTBIN        := $(BIN)/testbin
+VERSION        ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+CONTROLLER_GEN := $(BIN)/controller-gen
+GO_TEST_FLAGS  ?=
+
+# The control-plane binaries envtest and `agentboot dev` use.
+export KUBEBUILDER_ASSETS := $(TESTBIN)
+
+.PHONY: build
+build: ## bin/agentboot (server components) and bin/agent (static on-host agent)
+	CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN)/agentboot ./cmd/agentboot
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agent ./cmd/agent
+
+.PHONY: testbin
+testbin: ## etcd, kube-apiserver and kubectl, built from the Go module proxy (cached)
+	@bash test/testbin/build.sh $(TESTBIN)
+
+.PHONY: controller-gen
+controller-gen:
+	@bash hack/gotool.sh controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen v0.23.0
+
+.PHONY: generate
+generate: controller-gen ## deepcopy functions and CRDs from api/
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/agentinstall/... paths=./api/metal3/... output:crd:dir=deploy/crds
+	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/hypershift/... output:crd:dir=test/crds
+
+.PHONY: verify
+verify: generate ## gofmt, go vet, and generated files up to date
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	go vet ./...
+	@git diff --exit-code -- api deploy/crds test/crds || { echo "generated files are stale: run make generate and commit"; exit 1; }
+
+.PHONY: test
+test: testbin build ## every test that needs no root
+	go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: run
+run: testbin build ## the whole service locally on a real control plane (FRESH=1, ADVERTISE_ADDRESS=<ip>)
+	$(BIN)/agentboot dev $(if $(FRESH),--fresh) $(if $(ADVERTISE_ADDRESS),--advertise-address=$(ADVERTISE_ADDRESS))
+
+.PHONY: clean
+clean: ## remove bin/ and the dev state (the tool cache is kept)
+	rm -rf $(BIN) .agentboot
+
+.PHONY: help
+help:
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentboot/agentboot/deploy"
+	"github.com/agentboot/agentboot/internal/devcluster"
+	"github.com/agentboot/agentboot/internal/hostaddr"
+	"github.com/agentboot/agentboot/internal/kubeapply"
+)
+
+// devFlags are the settings of `agentboot dev`.
+type devFlags struct {
+	stateDir      string
+	binDir        string
+	fresh         bool
+	advertise     string
+	etcdPort      int
+	etcdPeerPort  int
+	apiserverPort int
+}
+
+func runDev(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	var (
+		d         devFlags
+		m         managerFlags
+		logLevel  = fs.String("log-level", "info", "debug, info, warn or error")
+		logFormat = fs.String("log-format", "text", "text or json")
+	)
+	fs.StringVar(&d.stateDir, "state-dir", ".agentboot/dev", "where the dev control plane keeps etcd data, certificates, logs and the kubeconfig")
+	fs.StringVar(&d.binDir, "bin-dir", "bin/testbin", "directory with etcd, kube-apiserver and kubectl (make testbin)")
+	fs.BoolVar(&d.fresh, "fresh", false, "discard the state of earlier runs and start clean")
+	fs.StringVar(&d.advertise, "advertise-address", "", "address booted hosts use to reach agentboot's services (default: this machine's primary address)")
+	fs.IntVar(&d.etcdPort, "etcd-port", devcluster.DefaultEtcdPort, "loopback port of the dev etcd")
+	fs.IntVar(&d.etcdPeerPort, "etcd-peer-port", devcluster.DefaultEtcdPeerPort, "loopback peer port of the dev etcd")
+	fs.IntVar(&d.apiserverPort, "apiserver-port", devcluster.DefaultAPIServerPort, "loopback port of the dev kube-apiserver")
+	m.register(fs)
+	// In dev the manager is alone, on loopback, and restarts often.
+	if err := fs.Set("leader-elect", "false"); err != nil {
+		return err
+	}
+	if err := fs.Set("metrics-bind-address", "127.0.0.1:9091"); err != nil {
+		return err
+	}
+	if err := fs.Set("metrics-secure", "false"); err != nil {
+		return err
+	}
+	if err := fs.Set("health-probe-bind-address", "127.0.0.1:9440"); err != nil {
+		return err
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := newLogger(os.Stderr, *logLevel, *logFormat)
+	if err != nil {
+		return err
+	}
+
+	advertise, err := advertiseAddress(d.advertise)
+	if err != nil {
+		return err
+	}
+	if err := checkDevPorts(m); err != nil {
+		return err
+	}
+	cluster, err := devcluster.New(devcluster.Config{
+		StateDir:      d.stateDir,
+		BinDir:        d.binDir,
+		Fresh:         d.fresh,
+		EtcdPort:      d.etcdPort,
+		EtcdPeerPort:  d.etcdPeerPort,
+		APIServerPort: d.apiserverPort,
+		Log:           log.WithName("devcluster"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := cluster.Start(ctx); err != nil {
+		return err
+	}
+	defer cluster.Stop()
+
+	cfg := cluster.RESTConfig()
+	if err := installDev(ctx, cfg, m.namespace); err != nil {
+		return err
+	}
+	mgr, err := newManager(cfg, m, log)
+	if err != nil {
+		return err
+	}
+	if err := addComponents(mgr, m, log); err != nil {
+		return err
+	}
+
+	fmt.Fprintf(os.Stderr, "\nagentboot dev is up. In another terminal:\n\n  export KUBECONFIG=%s\n  %s/kubectl get infraenvs,agents -A\n\nServices advertise %s to booted hosts. Ctrl-C stops everything.\n\n",
+		cluster.KubeconfigPath(), d.binDir, advertise)
+
+	mgrCtx, stopMgr := context.WithCancel(ctx)
+	defer stopMgr()
+	mgrDone := make(chan error, 1)
+	go func() { mgrDone <- mgr.Start(mgrCtx) }()
+	select {
+	case <-ctx.Done():
+		log.Info("stopping")
+		stopMgr()
+		if err := <-mgrDone; err != nil {
+			return err
+		}
+		return nil
+	case err := <-mgrDone:
+		return err
+	case err := <-cluster.Died():
+		stopMgr()
+		<-mgrDone
+		return err
+	}
+}
+
+// installDev installs the CRDs and the manager's namespace.
+func installDev(ctx context.Context, cfg *rest.Config, namespace string) error {
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return err
+	}
+	docs, err := deploy.CRDs()
+	if err != nil {
+		return err
+	}
+	objs, err := kubeapply.Decode(docs...)
+	if err != nil {
+		return err
+	}
+	if err := kubeapply.Apply(ctx, c, objs); err != nil {
+		return fmt.Errorf("install CRDs: %w", err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
+	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", namespace, err)
+	}
+	return nil
+}
+
+// checkDevPorts fails early, before anything starts, when a port of the
+// in-process components is taken.
+func checkDevPorts(m managerFlags) error {
+	for _, p := range []struct{ addr, what, flag string }{
+		{m.metricsAddr, "manager metrics", "--metrics-bind-address"},
+		{m.probeAddr, "manager health probes", "--health-probe-bind-address"},
+	} {
+		if p.addr == "0" || p.addr == "" {
+			continue
+		}
+		if err := devcluster.CheckPort("tcp", p.addr, p.what, "choose another with "+p.flag); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// advertiseAddress parses the flag, or finds this machine's primary address.
+func advertiseAddress(flagValue string) (netip.Addr, error) {
+	if flagValue != "" {
+		a, err := netip.ParseAddr(flagValue)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("--advertise-address %q is not an IP address", flagValue)
+		}
+		if a.IsUnspecified() {
+			return netip.Addr{}, errors.New("--advertise-address must be an address hosts can reach, not 0.0.0.0 or ::")
+		}
+		return a, nil
+	}
+	a, err := hostaddr.Primary()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("find this machine's primary address (%w): set one with ADVERTISE_ADDRESS=<ip>", err)
+	}
+	return a, nil
+}

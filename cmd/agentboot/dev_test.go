@@ -1,0 +1,272 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/agentboot/agentboot/internal/testenv"
+)
+
+// buildAgentboot compiles this command once per test binary.
+var buildAgentboot = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "agentboot-bin-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "agentboot")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ports []int
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+// devRun is one `agentboot dev` process under test.
+type devRun struct {
+	cmd    *exec.Cmd
+	output *syncBuffer
+	ready  chan struct{}
+	done   chan error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type devSetup struct {
+	stateDir string
+	ports    []int // etcd, etcd peer, apiserver, metrics, probes
+}
+
+func newDevSetup(t *testing.T) devSetup {
+	return devSetup{stateDir: t.TempDir(), ports: freePorts(t, 5)}
+}
+
+func (d devSetup) args(extra ...string) []string {
+	return append([]string{"dev",
+		"--state-dir", d.stateDir,
+		"--bin-dir", filepath.Join(testenv.RepoRoot(), "bin", "testbin"),
+		"--advertise-address", "198.18.0.1",
+		"--etcd-port", strconv.Itoa(d.ports[0]),
+		"--etcd-peer-port", strconv.Itoa(d.ports[1]),
+		"--apiserver-port", strconv.Itoa(d.ports[2]),
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", d.ports[3]),
+		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", d.ports[4]),
+	}, extra...)
+}
+
+func startDev(t *testing.T, args []string) *devRun {
+	t.Helper()
+	bin, err := buildAgentboot()
+	require.NoError(t, err)
+	r := &devRun{output: &syncBuffer{}, ready: make(chan struct{}), done: make(chan error, 1)}
+	r.cmd = exec.Command(bin, args...)
+	pr, pw, err := os.Pipe()
+	require.NoError(t, err)
+	r.cmd.Stdout, r.cmd.Stderr = pw, pw
+	require.NoError(t, r.cmd.Start())
+	pw.Close()
+	go func() {
+		sc := bufio.NewScanner(pr)
+		once := sync.Once{}
+		for sc.Scan() {
+			fmt.Fprintln(r.output, sc.Text())
+			if strings.Contains(sc.Text(), "agentboot dev is up") {
+				once.Do(func() { close(r.ready) })
+			}
+		}
+	}()
+	go func() { r.done <- r.cmd.Wait() }()
+	t.Cleanup(func() {
+		if r.cmd.ProcessState == nil {
+			_ = r.cmd.Process.Kill()
+		}
+	})
+	return r
+}
+
+func (r *devRun) waitReady(t *testing.T) {
+	t.Helper()
+	select {
+	case <-r.ready:
+	case err := <-r.done:
+		t.Fatalf("agentboot dev exited early (%v):\n%s", err, r.output.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("agentboot dev not up after 2 minutes:\n%s", r.output.String())
+	}
+}
+
+// interrupt sends Ctrl-C and waits for a clean exit.
+func (r *devRun) interrupt(t *testing.T) {
+	t.Helper()
+	require.NoError(t, r.cmd.Process.Signal(os.Interrupt))
+	select {
+	case err := <-r.done:
+		require.NoError(t, err, r.output.String())
+	case <-time.After(time.Minute):
+		t.Fatalf("agentboot dev did not stop within a minute of Ctrl-C:\n%s", r.output.String())
+	}
+}
+
+// processesUsing lists the PIDs whose command line mentions dir.
+func processesUsing(dir string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, []byte(dir)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func kubectl(t *testing.T, kubeconfig string, stdin string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(testenv.RepoRoot(), "bin", "testbin", "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func TestDevKeepsStateAndStopsCleanly(t *testing.T) {
+	d := newDevSetup(t)
+	kubeconfig := filepath.Join(d.stateDir, "kubeconfig")
+
+	run := startDev(t, d.args())
+	run.waitReady(t)
+	require.Contains(t, run.output.String(), kubeconfig, "the kubeconfig path is printed")
+	out, err := kubectl(t, kubeconfig, "", "get", "crd", "infraenvs.agent-install.openshift.io", "agents.agent-install.openshift.io", "nmstateconfigs.agent-install.openshift.io", "baremetalhosts.metal3.io", "-o", "name")
+	require.NoError(t, err, out)
+	require.Equal(t, 4, strings.Count(out, "customresourcedefinition"))
+	out, err = kubectl(t, kubeconfig, "", "create", "namespace", "kept")
+	require.NoError(t, err, out)
+	require.NotEmpty(t, processesUsing(d.stateDir))
+
+	run.interrupt(t)
+	require.Empty(t, processesUsing(d.stateDir), "no orphan etcd or kube-apiserver")
+	for _, p := range d.ports {
+		require.NoError(t, checkFree(p), "port %d freed", p)
+	}
+
+	// A second run keeps the state.
+	run = startDev(t, d.args())
+	run.waitReady(t)
+	out, err = kubectl(t, kubeconfig, "", "get", "namespace", "kept", "-o", "name")
+	require.NoError(t, err, out)
+	run.interrupt(t)
+
+	// --fresh starts clean.
+	run = startDev(t, d.args("--fresh"))
+	run.waitReady(t)
+	out, err = kubectl(t, kubeconfig, "", "get", "namespace", "kept")
+	require.Error(t, err)
+	require.Contains(t, out, "NotFound")
+	run.interrupt(t)
+	require.Empty(t, processesUsing(d.stateDir))
+}
+
+func TestDevStopsChildrenWhenKilled(t *testing.T) {
+	d := newDevSetup(t)
+	run := startDev(t, d.args())
+	run.waitReady(t)
+	require.NotEmpty(t, processesUsing(d.stateDir))
+	require.NoError(t, run.cmd.Process.Signal(syscall.SIGKILL))
+	<-run.done
+	require.Eventually(t, func() bool { return len(processesUsing(d.stateDir)) == 0 }, 30*time.Second, 200*time.Millisecond,
+		"the kernel stops etcd and kube-apiserver when agentboot dies")
+}
+
+func checkFree(port int) error {
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return err
+	}
+	return l.Close()
+}
+
+func TestDevExplainsProblems(t *testing.T) {
+	t.Run("port taken", func(t *testing.T) {
+		d := newDevSetup(t)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", d.ports[2]))
+		require.NoError(t, err)
+		defer l.Close()
+		run := startDev(t, d.args())
+		err = <-run.done
+		require.Error(t, err)
+		out := run.output.String()
+		require.Contains(t, out, fmt.Sprintf("port 127.0.0.1:%d (dev kube-apiserver) is already in use", d.ports[2]))
+		require.Contains(t, out, "--apiserver-port")
+		require.Empty(t, processesUsing(d.stateDir), "nothing left running")
+	})
+	t.Run("binary missing", func(t *testing.T) {
+		d := newDevSetup(t)
+		args := d.args()
+		for i := range args {
+			if args[i] == "--bin-dir" {
+				args[i+1] = t.TempDir()
+			}
+		}
+		run := startDev(t, args)
+		err := <-run.done
+		require.Error(t, err)
+		require.Contains(t, run.output.String(), "etcd not found at")
+		require.Contains(t, run.output.String(), "run `make testbin`")
+	})
+	t.Run("bad advertise address", func(t *testing.T) {
+		d := newDevSetup(t)
+		run := startDev(t, append(d.args(), "--advertise-address", "not-an-ip"))
+		err := <-run.done
+		require.Error(t, err)
+		require.Contains(t, run.output.String(), `--advertise-address "not-an-ip" is not an IP address`)
+	})
+}

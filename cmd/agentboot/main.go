@@ -1,0 +1,64 @@
+// Command agentboot runs agentboot's server components: `manager` (the
+// controllers and the agent API), `dev` (all of it on a local control plane),
+// and, as they land, `image-service` and `pxe`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, args []string) error
+}
+
+var commands = []command{
+	{"manager", "run the controllers and the agent API against a cluster", runManager},
+	{"dev", "run a local control plane with everything agentboot serves (make run)", runDev},
+	{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
+}
+
+func usage() {
+	fmt.Fprintf(os.Stderr, "usage: agentboot <command> [flags]\n\ncommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(os.Stderr, "  %-14s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(os.Stderr, "\n`agentboot <command> -h` lists a command's flags.\n")
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	name := os.Args[1]
+	for _, c := range commands {
+		if c.name != name {
+			continue
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := c.run(ctx, os.Args[2:])
+		stop()
+		if err != nil && !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(os.Stderr, "agentboot %s: %v\n", name, err)
+			os.Exit(1)
+		}
+		return
+	}
+	if name == "-h" || name == "--help" || name == "help" {
+		usage()
+		return
+	}
+	fmt.Fprintf(os.Stderr, "agentboot: unknown command %q\n\n", name)
+	usage()
+	os.Exit(2)
+}
