@@ -31,6 +31,10 @@ testbin: ## etcd, kube-apiserver and kubectl, built from the Go module proxy (ca
 controller-gen:
 	@bash hack/gotool.sh controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen v0.23.0
 
+.PHONY: tools
+tools: controller-gen ## small tools tests use (the upstream Ignition validator), cached
+	@bash hack/gotool.sh ignition-validate github.com/coreos/ignition/v2/validate v2.26.0
+
 .PHONY: generate
 generate: controller-gen ## deepcopy functions and CRDs from api/
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
@@ -43,8 +47,12 @@ verify: generate ## gofmt, go vet, and generated files up to date
 	go vet ./...
 	@git diff --exit-code -- api deploy/crds test/crds || { echo "generated files are stale: run make generate and commit"; exit 1; }
 
+.PHONY: dev-image
+dev-image: ## the dev OS live ISO (from Debian packages; cached) in dist/dev-image
+	go run ./test/devimage/build --out dist/dev-image --cache $(AGENTBOOT_CACHE)
+
 .PHONY: test
-test: testbin build ## every test that needs no root
+test: testbin tools dev-image build ## every test that needs no root
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: run

@@ -13,6 +13,9 @@ if [ ! -x "$dir/$name" ]; then
 	tmp=$(mktemp -d "$cache_root/tools/.build-XXXXXX")
 	trap 'rm -rf "$tmp"' EXIT
 	GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS=-mod=mod go install "$pkg@$ver"
+	# go install names the binary after the package directory.
+	[ -x "$tmp/$name" ] || mv "$tmp/$(basename "$pkg")" "$tmp/$name"
+	chmod 755 "$tmp"
 	rm -rf "$dir"
 	mv "$tmp" "$dir"
 	trap - EXIT

@@ -139,3 +139,22 @@ func (e *Env) KubectlWithStderr(ctx context.Context, stdin string, args ...strin
 	}
 	return out.String(), errb.String(), nil
 }
+
+// DevImage returns the path of the dev OS live ISO that `make dev-image`
+// builds, failing with the fix when it is missing.
+func DevImage() (string, error) {
+	p := filepath.Join(RepoRoot(), "dist", "dev-image", "agentboot-dev-live.x86_64.iso")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s missing: run `make dev-image` (make test does it first)", p)
+	}
+	return p, nil
+}
+
+// Tool returns the path of a tool `make tools` links into bin/.
+func Tool(name string) (string, error) {
+	p := filepath.Join(RepoRoot(), "bin", name)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s missing: run `make tools` (make test does it first)", p)
+	}
+	return p, nil
+}

@@ -1,0 +1,413 @@
+// Package discovery renders what an InfraEnv's hosts boot: the discovery
+// Ignition config (built with Ignition's own config types), the compressed
+// archive that carries it in an ISO or initrd, the kernel arguments of each
+// boot flavour, the iPXE script and the signed URLs. Rendering is a pure
+// function of the InfraEnv, its NMStateConfigs, the OS image and the
+// settings, so the InfraEnv controller (which publishes URLs) and the image
+// service (which serves them) compute the same content and version
+// independently.
+package discovery
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+
+	"github.com/coreos/ignition/v2/config/v3_2/types"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/initramfs"
+	"github.com/agentboot/agentboot/internal/liveiso"
+	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/signing"
+)
+
+// Paths the discovery Ignition writes on the host.
+const (
+	AgentBinaryPath       = "/usr/local/bin/agent"
+	StaticNetworksPath    = "/etc/agentboot/static-networks.json"
+	TrustBundlePath       = "/etc/pki/ca-trust/source/anchors/agentboot-additional-trust-bundle.pem"
+	ProxyEnvironmentPath  = "/etc/systemd/system.conf.d/10-agentboot-proxy.conf"
+	AgentUnit             = "agent.service"
+	StaticNetworkUnit     = "agentboot-static-network.service"
+	baseIgnitionVersion   = "3.2.0"
+	maxOverrideBytes      = 1 << 20
+	registrationTokenNote = "registration token"
+)
+
+// Settings are the deployment-wide inputs every InfraEnv shares. The manager
+// and the image service must be given the same ones.
+type Settings struct {
+	// AgentAPIURL is the HTTPS base URL hosts register at.
+	AgentAPIURL string
+	// ImageServiceURL is the HTTPS base URL of the image service.
+	ImageServiceURL string
+	// ImageServiceHTTPURL is its plain-HTTP base URL, for what stock iPXE
+	// fetches (script, kernel, initrd) and for the root filesystem.
+	ImageServiceHTTPURL string
+	// ISOOverHTTP publishes the ISO URL over plain HTTP, for BMCs whose
+	// virtual media cannot fetch over HTTPS.
+	ISOOverHTTP bool
+	// CABundle (PEM) verifies the agent API and image service certificates
+	// on hosts; empty when they are publicly trusted.
+	CABundle string
+	// AgentBinarySHA256 and AgentBinarySHA512 are digests of the agent
+	// binary the image service serves.
+	AgentBinarySHA256 string
+	AgentBinarySHA512 string
+}
+
+// Validate checks that the settings make usable URLs.
+func (s Settings) Validate() error {
+	for _, u := range []struct{ name, v, scheme string }{
+		{"agent API URL", s.AgentAPIURL, "https"},
+		{"image service URL", s.ImageServiceURL, "https"},
+		{"image service HTTP URL", s.ImageServiceHTTPURL, "http"},
+	} {
+		p, err := url.Parse(u.v)
+		if err != nil || p.Scheme != u.scheme || p.Host == "" || p.RawQuery != "" {
+			return fmt.Errorf("%s %q must be an %s:// URL without a query", u.name, u.v, u.scheme)
+		}
+	}
+	if len(s.AgentBinarySHA256) != 64 || len(s.AgentBinarySHA512) != 128 {
+		return errors.New("agent binary digests are missing")
+	}
+	return nil
+}
+
+// AgentBinaryURL is where hosts fetch the agent: content-addressed, so it is
+// immutable and needs no token.
+func (s Settings) AgentBinaryURL() string {
+	return strings.TrimSuffix(s.ImageServiceURL, "/") + "/agent/" + s.AgentBinarySHA256
+}
+
+// InputError is a problem with what the InfraEnv's author wrote; the
+// controller reports it on the InfraEnv instead of retrying.
+type InputError struct{ msg string }
+
+func (e *InputError) Error() string { return e.msg }
+
+func inputErrorf(format string, args ...any) error {
+	return &InputError{msg: fmt.Sprintf(format, args...)}
+}
+
+// Input is one InfraEnv and what it refers to.
+type Input struct {
+	InfraEnv *v1beta1.InfraEnv
+	// NMStateConfigs are the configs the InfraEnv's selector picks.
+	NMStateConfigs []v1beta1.NMStateConfig
+	// Image is the full live ISO from the catalog.
+	Image *osimage.Image
+	Key   signing.Key
+}
+
+// Output is everything a host of the InfraEnv boots.
+type Output struct {
+	// Version identifies the content; it is part of every URL.
+	Version string
+	// Ignition is the discovery Ignition config (JSON).
+	Ignition []byte
+	// Archive is the xz-compressed cpio holding config.ign, for the ISO's
+	// embed area and the PXE initrd.
+	Archive []byte
+	// FullKargs and MinimalKargs go into the ISOs' kernel-argument areas.
+	FullKargs, MinimalKargs string
+	// PXEKargs follow the kernel URL in the iPXE script.
+	PXEKargs  string
+	ImageType v1beta1.ImageType
+	URLs      URLs
+}
+
+// Render computes the discovery content of one InfraEnv.
+func Render(in Input, s Settings) (*Output, error) {
+	ie := in.InfraEnv
+	if in.Image == nil {
+		return nil, errors.New("no OS image")
+	}
+	if !in.Key.Valid() {
+		return nil, signing.ErrNoKey
+	}
+	ign, parts, err := renderIgnition(in, s)
+	if err != nil {
+		return nil, err
+	}
+	archive, err := initramfs.Archive(initramfs.XZ, initramfs.File{Path: "config.ign", Mode: 0o600, Data: ign})
+	if err != nil {
+		return nil, err
+	}
+	area := in.Image.Layout.Ignition.Length
+	if int64(len(archive)) > area {
+		return nil, inputErrorf("the discovery Ignition is %d KiB compressed, but the ISO's embed area holds %d KiB; its largest parts: %s",
+			(len(archive)+1023)/1024, area/1024, parts.describe())
+	}
+	kargs, err := kernelArguments(in.Image.Layout.Kargs.Default, ie.Spec.KernelArguments)
+	if err != nil {
+		return nil, err
+	}
+	out := &Output{
+		Ignition:  ign,
+		Archive:   archive,
+		ImageType: imageType(ie),
+	}
+	out.Version = version(out, in, kargs, s)
+	out.URLs = newURLs(s, string(ie.UID), out.Version, in.Key.Token(signing.PurposeImage, string(ie.UID), out.Version))
+
+	out.FullKargs = strings.Join(kargs, " ")
+	live := without(kargs, "coreos.liveiso")
+	out.MinimalKargs = strings.Join(append(live, "coreos.live.rootfs_url="+out.URLs.Rootfs), " ")
+	pxe := append([]string{"initrd=initrd", "coreos.live.rootfs_url=" + out.URLs.Rootfs}, live...)
+	for _, required := range []string{"ignition.firstboot", "ignition.platform.id=metal"} {
+		if !contains(pxe, required) {
+			pxe = append(pxe, required)
+		}
+	}
+	// iPXE expands this to the MAC it booted from; the agent reads it.
+	pxe = append(pxe, "BOOTIF=01-${netX/mac:hexhyp}")
+	out.PXEKargs = strings.Join(pxe, " ")
+
+	// Every area must hold the arguments of its flavour.
+	for name, k := range map[string]string{"full ISO": out.FullKargs, "minimal ISO": out.MinimalKargs} {
+		if _, err := in.Image.Layout.Kargs.Render(k); err != nil {
+			if errors.Is(err, liveiso.ErrKargsTooLong) {
+				return nil, inputErrorf("kernel arguments of the %s: %v", name, err)
+			}
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func imageType(ie *v1beta1.InfraEnv) v1beta1.ImageType {
+	if ie.Spec.ImageType == v1beta1.ImageTypeMinimalISO {
+		return v1beta1.ImageTypeMinimalISO
+	}
+	return v1beta1.ImageTypeFullISO
+}
+
+// version hashes everything that changes what a host boots. URLs are derived
+// from it, so they are not part of it.
+func version(out *Output, in Input, kargs []string, s Settings) string {
+	h := sha256.New()
+	for _, part := range []string{
+		string(out.Ignition),
+		in.Image.ID,
+		string(out.ImageType),
+		strings.Join(kargs, " "),
+		string(in.InfraEnv.Spec.IPXEScriptType),
+		s.ImageServiceURL, s.ImageServiceHTTPURL,
+	} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// parts records the raw size of what the InfraEnv's author contributed, to
+// explain an Ignition that does not fit.
+type parts map[string]int
+
+func (p parts) describe() string {
+	names := make([]string, 0, len(p))
+	for n := range p {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		return p[names[i]] > p[names[j]] || p[names[i]] == p[names[j]] && names[i] < names[j]
+	})
+	var out []string
+	for _, n := range names {
+		if p[n] > 0 {
+			out = append(out, fmt.Sprintf("%s (%d KiB)", n, (p[n]+1023)/1024))
+		}
+	}
+	if len(out) > 3 {
+		out = out[:3]
+	}
+	return strings.Join(out, ", ")
+}
+
+func dataURL(b []byte) *string {
+	s := "data:;base64," + base64.StdEncoding.EncodeToString(b)
+	return &s
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func renderIgnition(in Input, s Settings) ([]byte, parts, error) {
+	ie := in.InfraEnv
+	sizes := parts{
+		"ignitionConfigOverride": len(ie.Spec.IgnitionConfigOverride),
+		"additionalTrustBundle":  len(ie.Spec.AdditionalTrustBundle),
+		"sshAuthorizedKey":       len(ie.Spec.SSHAuthorizedKey),
+	}
+	agentCfg := agentapi.Config{
+		APIURL:            s.AgentAPIURL,
+		InfraEnv:          agentapi.InfraEnvRef{Namespace: ie.Namespace, Name: ie.Name, UID: string(ie.UID)},
+		RegistrationToken: in.Key.Token(signing.PurposeRegister, string(ie.UID), ""),
+		CABundle:          s.CABundle,
+		NTPSources:        ie.Spec.AdditionalNTPSources,
+	}
+	if p := ie.Spec.Proxy; p != nil && (p.HTTPProxy != "" || p.HTTPSProxy != "") {
+		agentCfg.Proxy = &agentapi.Proxy{HTTPProxy: p.HTTPProxy, HTTPSProxy: p.HTTPSProxy, NoProxy: p.NoProxy}
+	}
+	agentJSON, err := json.Marshal(agentCfg)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	var cfg types.Config
+	cfg.Ignition.Version = baseIgnitionVersion
+	if s.CABundle != "" {
+		cfg.Ignition.Security.TLS.CertificateAuthorities = []types.Resource{{Source: dataURL([]byte(s.CABundle))}}
+	}
+	if p := agentCfg.Proxy; p != nil {
+		if p.HTTPProxy != "" {
+			cfg.Ignition.Proxy.HTTPProxy = ptr(p.HTTPProxy)
+		}
+		if p.HTTPSProxy != "" {
+			cfg.Ignition.Proxy.HTTPSProxy = ptr(p.HTTPSProxy)
+		}
+		for _, n := range splitNoProxy(p.NoProxy) {
+			cfg.Ignition.Proxy.NoProxy = append(cfg.Ignition.Proxy.NoProxy, types.NoProxyItem(n))
+		}
+	}
+	if key := strings.TrimSpace(ie.Spec.SSHAuthorizedKey); key != "" {
+		var keys []types.SSHAuthorizedKey
+		for _, line := range strings.Split(key, "\n") {
+			if line = strings.TrimSpace(line); line != "" {
+				keys = append(keys, types.SSHAuthorizedKey(line))
+			}
+		}
+		cfg.Passwd.Users = []types.PasswdUser{{Name: "core", SSHAuthorizedKeys: keys}}
+	}
+	file := func(path string, mode int, contents types.Resource) types.File {
+		return types.File{
+			Node:          types.Node{Path: path, Overwrite: ptr(true)},
+			FileEmbedded1: types.FileEmbedded1{Mode: ptr(mode), Contents: contents},
+		}
+	}
+	cfg.Storage.Files = append(cfg.Storage.Files,
+		file(AgentBinaryPath, 0o755, types.Resource{
+			Source:       ptr(s.AgentBinaryURL()),
+			Verification: types.Verification{Hash: ptr("sha512-" + s.AgentBinarySHA512)},
+		}),
+		file(agentapi.ConfigPath, 0o600, types.Resource{Source: dataURL(agentJSON)}),
+	)
+	if tb := strings.TrimSpace(ie.Spec.AdditionalTrustBundle); tb != "" {
+		cfg.Storage.Files = append(cfg.Storage.Files, file(TrustBundlePath, 0o644, types.Resource{Source: dataURL([]byte(tb + "\n"))}))
+	}
+	if p := agentCfg.Proxy; p != nil {
+		env := "[Manager]\nDefaultEnvironment=" + proxyEnvironment(p) + "\n"
+		cfg.Storage.Files = append(cfg.Storage.Files, file(ProxyEnvironmentPath, 0o644, types.Resource{Source: dataURL([]byte(env))}))
+	}
+	cfg.Systemd.Units = []types.Unit{{Name: AgentUnit, Enabled: ptr(true), Contents: ptr(agentUnit)}}
+	if len(in.NMStateConfigs) > 0 {
+		nets, err := staticNetworks(in.NMStateConfigs)
+		if err != nil {
+			return nil, nil, err
+		}
+		sizes["NMStateConfigs"] = len(nets)
+		cfg.Storage.Files = append(cfg.Storage.Files, file(StaticNetworksPath, 0o600, types.Resource{Source: dataURL(nets)}))
+		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: StaticNetworkUnit, Enabled: ptr(true), Contents: ptr(staticNetworkUnit)})
+	}
+	base, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ie.Spec.IgnitionConfigOverride == "" {
+		return base, sizes, nil
+	}
+	merged, err := mergeOverride(base, []byte(ie.Spec.IgnitionConfigOverride))
+	if err != nil {
+		return nil, nil, err
+	}
+	return merged, sizes, nil
+}
+
+const agentUnit = `[Unit]
+Description=agentboot discovery agent
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=simple
+ExecStart=/usr/local/bin/agent run --config /etc/agentboot/agent.json
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+`
+
+const staticNetworkUnit = `[Unit]
+Description=Apply this host's static network configuration (agentboot NMStateConfig)
+DefaultDependencies=no
+Before=NetworkManager.service network-pre.target
+Wants=network-pre.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/bin/agent static-network --config /etc/agentboot/static-networks.json --out /etc/nmstate
+
+[Install]
+WantedBy=multi-user.target
+`
+
+func splitNoProxy(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// proxyEnvironment is a systemd DefaultEnvironment value; systemd quotes each
+// assignment in double quotes.
+func proxyEnvironment(p *agentapi.Proxy) string {
+	var env []string
+	add := func(k, v string) {
+		if v != "" {
+			env = append(env, fmt.Sprintf("%q", k+"="+v))
+		}
+	}
+	add("HTTP_PROXY", p.HTTPProxy)
+	add("http_proxy", p.HTTPProxy)
+	add("HTTPS_PROXY", p.HTTPSProxy)
+	add("https_proxy", p.HTTPSProxy)
+	add("NO_PROXY", p.NoProxy)
+	add("no_proxy", p.NoProxy)
+	return strings.Join(env, " ")
+}
+
+// staticNetworks serialises the selected NMStateConfigs for the agent.
+func staticNetworks(cfgs []v1beta1.NMStateConfig) ([]byte, error) {
+	sorted := append([]v1beta1.NMStateConfig(nil), cfgs...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	var nets []agentapi.StaticNetwork
+	for _, c := range sorted {
+		n := agentapi.StaticNetwork{Name: c.Name}
+		for _, i := range c.Spec.Interfaces {
+			if i == nil {
+				continue
+			}
+			n.Interfaces = append(n.Interfaces, agentapi.StaticInterface{Name: i.Name, MACAddress: strings.ToLower(i.MacAddress)})
+		}
+		if len(c.Spec.NetConfig.Raw) > 0 {
+			if err := json.Unmarshal(c.Spec.NetConfig.Raw, &n.State); err != nil {
+				return nil, inputErrorf("NMStateConfig %s: config is not an object: %v", c.Name, err)
+			}
+		}
+		nets = append(nets, n)
+	}
+	return json.Marshal(nets)
+}

@@ -1,0 +1,284 @@
+package discovery
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/coreos/ignition/v2/config/v3_4"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/liveiso"
+	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/signing"
+	"github.com/agentboot/agentboot/internal/testenv"
+)
+
+var settings = Settings{
+	AgentAPIURL:         "https://198.18.0.1:7443",
+	ImageServiceURL:     "https://198.18.0.1:8443",
+	ImageServiceHTTPURL: "http://198.18.0.1:8080",
+	CABundle:            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+	AgentBinarySHA256:   strings.Repeat("a", 64),
+	AgentBinarySHA512:   strings.Repeat("b", 128),
+}
+
+func devImage(t *testing.T) *osimage.Image {
+	t.Helper()
+	p, err := testenv.DevImage()
+	require.NoError(t, err)
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	st, err := f.Stat()
+	require.NoError(t, err)
+	l, err := liveiso.Inspect(f, st.Size())
+	require.NoError(t, err)
+	return &osimage.Image{ID: "0123456789abcdef", Layout: l}
+}
+
+func key(t *testing.T) signing.Key {
+	k, err := signing.NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	return k
+}
+
+func infraEnv() *v1beta1.InfraEnv {
+	return &v1beta1.InfraEnv{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "hardware-inventory", Name: "hardware-inventory", UID: "7f9c1a2e-0000-4000-8000-000000000001"},
+		Spec: v1beta1.InfraEnvSpec{
+			PullSecretRef:    &corev1.LocalObjectReference{Name: "pull-secret"},
+			SSHAuthorizedKey: "ssh-ed25519 AAAAC3Nza me@laptop",
+			CPUArchitecture:  "x86_64",
+		},
+	}
+}
+
+func render(t *testing.T, ie *v1beta1.InfraEnv, nm ...v1beta1.NMStateConfig) *Output {
+	t.Helper()
+	out, err := Render(Input{InfraEnv: ie, NMStateConfigs: nm, Image: devImage(t), Key: key(t)}, settings)
+	require.NoError(t, err)
+	return out
+}
+
+func decodeData(t *testing.T, src *string) []byte {
+	t.Helper()
+	require.NotNil(t, src)
+	b64, ok := strings.CutPrefix(*src, "data:;base64,")
+	require.True(t, ok, *src)
+	b, err := base64.StdEncoding.DecodeString(b64)
+	require.NoError(t, err)
+	return b
+}
+
+func TestRenderEverything(t *testing.T) {
+	ie := infraEnv()
+	ie.Spec.Proxy = &v1beta1.Proxy{HTTPProxy: "http://proxy:3128", HTTPSProxy: "http://proxy:3128", NoProxy: "198.18.0.0/15,.cluster.local"}
+	ie.Spec.AdditionalNTPSources = []string{"ntp1.example", "198.18.0.5"}
+	ie.Spec.AdditionalTrustBundle = "-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----"
+	ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Operation: "append", Value: "agentboot.debug=1"}, {Operation: "replace", Value: "console=ttyS1,9600"}}
+	ie.Spec.IgnitionConfigOverride = `{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/motd","contents":{"source":"data:,hello"}}]}}`
+	nm := v1beta1.NMStateConfig{
+		ObjectMeta: metav1.ObjectMeta{Name: "host-a"},
+		Spec: v1beta1.NMStateConfigSpec{
+			Interfaces: []*v1beta1.Interface{{Name: "eth0", MacAddress: "52:54:00:AA:BB:CC"}},
+			NetConfig:  runtime.RawExtension{Raw: []byte(`{"interfaces":[{"name":"eth0","type":"ethernet","state":"up","ipv4":{"enabled":true,"address":[{"ip":"198.18.1.10","prefix-length":24}]}}]}`)},
+		},
+	}
+	out := render(t, ie, nm)
+
+	// The override's newer spec version wins; Ignition itself validates.
+	cfg, rpt, err := v3_4.Parse(out.Ignition)
+	require.NoError(t, err, rpt.String())
+	require.Equal(t, "3.4.0", cfg.Ignition.Version)
+	files := map[string]int{}
+	for i, f := range cfg.Storage.Files {
+		files[f.Path] = i
+	}
+	for _, p := range []string{AgentBinaryPath, agentapi.ConfigPath, TrustBundlePath, ProxyEnvironmentPath, StaticNetworksPath, "/etc/motd"} {
+		require.Contains(t, files, p)
+	}
+	agent := cfg.Storage.Files[files[AgentBinaryPath]]
+	require.Equal(t, settings.AgentBinaryURL(), *agent.Contents.Source)
+	require.Equal(t, "sha512-"+settings.AgentBinarySHA512, *agent.Contents.Verification.Hash)
+	require.Equal(t, 0o755, *agent.Mode)
+
+	var ac agentapi.Config
+	require.NoError(t, json.Unmarshal(decodeData(t, cfg.Storage.Files[files[agentapi.ConfigPath]].Contents.Source), &ac))
+	require.Equal(t, settings.AgentAPIURL, ac.APIURL)
+	require.Equal(t, agentapi.InfraEnvRef{Namespace: ie.Namespace, Name: ie.Name, UID: string(ie.UID)}, ac.InfraEnv)
+	require.True(t, key(t).Verify(ac.RegistrationToken, signing.PurposeRegister, string(ie.UID), ""))
+	require.Equal(t, settings.CABundle, ac.CABundle)
+	require.Equal(t, []string{"ntp1.example", "198.18.0.5"}, ac.NTPSources)
+	require.Equal(t, "198.18.0.0/15,.cluster.local", ac.Proxy.NoProxy)
+	require.Equal(t, 0o600, *cfg.Storage.Files[files[agentapi.ConfigPath]].Mode)
+
+	var nets []agentapi.StaticNetwork
+	require.NoError(t, json.Unmarshal(decodeData(t, cfg.Storage.Files[files[StaticNetworksPath]].Contents.Source), &nets))
+	require.Equal(t, "52:54:00:aa:bb:cc", nets[0].Interfaces[0].MACAddress)
+	require.Equal(t, "host-a", nets[0].Name)
+
+	require.Equal(t, "core", cfg.Passwd.Users[0].Name)
+	require.Equal(t, "ssh-ed25519 AAAAC3Nza me@laptop", string(cfg.Passwd.Users[0].SSHAuthorizedKeys[0]))
+	require.Equal(t, "http://proxy:3128", *cfg.Ignition.Proxy.HTTPSProxy)
+	require.Len(t, cfg.Ignition.Security.TLS.CertificateAuthorities, 1)
+	units := map[string]bool{}
+	for _, u := range cfg.Systemd.Units {
+		units[u.Name] = *u.Enabled
+		if u.Name == AgentUnit {
+			require.Contains(t, *u.Contents, "ExecStart=/usr/local/bin/agent run --config /etc/agentboot/agent.json")
+		}
+	}
+	require.Equal(t, map[string]bool{AgentUnit: true, StaticNetworkUnit: true}, units)
+
+	// Kernel arguments of each flavour.
+	require.Contains(t, out.FullKargs, "coreos.liveiso=agentboot-dev-")
+	require.Contains(t, out.FullKargs, "agentboot.debug=1")
+	require.Contains(t, out.FullKargs, "console=ttyS1,9600")
+	require.NotContains(t, out.FullKargs, "console=ttyS0", "replace changed it")
+	require.NotContains(t, out.MinimalKargs, "coreos.liveiso")
+	require.Contains(t, out.MinimalKargs, "coreos.live.rootfs_url="+out.URLs.Rootfs)
+	require.True(t, strings.HasPrefix(out.PXEKargs, "initrd=initrd coreos.live.rootfs_url=http://198.18.0.1:8080/images/"+string(ie.UID)+"/"+out.Version+"/rootfs.img?token="))
+	require.NotContains(t, out.PXEKargs, "coreos.liveiso")
+	require.Contains(t, out.PXEKargs, "ignition.firstboot ignition.platform.id=metal")
+	require.Contains(t, out.PXEKargs, "agentboot.debug=1")
+
+	script := out.IPXEScript()
+	lines := strings.Split(strings.TrimSpace(script), "\n")
+	require.Equal(t, []string{"#!ipxe", "initrd --name initrd " + out.URLs.Initrd, "kernel " + out.URLs.Kernel + " " + out.PXEKargs, "boot"}, lines)
+	require.True(t, strings.HasPrefix(out.URLs.Initrd, "http://"))
+	require.True(t, strings.HasPrefix(out.URLs.ISO, "https://"))
+	require.True(t, strings.HasPrefix(out.URLs.Ignition, "https://"))
+	require.True(t, key(t).Verify(strings.SplitN(out.URLs.ISO, "token=", 2)[1], signing.PurposeImage, string(ie.UID), out.Version))
+	require.Equal(t, "#!ipxe\nchain "+out.URLs.IPXE+"&mac=${net0/mac}\n", out.IPXEChainScript())
+}
+
+// The upstream validator accepts the discovery Ignition.
+func TestUpstreamValidatorAccepts(t *testing.T) {
+	validate, err := testenv.Tool("ignition-validate")
+	require.NoError(t, err)
+	ie := infraEnv()
+	for name, override := range map[string]string{
+		"base":         "",
+		"3.1 override": `{"ignition":{"version":"3.1.0"},"systemd":{"units":[{"name":"x.service","enabled":true,"contents":"[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n"}]}}`,
+		"3.5 override": `{"ignition":{"version":"3.5.0"},"storage":{"files":[{"path":"/etc/x","contents":{"source":"data:,x"}}]}}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			ie.Spec.IgnitionConfigOverride = override
+			out := render(t, ie)
+			cmd := exec.Command(validate, "-")
+			cmd.Stdin = bytes.NewReader(out.Ignition)
+			o, err := cmd.CombinedOutput()
+			require.NoError(t, err, string(o))
+			require.Empty(t, strings.TrimSpace(string(o)), "no warnings either")
+		})
+	}
+}
+
+func TestVersionFollowsContent(t *testing.T) {
+	a := render(t, infraEnv())
+	b := render(t, infraEnv())
+	require.Equal(t, a.Version, b.Version, "deterministic")
+	require.Equal(t, a.Ignition, b.Ignition)
+	require.Equal(t, a.Archive, b.Archive)
+
+	ie := infraEnv()
+	ie.Labels = map[string]string{"unrelated": "change"}
+	require.Equal(t, a.Version, render(t, ie).Version)
+
+	for name, change := range map[string]func(*v1beta1.InfraEnv){
+		"ssh key":   func(ie *v1beta1.InfraEnv) { ie.Spec.SSHAuthorizedKey = "ssh-ed25519 BBBB other" },
+		"kargs":     func(ie *v1beta1.InfraEnv) { ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: "x=1"}} },
+		"imageType": func(ie *v1beta1.InfraEnv) { ie.Spec.ImageType = v1beta1.ImageTypeMinimalISO },
+		"recreated": func(ie *v1beta1.InfraEnv) { ie.UID = "7f9c1a2e-0000-4000-8000-000000000002" },
+		"ipxe type": func(ie *v1beta1.InfraEnv) { ie.Spec.IPXEScriptType = v1beta1.BootOrderControl },
+	} {
+		ie := infraEnv()
+		change(ie)
+		require.NotEqual(t, a.Version, render(t, ie).Version, name)
+	}
+}
+
+func TestRenderRejectsBadInput(t *testing.T) {
+	big := make([]byte, 300<<10)
+	_, _ = rand.Read(big)
+	bigOverride := fmt.Sprintf(`{"ignition":{"version":"3.2.0"},"storage":{"files":[{"path":"/big","contents":{"source":"data:;base64,%s"}}]}}`, base64.StdEncoding.EncodeToString(big))
+	cases := map[string]struct {
+		change func(*v1beta1.InfraEnv)
+		want   string
+	}{
+		"override not JSON": {func(ie *v1beta1.InfraEnv) { ie.Spec.IgnitionConfigOverride = "{" }, "not valid JSON"},
+		"override spec 2":   {func(ie *v1beta1.InfraEnv) { ie.Spec.IgnitionConfigOverride = `{"ignition":{"version":"2.2.0"}}` }, "not supported"},
+		"override experimental": {func(ie *v1beta1.InfraEnv) {
+			ie.Spec.IgnitionConfigOverride = `{"ignition":{"version":"3.6.0-experimental"}}`
+		}, "experimental"},
+		"override invalid": {func(ie *v1beta1.InfraEnv) {
+			ie.Spec.IgnitionConfigOverride = `{"ignition":{"version":"3.2.0"},"storage":{"files":[{"path":"relative"}]}}`
+		}, "path not absolute"},
+		"override unknown field": {func(ie *v1beta1.InfraEnv) {
+			ie.Spec.IgnitionConfigOverride = `{"ignition":{"version":"3.2.0"},"storage":{"filez":[]}}`
+		}, "unused key filez"},
+		"too big for embed area": {func(ie *v1beta1.InfraEnv) { ie.Spec.IgnitionConfigOverride = bigOverride }, "its largest parts: ignitionConfigOverride (401 KiB)"},
+		"karg with newline": {func(ie *v1beta1.InfraEnv) {
+			ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: "a\nchain http://x"}}
+		}, "not a single kernel argument"},
+		"karg with space": {func(ie *v1beta1.InfraEnv) { ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: "a b"}} }, "not a single kernel argument"},
+		"karg too long for area": {func(ie *v1beta1.InfraEnv) {
+			ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: "x=" + strings.Repeat("y", 1100)}}
+		}, "do not fit"},
+		"unknown karg operation": {func(ie *v1beta1.InfraEnv) {
+			ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Operation: "prepend", Value: "a"}}
+		}, "want append, replace or delete"},
+		"nmstate config not dict": {nil, "config is not an object"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ie := infraEnv()
+			var nm []v1beta1.NMStateConfig
+			if tc.change != nil {
+				tc.change(ie)
+			} else {
+				nm = []v1beta1.NMStateConfig{{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: v1beta1.NMStateConfigSpec{NetConfig: runtime.RawExtension{Raw: []byte(`[1]`)}}}}
+			}
+			_, err := Render(Input{InfraEnv: ie, NMStateConfigs: nm, Image: devImage(t), Key: key(t)}, settings)
+			require.Error(t, err)
+			var ie2 *InputError
+			require.True(t, errors.As(err, &ie2), "%v is an input error", err)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestKernelArgumentOperations(t *testing.T) {
+	got, err := kernelArguments(`a=1 b "q=x y" console=tty0 console=ttyS0`, []v1beta1.KernelArgument{
+		{Operation: "delete", Value: "console"},
+		{Operation: "replace", Value: "a=2"},
+		{Operation: "delete", Value: "b"},
+		{Operation: "append", Value: `rd.x="1 2"`},
+		{Operation: "replace", Value: "new=1"},
+	})
+	require.NoError(t, err)
+	require.Equal(t, []string{"a=2", `"q=x y"`, `rd.x="1 2"`, "new=1"}, got)
+}
+
+func TestSettingsValidate(t *testing.T) {
+	require.NoError(t, settings.Validate())
+	bad := settings
+	bad.AgentAPIURL = "http://198.18.0.1:7443"
+	require.ErrorContains(t, bad.Validate(), "agent API URL")
+	bad = settings
+	bad.ImageServiceHTTPURL = "https://x"
+	require.ErrorContains(t, bad.Validate(), "image service HTTP URL")
+}

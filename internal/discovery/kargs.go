@@ -1,0 +1,118 @@
+package discovery
+
+import (
+	"strings"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+)
+
+// splitKargs splits a kernel command line on spaces outside double quotes.
+func splitKargs(s string) []string {
+	var out []string
+	var cur strings.Builder
+	quoted := false
+	for _, r := range s {
+		switch {
+		case r == '"':
+			quoted = !quoted
+			cur.WriteRune(r)
+		case (r == ' ' || r == '\t') && !quoted:
+			if cur.Len() > 0 {
+				out = append(out, cur.String())
+				cur.Reset()
+			}
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	if cur.Len() > 0 {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+func kargKey(a string) string {
+	k, _, _ := strings.Cut(a, "=")
+	return k
+}
+
+// validKarg rejects what could break out of an iPXE script line or a boot
+// loader config: the CRD already refuses it, this guards anything else that
+// reaches the renderer.
+func validKarg(a string) bool {
+	if a == "" || strings.Count(a, `"`)%2 != 0 {
+		return false
+	}
+	quoted := false
+	for _, r := range a {
+		switch {
+		case r == '"':
+			quoted = !quoted
+		case r < 0x20 || r == 0x7f || r == '#':
+			return false
+		case r == ' ' && !quoted:
+			return false
+		}
+	}
+	return true
+}
+
+// kernelArguments applies the InfraEnv's operations to the image's default
+// arguments: append adds, replace sets every argument with the value's key
+// (appending when there is none), delete removes exact matches or, for a bare
+// key, every argument with that key.
+func kernelArguments(defaults string, ops []v1beta1.KernelArgument) ([]string, error) {
+	args := splitKargs(defaults)
+	for i, op := range ops {
+		if !validKarg(op.Value) {
+			return nil, inputErrorf("spec.kernelArguments[%d].value %q is not a single kernel argument", i, op.Value)
+		}
+		switch op.Operation {
+		case "", "append":
+			args = append(args, op.Value)
+		case "replace":
+			key, replaced := kargKey(op.Value), false
+			for j := range args {
+				if kargKey(args[j]) == key {
+					args[j], replaced = op.Value, true
+				}
+			}
+			if !replaced {
+				args = append(args, op.Value)
+			}
+		case "delete":
+			exact := strings.Contains(op.Value, "=")
+			kept := args[:0]
+			for _, a := range args {
+				if a == op.Value || (!exact && kargKey(a) == op.Value) {
+					continue
+				}
+				kept = append(kept, a)
+			}
+			args = kept
+		default:
+			return nil, inputErrorf("spec.kernelArguments[%d].operation %q: want append, replace or delete", i, op.Operation)
+		}
+	}
+	return args, nil
+}
+
+// without returns args minus every argument with key.
+func without(args []string, key string) []string {
+	var out []string
+	for _, a := range args {
+		if kargKey(a) != key {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func contains(args []string, a string) bool {
+	for _, x := range args {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,208 @@
+package osimage
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agentboot/agentboot/internal/testenv"
+)
+
+func devISO(t *testing.T) (string, string) {
+	t.Helper()
+	p, err := testenv.DevImage()
+	require.NoError(t, err)
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	defer f.Close()
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	require.NoError(t, err)
+	return p, hex.EncodeToString(h.Sum(nil))
+}
+
+func startCatalog(t *testing.T, cfg Config) *Catalog {
+	t.Helper()
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = t.TempDir()
+	}
+	cfg.Log = testr.New(t)
+	if cfg.RetryMin == 0 {
+		cfg.RetryMin, cfg.RetryMax = 50*time.Millisecond, 200*time.Millisecond
+	}
+	c, err := New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		_ = c.Start(ctx)
+		close(done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return c
+}
+
+func waitState(t *testing.T, c *Catalog, k Key, want State) Status {
+	t.Helper()
+	var st Status
+	require.Eventually(t, func() bool {
+		st = c.Status(k)
+		return st.State == want
+	}, 60*time.Second, 20*time.Millisecond, "image %s never reached state %d (last: %+v)", k, want, st)
+	return st
+}
+
+func TestLocalImageAndCacheReuse(t *testing.T) {
+	iso, sum := devISO(t)
+	cache := t.TempDir()
+	c := startCatalog(t, Config{CacheDir: cache, Images: []Entry{{Version: "1.0", CPUArchitecture: "x86_64", URL: "file://" + iso, SHA256: sum}}})
+	k, err := c.Resolve("x86_64", "")
+	require.NoError(t, err)
+	st := waitState(t, c, k, Ready)
+	require.Equal(t, sum, st.Image.SHA256)
+	require.Equal(t, sum[:16], st.Image.ID)
+	require.Positive(t, st.Image.Layout.Rootfs.Length)
+
+	// A second catalog on the same cache uses the file it finds.
+	entries, _ := os.ReadDir(filepath.Join(cache, "images"))
+	require.Len(t, entries, 1)
+	before, err := os.Stat(st.Image.Path)
+	require.NoError(t, err)
+	c2 := startCatalog(t, Config{CacheDir: cache, Images: []Entry{{Version: "1.0", CPUArchitecture: "x86_64", URL: "file://" + iso}}})
+	st2 := waitState(t, c2, k, Ready)
+	after, err := os.Stat(st2.Image.Path)
+	require.NoError(t, err)
+	require.Equal(t, before.ModTime(), after.ModTime(), "not downloaded again")
+
+	// The minimal ISO is made once and drops the root filesystem.
+	min, err := st.Image.Minimal()
+	require.NoError(t, err)
+	require.Zero(t, min.Layout.Rootfs.Length)
+	require.Equal(t, st.Image.Layout.VolumeID, min.Layout.VolumeID)
+	require.Equal(t, st.Image.Layout.Kargs.Default, min.Layout.Kargs.Default)
+	require.NotEqual(t, st.Image.ID, min.ID)
+	again, err := st.Image.Minimal()
+	require.NoError(t, err)
+	require.Same(t, min, again)
+}
+
+func TestStreamMetadata(t *testing.T) {
+	iso, sum := devISO(t)
+	stream := filepath.Join(filepath.Dir(iso), "stream.json")
+	c := startCatalog(t, Config{Streams: []string{stream}})
+	var k Key
+	require.Eventually(t, func() bool {
+		var err error
+		k, err = c.Resolve("x86_64", "")
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond)
+	require.True(t, strings.HasPrefix(k.Version, "dev-"))
+	st := waitState(t, c, k, Ready)
+	require.Equal(t, sum, st.Image.SHA256, "the stream's digest was checked")
+	// arm64 is the same architecture as aarch64, which this stream lacks.
+	_, err := c.Resolve("arm64", "")
+	require.ErrorIs(t, err, ErrUnknownImage)
+	require.ErrorContains(t, err, "aarch64")
+	require.ErrorContains(t, err, "x86_64/"+k.Version)
+}
+
+func TestResolve(t *testing.T) {
+	c, err := New(Config{CacheDir: t.TempDir(), Images: []Entry{
+		{Version: "4.9", CPUArchitecture: "x86_64", URL: "http://x/a.iso"},
+		{Version: "4.10", CPUArchitecture: "x86_64", URL: "http://x/b.iso"},
+		{Version: "4.10", CPUArchitecture: "arm64", URL: "http://x/c.iso"},
+	}})
+	require.NoError(t, err)
+	k, err := c.Resolve("x86_64", "")
+	require.NoError(t, err)
+	require.Equal(t, Key{"x86_64", "4.10"}, k, "newest by numeric order")
+	k, err = c.Resolve("arm64", "4.10")
+	require.NoError(t, err)
+	require.Equal(t, Key{"aarch64", "4.10"}, k)
+	_, err = c.Resolve("x86_64", "4.11")
+	require.ErrorIs(t, err, ErrUnknownImage)
+	require.ErrorContains(t, err, "available: 4.9, 4.10")
+
+	_, err = New(Config{CacheDir: t.TempDir(), Images: []Entry{{Version: "1", CPUArchitecture: "sparc", URL: "x"}}})
+	require.ErrorContains(t, err, "unknown cpuArchitecture")
+}
+
+// A server that fails, then serves the wrong bytes, then the right ones:
+// the catalog reports each failure and recovers by itself.
+func TestDownloadFailuresAreRetried(t *testing.T) {
+	iso, sum := devISO(t)
+	var mode atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch mode.Load() {
+		case 0:
+			http.Error(w, "upstream down", http.StatusBadGateway)
+		case 1:
+			_, _ = w.Write([]byte("not the ISO"))
+		case 2: // dies half way
+			w.Header().Set("Content-Length", "1000000")
+			_, _ = w.Write(make([]byte, 1000))
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		default:
+			http.ServeFile(w, r, iso)
+		}
+	}))
+	defer srv.Close()
+	c := startCatalog(t, Config{Images: []Entry{{Version: "1", CPUArchitecture: "x86_64", URL: srv.URL + "/live.iso?token=secret", SHA256: sum}}})
+	k := Key{"x86_64", "1"}
+	st := waitState(t, c, k, Failed)
+	require.ErrorContains(t, st.Err, "502")
+	require.NotContains(t, st.Err.Error(), "secret", "query strings are redacted")
+	srv.CloseClientConnections()
+	mode.Store(1)
+	require.Eventually(t, func() bool {
+		st = c.Status(k)
+		return st.State == Failed && strings.Contains(st.Err.Error(), "does not match")
+	}, 30*time.Second, 10*time.Millisecond)
+	mode.Store(2)
+	require.Eventually(t, func() bool {
+		st = c.Status(k)
+		return st.State == Failed && strings.Contains(st.Err.Error(), "failed after 1000 bytes")
+	}, 30*time.Second, 10*time.Millisecond)
+	require.NotContains(t, st.Err.Error(), "secret")
+	mode.Store(3)
+	st = waitState(t, c, k, Ready)
+	require.Equal(t, sum, st.Image.SHA256)
+}
+
+func TestSubscribeSeesReady(t *testing.T) {
+	iso, _ := devISO(t)
+	c, err := New(Config{CacheDir: t.TempDir(), Log: testr.New(t), Images: []Entry{{Version: "1", CPUArchitecture: "x86_64", URL: iso}}})
+	require.NoError(t, err)
+	ch := c.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = c.Start(ctx) }()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case k := <-ch:
+			if c.Status(k).State == Ready {
+				require.Equal(t, Key{"x86_64", "1"}, k)
+				return
+			}
+		case <-deadline:
+			t.Fatal("no notification of the ready image")
+		}
+	}
+}

@@ -1,0 +1,55 @@
+package osimage
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/agentboot/agentboot/internal/liveiso"
+)
+
+// makeMinimalISO writes src without its root filesystem to dst. xorriso
+// replays the El Torito and isohybrid boot setup of the original, so the
+// result boots like it (BIOS and UEFI); the boot configs, and with them the
+// kernel-argument areas, are unchanged.
+func makeMinimalISO(src, dst string) (cacheMeta, error) {
+	xorriso, err := exec.LookPath("xorriso")
+	if err != nil {
+		return cacheMeta{}, fmt.Errorf("xorriso is not installed (Debian package xorriso)")
+	}
+	tmp := filepath.Join(filepath.Dir(dst), ".minimal.iso")
+	_ = os.Remove(tmp)
+	defer os.Remove(tmp)
+	out, err := exec.Command(xorriso, "-indev", src, "-outdev", tmp,
+		"-boot_image", "any", "replay",
+		"-rm", "/"+liveiso.RootfsPath, "--",
+		"-commit").CombinedOutput()
+	if err != nil {
+		return cacheMeta{}, fmt.Errorf("xorriso: %v: %s", err, tail(out))
+	}
+	f, err := os.Open(tmp)
+	if err != nil {
+		return cacheMeta{}, err
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return cacheMeta{}, err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return cacheMeta{}, err
+	}
+	return cacheMeta{SHA256: hex.EncodeToString(h.Sum(nil)), Size: n}, nil
+}
+
+func tail(b []byte) string {
+	if len(b) > 400 {
+		b = b[len(b)-400:]
+	}
+	return string(b)
+}

@@ -1,0 +1,617 @@
+// Command build makes agentboot's dev OS image from Debian packages: a small
+// live ISO laid out exactly like a CoreOS live ISO (images/pxeboot/{vmlinuz,
+// initrd.img,rootfs.img}, a 256 KiB images/ignition.img, coreos/igninfo.json,
+// coreos/kargs.json with COREOS_KARG_EMBED_AREA regions), bootable with
+// isolinux (BIOS) and GRUB (UEFI), plus a CoreOS-style stream metadata file
+// that points at it. It is a test and demo OS, not a production one.
+//
+// Packages come from `apt-get download` and `dpkg-deb -x`, so no root is
+// needed beyond what apt needs; xorriso, mtools and dosfstools must be
+// installed. The result is cached by content under --cache and linked into
+// --out, so a rebuild with unchanged inputs is instant.
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/agentboot/agentboot/internal/initramfs"
+)
+
+// builderVersion changes whenever the image layout changes, to invalidate
+// cached images.
+const builderVersion = "3"
+
+// Kernel modules in the initramfs: what a live boot needs before the root
+// filesystem is there (disks, CD, network), plus their dependencies.
+var initrdModules = []string{
+	"virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi", "virtio_rng",
+	"ata_piix", "ahci", "sd_mod", "sr_mod", "nvme", "isofs", "loop",
+	"vfat", "nls_cp437", "nls_ascii", "nls_iso8859-1", "ext4",
+	"e1000", "e1000e", "igb", "igc", "ixgbe", "i40e", "tg3", "bnx2", "bnxt_en", "r8169",
+}
+
+// Kernel modules in the root filesystem: needed only once the system runs.
+var rootfsModules = []string{
+	"kvm_intel", "kvm_amd", "vfio_pci", "vfio_iommu_type1",
+	"ipmi_si", "ipmi_devintf", "megaraid_sas", "mpt3sas",
+}
+
+// Debian packages unpacked into the image.
+var packages = []string{"busybox-static", "isolinux", "syslinux-common", "grub-efi-amd64-bin"}
+
+type builder struct {
+	out, cache, repo string
+	work             string
+	kernelPkg        string
+	log              *os.File
+}
+
+func main() {
+	var b builder
+	flag.StringVar(&b.out, "out", "dist/dev-image", "directory the image files are linked into")
+	flag.StringVar(&b.cache, "cache", filepath.Join(os.Getenv("HOME"), ".cache", "agentboot"), "cache directory for packages and built images")
+	flag.StringVar(&b.repo, "repo", ".", "agentboot checkout (to build devinit)")
+	flag.Parse()
+	b.log = os.Stderr
+	if err := b.run(); err != nil {
+		fmt.Fprintf(os.Stderr, "dev-image: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func (b *builder) logf(format string, args ...any) {
+	fmt.Fprintf(b.log, "dev-image: "+format+"\n", args...)
+}
+
+func (b *builder) run() error {
+	for _, tool := range []string{"apt-get", "apt-cache", "dpkg-deb", "xorriso", "mkfs.vfat", "mcopy", "mmd", "grub-mkimage"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s not found: install the Debian packages listed in .ci/packages", tool)
+		}
+	}
+	debs, err := b.download()
+	if err != nil {
+		return err
+	}
+	devinit, err := b.buildDevinit()
+	if err != nil {
+		return err
+	}
+	key := cacheKey(debs, devinit)
+	dir := filepath.Join(b.cache, "dev-image", key)
+	if _, err := os.Stat(filepath.Join(dir, "stream.json")); err != nil {
+		if err := b.build(dir, debs, devinit); err != nil {
+			return err
+		}
+	} else {
+		b.logf("up to date (%s)", dir)
+	}
+	return b.link(dir)
+}
+
+func cacheKey(debs []string, devinit []byte) string {
+	h := sha256.New()
+	fmt.Fprintln(h, builderVersion)
+	for _, d := range debs {
+		fmt.Fprintln(h, filepath.Base(d))
+	}
+	h.Write(devinit)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// download fetches the kernel and the other packages once into the cache.
+func (b *builder) download() ([]string, error) {
+	out, err := exec.Command("apt-cache", "show", "linux-image-amd64").Output()
+	if err != nil || len(out) == 0 {
+		return nil, errors.New("apt-cache knows no linux-image-amd64: run `apt-get update` first")
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "Depends:") {
+			b.kernelPkg = strings.Fields(strings.TrimPrefix(line, "Depends:"))[0]
+			break
+		}
+	}
+	if b.kernelPkg == "" {
+		return nil, errors.New("cannot tell which kernel linux-image-amd64 depends on")
+	}
+	debDir := filepath.Join(b.cache, "debs")
+	if err := os.MkdirAll(debDir, 0o755); err != nil {
+		return nil, err
+	}
+	var debs []string
+	for _, pkg := range append([]string{b.kernelPkg}, packages...) {
+		ver, err := exec.Command("apt-cache", "policy", pkg).Output()
+		if err != nil {
+			return nil, fmt.Errorf("apt-cache policy %s: %w", pkg, err)
+		}
+		candidate := ""
+		for _, line := range strings.Split(string(ver), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "Candidate:" {
+				candidate = f[1]
+			}
+		}
+		if candidate == "" || candidate == "(none)" {
+			return nil, fmt.Errorf("no candidate version of %s: run `apt-get update`", pkg)
+		}
+		// apt names files with the epoch's colon escaped, and with the
+		// architecture (amd64 or all).
+		pattern := filepath.Join(debDir, fmt.Sprintf("%s_%s_*.deb", pkg, strings.ReplaceAll(candidate, ":", "%3a")))
+		file := firstMatch(pattern)
+		if file == "" {
+			b.logf("downloading %s %s", pkg, candidate)
+			cmd := exec.Command("apt-get", "download", "-q", pkg+"="+candidate)
+			cmd.Dir = debDir
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return nil, fmt.Errorf("apt-get download %s: %v: %s", pkg, err, out)
+			}
+			if file = firstMatch(pattern); file == "" {
+				return nil, fmt.Errorf("apt-get download %s did not produce %s", pkg, pattern)
+			}
+		}
+		debs = append(debs, file)
+	}
+	return debs, nil
+}
+
+func firstMatch(pattern string) string {
+	m, _ := filepath.Glob(pattern)
+	if len(m) == 0 {
+		return ""
+	}
+	return m[0]
+}
+
+func (b *builder) buildDevinit() ([]byte, error) {
+	tmp, err := os.MkdirTemp("", "devinit-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	bin := filepath.Join(tmp, "devinit")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./test/devimage/devinit")
+	cmd.Dir = b.repo
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build devinit: %v: %s", err, out)
+	}
+	return os.ReadFile(bin)
+}
+
+// build makes every artifact in a temporary directory and renames it to dir.
+func (b *builder) build(dir string, debs []string, devinit []byte) error {
+	start := time.Now()
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".build-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	b.work = filepath.Join(tmp, "work")
+	root := filepath.Join(b.work, "debs")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	for _, d := range debs {
+		if out, err := exec.Command("dpkg-deb", "-x", d, root).CombinedOutput(); err != nil {
+			return fmt.Errorf("dpkg-deb -x %s: %v: %s", d, err, out)
+		}
+	}
+	release, err := kernelRelease(root)
+	if err != nil {
+		return err
+	}
+	version := "dev-" + strings.TrimSuffix(release, "-amd64")
+	volID := "agentboot-" + version
+	if len(volID) > 32 {
+		volID = volID[:32]
+	}
+	b.logf("building %s (kernel %s)", version, release)
+
+	mods, err := scanModules(filepath.Join(root, "lib/modules", release))
+	if err != nil {
+		return err
+	}
+	initrdSet, err := mods.closure(initrdModules)
+	if err != nil {
+		return err
+	}
+	rootfsSet, err := mods.closure(rootfsModules)
+	if err != nil {
+		return err
+	}
+	for m := range initrdSet {
+		delete(rootfsSet, m)
+	}
+
+	rootfs, err := b.rootfsArchive(root, release, mods, rootfsSet)
+	if err != nil {
+		return err
+	}
+	rootfsSum := sha256.Sum256(rootfs)
+	initrd, err := b.initrdArchive(root, release, mods, initrdSet, devinit, hex.EncodeToString(rootfsSum[:]))
+	if err != nil {
+		return err
+	}
+	kernel, err := os.ReadFile(filepath.Join(root, "boot", "vmlinuz-"+release))
+	if err != nil {
+		return err
+	}
+
+	iso := filepath.Join(tmp, isoName)
+	if err := b.makeISO(iso, root, volID, kernel, initrd, rootfs); err != nil {
+		return err
+	}
+	if err := writeStream(tmp, version, iso); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(b.work); err != nil {
+		return err
+	}
+	_ = os.RemoveAll(dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	b.logf("built %s in %s", dir, time.Since(start).Round(time.Second))
+	return nil
+}
+
+const isoName = "agentboot-dev-live.x86_64.iso"
+
+func kernelRelease(root string) (string, error) {
+	entries, err := os.ReadDir(filepath.Join(root, "lib/modules"))
+	if err != nil {
+		return "", err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			return e.Name(), nil
+		}
+	}
+	return "", errors.New("no kernel modules directory in the kernel package")
+}
+
+// module is what depmod would record for one .ko file.
+type module struct {
+	Path    string   `json:"path"`
+	Depends []string `json:"depends"`
+	Aliases []string `json:"aliases"`
+}
+
+type moduleSet map[string]module
+
+// scanModules reads the .modinfo section of every module, as depmod does.
+func scanModules(dir string) (moduleSet, error) {
+	set := moduleSet{}
+	err := filepath.WalkDir(filepath.Join(dir, "kernel"), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".ko") {
+			return err
+		}
+		f, err := elf.Open(p)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		defer f.Close()
+		sec := f.Section(".modinfo")
+		if sec == nil {
+			return nil
+		}
+		data, err := sec.Data()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		m := module{Path: rel}
+		name := strings.ReplaceAll(strings.TrimSuffix(filepath.Base(p), ".ko"), "-", "_")
+		for _, kv := range bytes.Split(data, []byte{0}) {
+			k, v, ok := strings.Cut(string(kv), "=")
+			if !ok {
+				continue
+			}
+			switch k {
+			case "alias":
+				m.Aliases = append(m.Aliases, v)
+			case "depends":
+				for _, dep := range strings.Split(v, ",") {
+					if dep != "" {
+						m.Depends = append(m.Depends, strings.ReplaceAll(dep, "-", "_"))
+					}
+				}
+			}
+		}
+		set[name] = m
+		return nil
+	})
+	return set, err
+}
+
+// closure returns the named modules and everything they depend on.
+func (s moduleSet) closure(names []string) (moduleSet, error) {
+	out := moduleSet{}
+	var add func(string) error
+	add = func(n string) error {
+		n = strings.ReplaceAll(n, "-", "_")
+		if _, done := out[n]; done {
+			return nil
+		}
+		m, ok := s[n]
+		if !ok {
+			return fmt.Errorf("module %s is not in the kernel package (built in?)", n)
+		}
+		out[n] = m
+		for _, d := range m.Depends {
+			if err := add(d); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, n := range names {
+		if err := add(n); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (b *builder) moduleFiles(root, release string, set moduleSet, indexName string) ([]initramfs.File, error) {
+	var files []initramfs.File
+	names := make([]string, 0, len(set))
+	for n := range set {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		data, err := os.ReadFile(filepath.Join(root, "lib/modules", release, set[n].Path))
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, initramfs.File{Path: filepath.Join("lib/modules", release, set[n].Path), Mode: 0o644, Data: data})
+	}
+	index, err := json.MarshalIndent(map[string]any{"modules": set}, "", " ")
+	if err != nil {
+		return nil, err
+	}
+	files = append(files, initramfs.File{Path: filepath.Join("lib/modules", release, indexName), Mode: 0o644, Data: index})
+	return files, nil
+}
+
+func (b *builder) rootfsArchive(root, release string, mods, set moduleSet) ([]byte, error) {
+	files, err := b.moduleFiles(root, release, set, "agentboot-modules-rootfs.json")
+	if err != nil {
+		return nil, err
+	}
+	files = append(files, initramfs.File{Path: "etc/agentboot/rootfs-loaded", Mode: 0o644, Data: []byte("the dev OS root filesystem is unpacked\n")})
+	return initramfs.Archive(initramfs.Gzip, files...)
+}
+
+// udhcpcScript configures an interface from busybox udhcpc's environment.
+const udhcpcScript = `#!/bin/sh
+case "$1" in
+deconfig)
+	ip -4 addr flush dev "$interface"
+	ip link set "$interface" up
+	;;
+bound|renew)
+	ip -4 addr flush dev "$interface"
+	ip addr add "$ip/${mask:-24}" dev "$interface"
+	for r in $router; do ip route replace default via "$r" dev "$interface"; break; done
+	if [ -n "$dns" ]; then
+		: > /etc/resolv.conf
+		for d in $dns; do echo "nameserver $d" >> /etc/resolv.conf; done
+	fi
+	[ -n "$ntpsrv" ] && echo "$ntpsrv" > "/run/dhcp-ntp-$interface"
+	;;
+esac
+exit 0
+`
+
+func (b *builder) initrdArchive(root, release string, mods, set moduleSet, devinit []byte, rootfsDigest string) ([]byte, error) {
+	busybox, err := os.ReadFile(filepath.Join(root, "bin/busybox"))
+	if err != nil {
+		return nil, fmt.Errorf("busybox-static: %w", err)
+	}
+	files, err := b.moduleFiles(root, release, set, "agentboot-modules.json")
+	if err != nil {
+		return nil, err
+	}
+	files = append(files,
+		initramfs.File{Path: "init", Mode: 0o755, Data: devinit},
+		initramfs.File{Path: "bin/busybox", Mode: 0o755, Data: busybox},
+		initramfs.File{Path: "etc/udhcpc.script", Mode: 0o755, Data: []byte(udhcpcScript)},
+		initramfs.File{Path: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\n")},
+		initramfs.File{Path: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\n")},
+		initramfs.File{Path: "etc/os-release", Mode: 0o644, Data: []byte("NAME=\"agentboot dev OS\"\nID=agentboot-dev\nVERSION_ID=\"" + release + "\"\nPRETTY_NAME=\"agentboot dev OS (test and demo only)\"\n")},
+		initramfs.File{Path: "etc/agentboot/rootfs.sha256", Mode: 0o644, Data: []byte(rootfsDigest + "\n")},
+	)
+	return initramfs.Archive(initramfs.Gzip, files...)
+}
+
+// kargMarker ends every kernel-argument area, as in CoreOS boot configs.
+const kargMarker = "# COREOS_KARG_EMBED_AREA\n"
+
+// kargArea is what follows the default arguments on the kernel line: a line
+// of 1024 '#', the last of which (with the marker) stays outside the area.
+func kargArea() string { return "\n" + strings.Repeat("#", 1023) + kargMarker }
+
+func (b *builder) makeISO(out, root, volID string, kernel, initrd, rootfs []byte) error {
+	tree := filepath.Join(b.work, "iso")
+	kargs := "console=tty0 console=ttyS0,115200n8 coreos.liveiso=" + volID + " ignition.firstboot ignition.platform.id=metal"
+	isolinux := "serial 0 115200\ndefault linux\nprompt 0\ntimeout 10\nlabel linux\n  kernel /images/pxeboot/vmlinuz\n  append initrd=/images/pxeboot/initrd.img,/images/ignition.img " + kargs + kargArea()
+	grub := "set timeout=1\nserial --unit=0 --speed=115200\nterminal_input console serial\nterminal_output console serial\n" +
+		"menuentry 'agentboot dev OS (live)' {\n\tlinux /images/pxeboot/vmlinuz " + kargs + kargArea() + "\tinitrd /images/pxeboot/initrd.img /images/ignition.img\n}\n"
+	files := map[string][]byte{
+		"images/pxeboot/vmlinuz":    kernel,
+		"images/pxeboot/initrd.img": initramfs.Pad4(initrd),
+		"images/pxeboot/rootfs.img": rootfs,
+		"images/ignition.img":       make([]byte, 256<<10),
+		"coreos/igninfo.json":       []byte(`{"file": "images/ignition.img"}` + "\n"),
+		"isolinux/isolinux.cfg":     []byte(isolinux),
+		"EFI/agentboot/grub.cfg":    []byte(grub),
+	}
+	kargsJSON, err := json.MarshalIndent(map[string]any{
+		"default": kargs,
+		"files": []map[string]any{
+			{"path": "EFI/agentboot/grub.cfg", "offset": strings.Index(grub, kargs), "pad": "#", "end": "\n"},
+			{"path": "isolinux/isolinux.cfg", "offset": strings.Index(isolinux, kargs), "pad": "#", "end": "\n"},
+		},
+		"size": len(kargs) + 1024,
+	}, "", "  ")
+	if err != nil {
+		return err
+	}
+	files["coreos/kargs.json"] = append(kargsJSON, '\n')
+	for _, f := range []struct{ src, dst string }{
+		{"usr/lib/ISOLINUX/isolinux.bin", "isolinux/isolinux.bin"},
+		{"usr/lib/syslinux/modules/bios/ldlinux.c32", "isolinux/ldlinux.c32"},
+	} {
+		data, err := os.ReadFile(filepath.Join(root, f.src))
+		if err != nil {
+			return err
+		}
+		files[f.dst] = data
+	}
+	for name, data := range files {
+		p := filepath.Join(tree, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			return err
+		}
+	}
+	if err := b.efiBootImage(root, volID, filepath.Join(tree, "images/efiboot.img")); err != nil {
+		return err
+	}
+	args := []string{"-as", "mkisofs", "-quiet", "-V", volID, "-R", "-J", "-joliet-long",
+		"-b", "isolinux/isolinux.bin", "-c", "isolinux/boot.cat", "-no-emul-boot", "-boot-load-size", "4", "-boot-info-table",
+		"-isohybrid-mbr", filepath.Join(root, "usr/lib/ISOLINUX/isohdpfx.bin"),
+		"-eltorito-alt-boot", "-e", "images/efiboot.img", "-no-emul-boot", "-isohybrid-gpt-basdat",
+		"-o", out, tree}
+	if o, err := exec.Command("xorriso", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("xorriso: %v: %s", err, o)
+	}
+	return nil
+}
+
+// efiBootImage makes the FAT image UEFI firmware boots from the CD: a GRUB
+// that finds the ISO by its label and reads EFI/agentboot/grub.cfg there.
+func (b *builder) efiBootImage(root, volID, out string) error {
+	early := filepath.Join(b.work, "grub-early.cfg")
+	cfg := fmt.Sprintf("search --no-floppy --set=root --label %q\nset prefix=($root)/EFI/agentboot\nconfigfile $prefix/grub.cfg\n", volID)
+	if err := os.WriteFile(early, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	efi := filepath.Join(b.work, "BOOTX64.EFI")
+	cmd := exec.Command("grub-mkimage", "-O", "x86_64-efi", "-d", filepath.Join(root, "usr/lib/grub/x86_64-efi"),
+		"-c", early, "-p", "/EFI/agentboot", "-o", efi,
+		"iso9660", "part_gpt", "part_msdos", "fat", "search", "search_label", "configfile", "normal", "linux", "echo", "serial", "terminal", "all_video", "gzio", "test")
+	if o, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("grub-mkimage: %v: %s", err, o)
+	}
+	if o, err := exec.Command("mkfs.vfat", "-C", out, "4096").CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.vfat: %v: %s", err, o)
+	}
+	for _, c := range [][]string{
+		{"mmd", "-i", out, "::/EFI", "::/EFI/BOOT"},
+		{"mcopy", "-i", out, efi, "::/EFI/BOOT/BOOTX64.EFI"},
+	} {
+		if o, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %v: %s", c[0], err, o)
+		}
+	}
+	return nil
+}
+
+// writeStream writes CoreOS stream metadata for the image, so the catalog
+// reads it the way it reads Fedora CoreOS and RHCOS streams.
+func writeStream(dir, version, iso string) error {
+	f, err := os.Open(iso)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return err
+	}
+	stream := map[string]any{
+		"stream":   "agentboot-dev",
+		"metadata": map[string]any{"last-modified": time.Now().UTC().Format(time.RFC3339), "generator": "agentboot test/devimage/build " + builderVersion},
+		"architectures": map[string]any{
+			"x86_64": map[string]any{
+				"artifacts": map[string]any{
+					"metal": map[string]any{
+						"release": version,
+						"formats": map[string]any{
+							"iso": map[string]any{
+								"disk": map[string]any{"location": isoName, "sha256": hex.EncodeToString(h.Sum(nil))},
+							},
+						},
+					},
+				},
+			},
+		},
+	}
+	data, err := json.MarshalIndent(stream, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "stream.json"), append(data, '\n'), 0o644)
+}
+
+// link hard-links the cached files into the output directory.
+func (b *builder) link(dir string) error {
+	if err := os.RemoveAll(b.out); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(b.out, 0o755); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		src, dst := filepath.Join(dir, e.Name()), filepath.Join(b.out, e.Name())
+		if err := os.Link(src, dst); err != nil {
+			if err := copyFile(src, dst); err != nil {
+				return err
+			}
+		}
+	}
+	b.logf("image in %s", b.out)
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// bringUpNetwork starts a DHCP client (busybox udhcpc) on every Ethernet
+// interface and waits until one of them has an IPv4 address. The clients keep
+// running and renew their leases.
+func bringUpNetwork() bool {
+	_ = run("ip", "link", "set", "lo", "up")
+	ifaces := ethernetInterfaces()
+	if len(ifaces) == 0 {
+		logf("network: no Ethernet interface")
+		return false
+	}
+	for _, name := range ifaces {
+		_ = run("ip", "link", "set", name, "up")
+		cmd := exec.Command("udhcpc", "-f", "-S", "-i", name, "-s", "/etc/udhcpc.script", "-t", "20", "-T", "3", "-A", "5", "-x", "hostname:"+shortHost())
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if _, err := processes.start(cmd); err != nil {
+			logf("network: udhcpc on %s: %v", name, err)
+		}
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, name := range ifaces {
+			if addr := ipv4Of(name); addr != "" {
+				logf("network: %s has %s", name, addr)
+				return true
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	logf("network: no DHCP lease after 90s on %s", strings.Join(ifaces, ", "))
+	return false
+}
+
+func ethernetInterfaces() []string {
+	var out []string
+	entries, _ := os.ReadDir("/sys/class/net")
+	for _, e := range entries {
+		name := e.Name()
+		if name == "lo" {
+			continue
+		}
+		// type 1 is ARPHRD_ETHER; skip virtual devices such as bridges.
+		t, _ := os.ReadFile(filepath.Join("/sys/class/net", name, "type"))
+		if strings.TrimSpace(string(t)) != "1" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/sys/class/net", name, "device")); err != nil {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+func ipv4Of(name string) string {
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return ""
+	}
+	addrs, _ := ifi.Addrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
+			return n.String()
+		}
+	}
+	return ""
+}
+
+func shortHost() string {
+	h, _ := os.Hostname()
+	if h == "" || h == "(none)" {
+		return "localhost"
+	}
+	return h
+}
