@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/deploy"
+	"github.com/agentboot/agentboot/internal/app"
 	"github.com/agentboot/agentboot/internal/devcluster"
 	"github.com/agentboot/agentboot/internal/hostaddr"
 	"github.com/agentboot/agentboot/internal/kubeapply"
@@ -36,6 +38,8 @@ func runDev(ctx context.Context, args []string) error {
 	var (
 		d         devFlags
 		m         managerFlags
+		disc      discoveryFlags
+		img       imageServiceFlags
 		logLevel  = fs.String("log-level", "info", "debug, info, warn or error")
 		logFormat = fs.String("log-format", "text", "text or json")
 	)
@@ -47,6 +51,8 @@ func runDev(ctx context.Context, args []string) error {
 	fs.IntVar(&d.etcdPeerPort, "etcd-peer-port", devcluster.DefaultEtcdPeerPort, "loopback peer port of the dev etcd")
 	fs.IntVar(&d.apiserverPort, "apiserver-port", devcluster.DefaultAPIServerPort, "loopback port of the dev kube-apiserver")
 	m.register(fs)
+	disc.register(fs)
+	img.register(fs)
 	// In dev the manager is alone, on loopback, and restarts often.
 	if err := fs.Set("leader-elect", "false"); err != nil {
 		return err
@@ -60,8 +66,19 @@ func runDev(ctx context.Context, args []string) error {
 	if err := fs.Set("health-probe-bind-address", "127.0.0.1:9440"); err != nil {
 		return err
 	}
+	if err := fs.Set("image-cache-dir", ".agentboot/cache"); err != nil {
+		return err
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if disc.osImages == "" && len(disc.streams) == 0 {
+		// The dev OS image `make dev-image` builds, offline.
+		stream := "dist/dev-image/stream.json"
+		if _, err := os.Stat(stream); err != nil {
+			return fmt.Errorf("no OS images: %s is missing (run `make dev-image`), or pass --os-images / --os-image-stream", stream)
+		}
+		disc.streams = stringList{stream}
 	}
 	log, err := newLogger(os.Stderr, *logLevel, *logFormat)
 	if err != nil {
@@ -72,7 +89,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkDevPorts(m); err != nil {
+	if err := checkDevPorts(m, img); err != nil {
 		return err
 	}
 	cluster, err := devcluster.New(devcluster.Config{
@@ -92,20 +109,33 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	defer cluster.Stop()
 
+	if err := devServices(cluster, advertise, &disc, &img); err != nil {
+		return err
+	}
+	settings, err := disc.settings()
+	if err != nil {
+		return err
+	}
+	catalog, err := newCatalog(disc, log)
+	if err != nil {
+		return err
+	}
 	cfg := cluster.RESTConfig()
 	if err := installDev(ctx, cfg, m.namespace); err != nil {
 		return err
 	}
-	mgr, err := newManager(cfg, m, log)
+	mgr, err := app.NewManager(cfg, m.options(), log)
 	if err != nil {
 		return err
 	}
-	if err := addComponents(mgr, m, log); err != nil {
+	img.cfg.AgentBinary = disc.agentBinary
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &img.cfg}, log); err != nil {
 		return err
 	}
 
-	fmt.Fprintf(os.Stderr, "\nagentboot dev is up. In another terminal:\n\n  export KUBECONFIG=%s\n  %s/kubectl get infraenvs,agents -A\n\nServices advertise %s to booted hosts. Ctrl-C stops everything.\n\n",
-		cluster.KubeconfigPath(), d.binDir, advertise)
+	fmt.Fprintf(os.Stderr, "\nagentboot dev is up. In another terminal:\n\n  export KUBECONFIG=%s\n  %s/kubectl get infraenvs,agents -A\n\n"+
+		"Hosts reach agentboot at %s: image service %s and %s.\nCtrl-C stops everything.\n\n",
+		cluster.KubeconfigPath(), d.binDir, advertise, disc.imageURL, disc.imageHTTPURL)
 
 	mgrCtx, stopMgr := context.WithCancel(ctx)
 	defer stopMgr()
@@ -152,12 +182,48 @@ func installDev(ctx context.Context, cfg *rest.Config, namespace string) error {
 	return nil
 }
 
+// devServices points hosts at this machine: service URLs on the advertised
+// address, and a serving certificate from the dev CA.
+func devServices(cluster *devcluster.Cluster, advertise netip.Addr, disc *discoveryFlags, img *imageServiceFlags) error {
+	cert, key, ca, err := cluster.ServiceCertificate(advertise)
+	if err != nil {
+		return fmt.Errorf("service certificate: %w", err)
+	}
+	img.cfg.TLSCertFile, img.cfg.TLSKeyFile = cert, key
+	if disc.caBundleFile == "" {
+		disc.caBundleFile = ca
+	}
+	port := func(addr string) string {
+		_, p, err := net.SplitHostPort(addr)
+		if err != nil {
+			return addr
+		}
+		return p
+	}
+	host := advertise.String()
+	if advertise.Is6() {
+		host = "[" + host + "]"
+	}
+	if disc.imageURL == "" {
+		disc.imageURL = "https://" + host + ":" + port(img.cfg.HTTPSAddr)
+	}
+	if disc.imageHTTPURL == "" {
+		disc.imageHTTPURL = "http://" + host + ":" + port(img.cfg.HTTPAddr)
+	}
+	if disc.agentAPIURL == "" {
+		disc.agentAPIURL = "https://" + host + ":7443"
+	}
+	return nil
+}
+
 // checkDevPorts fails early, before anything starts, when a port of the
 // in-process components is taken.
-func checkDevPorts(m managerFlags) error {
+func checkDevPorts(m managerFlags, img imageServiceFlags) error {
 	for _, p := range []struct{ addr, what, flag string }{
 		{m.metricsAddr, "manager metrics", "--metrics-bind-address"},
 		{m.probeAddr, "manager health probes", "--health-probe-bind-address"},
+		{img.cfg.HTTPSAddr, "image service HTTPS", "--https-addr"},
+		{img.cfg.HTTPAddr, "image service HTTP", "--http-addr"},
 	} {
 		if p.addr == "0" || p.addr == "" {
 			continue

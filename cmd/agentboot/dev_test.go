@@ -21,18 +21,21 @@ import (
 	"github.com/agentboot/agentboot/internal/testenv"
 )
 
-// buildAgentboot compiles this command once per test binary.
+// buildAgentboot compiles this command and the agent, next to each other as
+// make build puts them, once per test binary.
 var buildAgentboot = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "agentboot-bin-")
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "agentboot")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	for _, b := range []struct{ out, pkg string }{{"agentboot", "."}, {"agent", "../agent"}} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+		}
 	}
-	return bin, nil
+	return filepath.Join(dir, "agentboot"), nil
 })
 
 func freePorts(t *testing.T, n int) []int {
@@ -78,11 +81,11 @@ func (s *syncBuffer) String() string {
 
 type devSetup struct {
 	stateDir string
-	ports    []int // etcd, etcd peer, apiserver, metrics, probes
+	ports    []int // etcd, etcd peer, apiserver, metrics, probes, image HTTPS, image HTTP
 }
 
 func newDevSetup(t *testing.T) devSetup {
-	return devSetup{stateDir: t.TempDir(), ports: freePorts(t, 5)}
+	return devSetup{stateDir: t.TempDir(), ports: freePorts(t, 7)}
 }
 
 func (d devSetup) args(extra ...string) []string {
@@ -95,6 +98,10 @@ func (d devSetup) args(extra ...string) []string {
 		"--apiserver-port", strconv.Itoa(d.ports[2]),
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", d.ports[3]),
 		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", d.ports[4]),
+		"--https-addr", fmt.Sprintf("127.0.0.1:%d", d.ports[5]),
+		"--http-addr", fmt.Sprintf("127.0.0.1:%d", d.ports[6]),
+		"--image-cache-dir", filepath.Join(d.stateDir, "cache"),
+		"--os-image-stream", filepath.Join(testenv.RepoRoot(), "dist", "dev-image", "stream.json"),
 	}, extra...)
 }
 

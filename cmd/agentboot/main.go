@@ -23,6 +23,7 @@ type command struct {
 
 var commands = []command{
 	{"manager", "run the controllers and the agent API against a cluster", runManager},
+	{"image-service", "serve discovery ISOs, PXE artifacts and Ignition configs", runImageService},
 	{"dev", "run a local control plane with everything agentboot serves (make run)", runDev},
 	{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
 }

@@ -5,18 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/agentboot/agentboot/internal/scheme"
+	"github.com/agentboot/agentboot/internal/app"
+	"github.com/agentboot/agentboot/internal/osimage"
 )
 
 // managerFlags are the settings of the manager, whether it runs alone
@@ -41,41 +36,9 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
 }
 
-// newManager builds the controller-runtime manager with probes, metrics and
-// leader election; components add themselves to it.
-func newManager(cfg *rest.Config, m managerFlags, log logr.Logger) (manager.Manager, error) {
-	scheme, err := scheme.New()
-	if err != nil {
-		return nil, err
-	}
-	metrics := metricsserver.Options{BindAddress: m.metricsAddr, SecureServing: m.metricsSecure}
-	if m.metricsSecure {
-		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
-	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme,
-		Logger:                        log,
-		Metrics:                       metrics,
-		HealthProbeBindAddress:        m.probeAddr,
-		LeaderElection:                m.leaderElect,
-		LeaderElectionID:              "agentboot-manager",
-		LeaderElectionNamespace:       m.namespace,
-		LeaderElectionReleaseOnCancel: true,
-		GracefulShutdownTimeout:       ptrTo(20 * time.Second),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("create manager: %w", err)
-	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return nil, err
-	}
-	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
-		return nil, err
-	}
-	return mgr, nil
+func (m managerFlags) options() app.ManagerOptions {
+	return app.ManagerOptions{Namespace: m.namespace, LeaderElect: m.leaderElect, MetricsAddr: m.metricsAddr, MetricsSecure: m.metricsSecure, ProbeAddr: m.probeAddr}
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 // restConfig loads the kubeconfig at path, or $KUBECONFIG, or the in-cluster
 // configuration.
@@ -95,11 +58,13 @@ func runManager(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
 	var (
 		m          managerFlags
+		d          discoveryFlags
 		kubeconfig = fs.String("kubeconfig", "", "kubeconfig to use; defaults to $KUBECONFIG or the in-cluster configuration")
 		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
 		logFormat  = fs.String("log-format", "json", "text or json")
 	)
 	m.register(fs)
+	d.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -111,21 +76,30 @@ func runManager(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := newManager(cfg, m, log)
+	settings, err := d.settings()
 	if err != nil {
 		return err
 	}
-	if err := addComponents(mgr, m, log); err != nil {
+	catalog, err := newCatalog(d, log)
+	if err != nil {
+		return err
+	}
+	mgr, err := app.NewManager(cfg, m.options(), log)
+	if err != nil {
+		return err
+	}
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true}, log); err != nil {
 		return err
 	}
 	log.Info("starting manager", "version", version, "namespace", m.namespace)
 	return mgr.Start(ctx)
 }
 
-// addComponents adds every controller and server the manager runs.
-func addComponents(mgr manager.Manager, m managerFlags, log logr.Logger) error {
-	_ = mgr
-	_ = m
-	_ = log
-	return nil
+// newCatalog builds the OS image catalog from the flags.
+func newCatalog(d discoveryFlags, log logr.Logger) (*osimage.Catalog, error) {
+	cfg, err := d.catalogConfig(log)
+	if err != nil {
+		return nil, err
+	}
+	return osimage.New(cfg)
 }

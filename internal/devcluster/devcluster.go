@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -406,4 +407,13 @@ func (c *Cluster) writeKubeconfig() error {
 		return err
 	}
 	return writeFileAtomic(c.KubeconfigPath(), data, 0o600)
+}
+
+// ServiceCertificate issues (or reuses) a certificate, signed by the dev CA,
+// for agentboot's services at addr, loopback and localhost. It returns the
+// certificate, key and CA files.
+func (c *Cluster) ServiceCertificate(addr netip.Addr) (certFile, keyFile, caFile string, err error) {
+	ips := []net.IP{net.IP(addr.AsSlice()), net.ParseIP("127.0.0.1")}
+	certFile, keyFile, err = c.pki.serviceCertificate(ips, []string{"localhost"})
+	return certFile, keyFile, c.pki.caCert(), err
 }

@@ -200,3 +200,41 @@ func writeFileAtomic(name string, data []byte, mode os.FileMode) error {
 	}
 	return os.Rename(tmp.Name(), name)
 }
+
+// ServiceCertificate returns a serving certificate, signed by the dev CA, for
+// agentboot's own services at ips and names; it is reissued when they change.
+func (p pki) serviceCertificate(ips []net.IP, names []string) (certFile, keyFile string, err error) {
+	certFile, keyFile = p.path("services.crt"), p.path("services.key")
+	ca, caKey, err := p.loadPair(p.caCert(), p.caKey())
+	if err != nil {
+		return "", "", fmt.Errorf("dev CA: %w", err)
+	}
+	if cert, _, err := p.loadPair(certFile, keyFile); err == nil && sameSANs(cert, ips, names) {
+		return certFile, keyFile, nil
+	}
+	_, _, err = p.issue(certFile, keyFile, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "agentboot-dev-services"},
+		DNSNames:    names,
+		IPAddresses: ips,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+	}, ca, caKey)
+	return certFile, keyFile, err
+}
+
+func sameSANs(c *x509.Certificate, ips []net.IP, names []string) bool {
+	if len(c.IPAddresses) != len(ips) || len(c.DNSNames) != len(names) {
+		return false
+	}
+	for i := range ips {
+		if !c.IPAddresses[i].Equal(ips[i]) {
+			return false
+		}
+	}
+	for i := range names {
+		if c.DNSNames[i] != names[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -10,12 +10,14 @@ package discovery
 
 import (
 	"crypto/sha256"
+	"crypto/sha512"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"sort"
 	"strings"
 
@@ -103,8 +105,9 @@ type Input struct {
 	InfraEnv *v1beta1.InfraEnv
 	// NMStateConfigs are the configs the InfraEnv's selector picks.
 	NMStateConfigs []v1beta1.NMStateConfig
-	// Image is the full live ISO from the catalog.
-	Image *osimage.Image
+	// Image is the full live ISO from the catalog, and ImageKey its name there.
+	Image    *osimage.Image
+	ImageKey osimage.Key
 	Key   signing.Key
 }
 
@@ -128,7 +131,7 @@ type Output struct {
 // Render computes the discovery content of one InfraEnv.
 func Render(in Input, s Settings) (*Output, error) {
 	ie := in.InfraEnv
-	if in.Image == nil {
+	if in.Image == nil || in.ImageKey.Arch == "" || in.ImageKey.Version == "" {
 		return nil, errors.New("no OS image")
 	}
 	if !in.Key.Valid() {
@@ -157,7 +160,7 @@ func Render(in Input, s Settings) (*Output, error) {
 		ImageType: imageType(ie),
 	}
 	out.Version = version(out, in, kargs, s)
-	out.URLs = newURLs(s, string(ie.UID), out.Version, in.Key.Token(signing.PurposeImage, string(ie.UID), out.Version))
+	out.URLs = newURLs(s, in.ImageKey, string(ie.UID), out.Version, in.Key.Token(signing.PurposeImage, string(ie.UID), out.Version))
 
 	out.FullKargs = strings.Join(kargs, " ")
 	live := without(kargs, "coreos.liveiso")
@@ -410,4 +413,16 @@ func staticNetworks(cfgs []v1beta1.NMStateConfig) ([]byte, error) {
 		nets = append(nets, n)
 	}
 	return json.Marshal(nets)
+}
+
+// AgentBinaryDigests returns the sha256 and sha512 of the agent binary at
+// path, for Settings.
+func AgentBinaryDigests(path string) (sha256Hex, sha512Hex string, err error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", "", fmt.Errorf("agent binary: %w", err)
+	}
+	s256 := sha256.Sum256(data)
+	s512 := sha512.Sum512(data)
+	return hex.EncodeToString(s256[:]), hex.EncodeToString(s512[:]), nil
 }

@@ -26,6 +26,8 @@ import (
 	"github.com/agentboot/agentboot/internal/testenv"
 )
 
+var imageKey = osimage.Key{Arch: "x86_64", Version: "dev-1"}
+
 var settings = Settings{
 	AgentAPIURL:         "https://198.18.0.1:7443",
 	ImageServiceURL:     "https://198.18.0.1:8443",
@@ -68,7 +70,7 @@ func infraEnv() *v1beta1.InfraEnv {
 
 func render(t *testing.T, ie *v1beta1.InfraEnv, nm ...v1beta1.NMStateConfig) *Output {
 	t.Helper()
-	out, err := Render(Input{InfraEnv: ie, NMStateConfigs: nm, Image: devImage(t), Key: key(t)}, settings)
+	out, err := Render(Input{InfraEnv: ie, NMStateConfigs: nm, Image: devImage(t), ImageKey: imageKey, Key: key(t)}, settings)
 	require.NoError(t, err)
 	return out
 }
@@ -150,7 +152,8 @@ func TestRenderEverything(t *testing.T) {
 	require.NotContains(t, out.FullKargs, "console=ttyS0", "replace changed it")
 	require.NotContains(t, out.MinimalKargs, "coreos.liveiso")
 	require.Contains(t, out.MinimalKargs, "coreos.live.rootfs_url="+out.URLs.Rootfs)
-	require.True(t, strings.HasPrefix(out.PXEKargs, "initrd=initrd coreos.live.rootfs_url=http://198.18.0.1:8080/images/"+string(ie.UID)+"/"+out.Version+"/rootfs.img?token="))
+	require.True(t, strings.HasPrefix(out.PXEKargs, "initrd=initrd coreos.live.rootfs_url=http://198.18.0.1:8080/boot-artifacts/x86_64/dev-1/rootfs.img "), out.PXEKargs)
+	require.Equal(t, "http://198.18.0.1:8080/boot-artifacts/x86_64/dev-1/vmlinuz", out.URLs.Kernel)
 	require.NotContains(t, out.PXEKargs, "coreos.liveiso")
 	require.Contains(t, out.PXEKargs, "ignition.firstboot ignition.platform.id=metal")
 	require.Contains(t, out.PXEKargs, "agentboot.debug=1")
@@ -252,7 +255,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 			} else {
 				nm = []v1beta1.NMStateConfig{{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: v1beta1.NMStateConfigSpec{NetConfig: runtime.RawExtension{Raw: []byte(`[1]`)}}}}
 			}
-			_, err := Render(Input{InfraEnv: ie, NMStateConfigs: nm, Image: devImage(t), Key: key(t)}, settings)
+			_, err := Render(Input{InfraEnv: ie, NMStateConfigs: nm, Image: devImage(t), ImageKey: imageKey, Key: key(t)}, settings)
 			require.Error(t, err)
 			var ie2 *InputError
 			require.True(t, errors.As(err, &ie2), "%v is an input error", err)

@@ -3,6 +3,9 @@ package discovery
 import (
 	"fmt"
 	"strings"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/osimage"
 )
 
 // Files the image service serves for each InfraEnv.
@@ -16,6 +19,13 @@ const (
 	FileIPXE       = "boot.ipxe"
 	FileIgnition   = "discovery.ign"
 )
+
+// BootArtifactPath is the path of a file of an OS image itself, the same for
+// every InfraEnv (kernel, root filesystem): /boot-artifacts/<arch>/<version>/<file>.
+// These are the public OS bits and carry no token.
+func BootArtifactPath(arch, version, file string) string {
+	return fmt.Sprintf("/boot-artifacts/%s/%s/%s", arch, version, file)
+}
 
 // ImagePath is the path of an InfraEnv's file: /images/<uid>/<version>/<file>.
 // The InfraEnv's UID, not its name, keeps URLs short enough for the ISO's
@@ -31,9 +41,12 @@ type URLs struct {
 	Ignition                     string
 }
 
-func newURLs(s Settings, uid, version, token string) URLs {
+func newURLs(s Settings, image osimage.Key, uid, version, token string) URLs {
 	at := func(base, file string) string {
 		return strings.TrimSuffix(base, "/") + ImagePath(uid, version, file) + "?token=" + token
+	}
+	artifact := func(file string) string {
+		return strings.TrimSuffix(s.ImageServiceHTTPURL, "/") + BootArtifactPath(image.Arch, image.Version, file)
 	}
 	isoBase := s.ImageServiceURL
 	if s.ISOOverHTTP {
@@ -45,9 +58,9 @@ func newURLs(s Settings, uid, version, token string) URLs {
 		MinimalISO: at(isoBase, FileMinimalISO),
 		// Stock iPXE speaks plain HTTP only, and CoreOS checks the root
 		// filesystem against a digest in its initramfs, not against TLS.
-		Kernel: at(s.ImageServiceHTTPURL, FileKernel),
+		Kernel: artifact(FileKernel),
 		Initrd: at(s.ImageServiceHTTPURL, FileInitrd),
-		Rootfs: at(s.ImageServiceHTTPURL, FileRootfs),
+		Rootfs: artifact(FileRootfs),
 		IPXE:   at(s.ImageServiceHTTPURL, FileIPXE),
 		// The Ignition holds the registration token: HTTPS only.
 		Ignition: at(s.ImageServiceURL, FileIgnition),
@@ -67,3 +80,19 @@ func (o *Output) IPXEChainScript() string {
 
 // IPXEExitScript makes iPXE give up network boot, so firmware boots the disk.
 const IPXEExitScript = "#!ipxe\necho agentboot: this host is installed; booting from disk\nexit\n"
+
+// BootsFromDisk reports whether a host's next boot must be its disk: its
+// installation wrote the disk and it is rebooting or past it. iPXE scripts
+// and the PXE service send such hosts to local boot.
+func BootsFromDisk(a *v1beta1.Agent) bool {
+	switch a.Status.Progress.CurrentStage {
+	case v1beta1.StageRebooting, v1beta1.StageWaitingForIgnition, v1beta1.StageConfiguring, v1beta1.StageJoined, v1beta1.StageDone:
+		return true
+	}
+	for _, c := range a.Status.Conditions {
+		if c.Type == v1beta1.InstalledCondition && c.Status == "True" {
+			return true
+		}
+	}
+	return false
+}

@@ -55,6 +55,11 @@ func (c *Catalog) keep(ctx context.Context, d *download) {
 		if err == nil {
 			d.set(Ready, "", nil, img)
 			c.notify(d.entry.URL)
+			// Minimal ISOs are made ahead of the first request for one.
+			if _, err := img.Minimal(); err != nil {
+				c.cfg.Log.Error(err, "minimal ISOs unavailable for this image", "version", d.entry.Version, "arch", d.entry.CPUArchitecture)
+			}
+			c.notify(d.entry.URL)
 			return
 		}
 		if ctx.Err() != nil {
@@ -297,6 +302,7 @@ type Image struct {
 	dir    string
 
 	minimalOnce sync.Once
+	minimalDone chan struct{}
 	minimal     *Image
 	minimalErr  error
 }
@@ -320,7 +326,7 @@ func openImage(p string, meta cacheMeta, dir string) (*Image, error) {
 		f.Close()
 		return nil, err
 	}
-	return &Image{ID: meta.SHA256[:16], SHA256: meta.SHA256, Path: p, Layout: l, file: f, dir: dir}, nil
+	return &Image{ID: meta.SHA256[:16], SHA256: meta.SHA256, Path: p, Layout: l, file: f, dir: dir, minimalDone: make(chan struct{})}, nil
 }
 
 // ReaderAt reads the image; it is safe for concurrent use.
@@ -335,8 +341,22 @@ var ErrNoMinimal = errors.New("cannot make a minimal ISO")
 // Minimal returns this image without its root filesystem, made once (with
 // xorriso, keeping the BIOS and UEFI boot setup) and cached next to it.
 func (i *Image) Minimal() (*Image, error) {
-	i.minimalOnce.Do(func() { i.minimal, i.minimalErr = i.makeMinimal() })
+	i.minimalOnce.Do(func() {
+		i.minimal, i.minimalErr = i.makeMinimal()
+		close(i.minimalDone)
+	})
 	return i.minimal, i.minimalErr
+}
+
+// MinimalIfReady is Minimal without waiting: ready is false while the
+// minimal ISO is still being made.
+func (i *Image) MinimalIfReady() (img *Image, err error, ready bool) {
+	select {
+	case <-i.minimalDone:
+		return i.minimal, i.minimalErr, true
+	default:
+		return nil, nil, false
+	}
 }
 
 func (i *Image) makeMinimal() (*Image, error) {

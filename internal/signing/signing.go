@@ -74,15 +74,16 @@ func FromSecret(s *corev1.Secret) (Key, error) {
 	return NewKey(s.Data[secretKey])
 }
 
-// Ensure returns the key, creating the Secret in namespace on first use.
-// Concurrent managers agree: only one Create succeeds and the others read it.
-func Ensure(ctx context.Context, c client.Client, namespace string) (Key, error) {
+// Ensure returns the key, creating the Secret in namespace on first use when
+// w is not nil. Concurrent managers agree: only one Create succeeds and the
+// others read what it wrote.
+func Ensure(ctx context.Context, r client.Reader, w client.Writer, namespace string) (Key, error) {
 	var s corev1.Secret
-	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: SecretName}, &s)
+	err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: SecretName}, &s)
 	if err == nil {
 		return FromSecret(&s)
 	}
-	if !apierrors.IsNotFound(err) {
+	if !apierrors.IsNotFound(err) || w == nil {
 		return Key{}, fmt.Errorf("read signing key %s/%s: %w", namespace, SecretName, err)
 	}
 	raw := make([]byte, keyLen)
@@ -94,9 +95,9 @@ func Ensure(ctx context.Context, c client.Client, namespace string) (Key, error)
 		Type:       corev1.SecretTypeOpaque,
 		Data:       map[string][]byte{secretKey: raw},
 	}
-	if err := c.Create(ctx, &s); err != nil {
+	if err := w.Create(ctx, &s); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			return Ensure(ctx, c, namespace)
+			return Ensure(ctx, r, nil, namespace)
 		}
 		return Key{}, fmt.Errorf("create signing key %s/%s: %w", namespace, SecretName, err)
 	}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"os"
+
+	imageservice "github.com/agentboot/agentboot/image-service"
+	"github.com/agentboot/agentboot/internal/app"
+)
+
+// imageServiceFlags are the image service's own settings.
+type imageServiceFlags struct {
+	cfg imageservice.Config
+}
+
+func (i *imageServiceFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&i.cfg.HTTPSAddr, "https-addr", ":8443", "HTTPS listen address of the image service")
+	fs.StringVar(&i.cfg.HTTPAddr, "http-addr", ":8080", "plain-HTTP listen address (iPXE scripts, kernels, initrds, root filesystems)")
+	fs.StringVar(&i.cfg.TLSCertFile, "tls-cert-file", "", "HTTPS serving certificate (PEM)")
+	fs.StringVar(&i.cfg.TLSKeyFile, "tls-key-file", "", "HTTPS serving key (PEM)")
+	fs.IntVar(&i.cfg.MaxConcurrentDownloads, "max-concurrent-downloads", 256, "image downloads served at once; more get 503 with Retry-After")
+}
+
+func runImageService(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("image-service", flag.ContinueOnError)
+	var (
+		m          managerFlags
+		d          discoveryFlags
+		i          imageServiceFlags
+		kubeconfig = fs.String("kubeconfig", "", "kubeconfig to use; defaults to $KUBECONFIG or the in-cluster configuration")
+		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
+		logFormat  = fs.String("log-format", "json", "text or json")
+	)
+	m.register(fs)
+	d.register(fs)
+	i.register(fs)
+	// Every replica serves; none leads.
+	if err := fs.Set("leader-elect", "false"); err != nil {
+		return err
+	}
+	if err := fs.Set("health-probe-bind-address", ":8082"); err != nil {
+		return err
+	}
+	if err := fs.Set("metrics-bind-address", ":8444"); err != nil {
+		return err
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := newLogger(os.Stderr, *logLevel, *logFormat)
+	if err != nil {
+		return err
+	}
+	cfg, err := restConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	settings, err := d.settings()
+	if err != nil {
+		return err
+	}
+	catalog, err := newCatalog(d, log)
+	if err != nil {
+		return err
+	}
+	mgr, err := app.NewManager(cfg, m.options(), log)
+	if err != nil {
+		return err
+	}
+	i.cfg.AgentBinary = d.agentBinary
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, ImageService: &i.cfg}, log); err != nil {
+		return err
+	}
+	log.Info("starting image service", "version", version)
+	return mgr.Start(ctx)
+}

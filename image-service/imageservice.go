@@ -1,0 +1,163 @@
+// Package imageservice serves each InfraEnv's discovery content over HTTP(S):
+// ISOs made by laying the Ignition archive and kernel arguments over the
+// cached base ISO (never a per-host copy), the PXE kernel, initrd (base plus
+// an appended archive) and root filesystem, the iPXE script and the discovery
+// Ignition. It renders with internal/discovery, as the InfraEnv controller
+// does, from InfraEnvs and NMStateConfigs read through an informer cache, so
+// it is stateless: any number of replicas answer the same URLs.
+//
+// It reads the cluster; it never writes to it.
+package imageservice
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	stdlog "log"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/image-service/internal/server"
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/signing"
+)
+
+// Config configures the image service.
+type Config struct {
+	// HTTPSAddr and HTTPAddr are the listen addresses (":8443", ":8080").
+	HTTPSAddr, HTTPAddr string
+	// TLSCertFile and TLSKeyFile are the HTTPS serving certificate.
+	TLSCertFile, TLSKeyFile string
+	// AgentBinary is the agent binary hosts fetch.
+	AgentBinary string
+	Catalog     *osimage.Catalog
+	Keys        *signing.Keeper
+	Settings    discovery.Settings
+	// MaxConcurrentDownloads bounds image downloads in flight; past it the
+	// service answers 503 with Retry-After.
+	MaxConcurrentDownloads int
+	Log                    logr.Logger
+}
+
+// Service is the image service.
+type Service struct {
+	cfg     Config
+	handler *server.Handler
+}
+
+// New checks cfg.
+func New(cfg Config) (*Service, error) {
+	if cfg.Catalog == nil || cfg.Keys == nil {
+		return nil, errors.New("image-service: Catalog and Keys are required")
+	}
+	if err := cfg.Settings.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
+		return nil, errors.New("image-service: a TLS certificate and key are required (HTTPS serves everything but stock iPXE's files)")
+	}
+	if _, err := os.Stat(cfg.AgentBinary); err != nil {
+		return nil, fmt.Errorf("image-service: agent binary: %w", err)
+	}
+	if cfg.MaxConcurrentDownloads <= 0 {
+		cfg.MaxConcurrentDownloads = 256
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+// SetupWithManager indexes what the service looks up and adds it to mgr.
+func (s *Service) SetupWithManager(mgr manager.Manager) error {
+	ctx := context.Background()
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1beta1.InfraEnv{}, server.UIDIndex, func(o client.Object) []string {
+		return []string{string(o.GetUID())}
+	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1beta1.Agent{}, server.MACIndex, server.AgentMACs); err != nil {
+		return err
+	}
+	h, err := server.NewHandler(server.Options{
+		Reader:      mgr.GetCache(),
+		Catalog:     s.cfg.Catalog,
+		Keys:        s.cfg.Keys,
+		Settings:    s.cfg.Settings,
+		AgentBinary: s.cfg.AgentBinary,
+		MaxInFlight: s.cfg.MaxConcurrentDownloads,
+		Log:         s.cfg.Log,
+	})
+	if err != nil {
+		return err
+	}
+	s.handler = h
+	return mgr.Add(s)
+}
+
+type logWriter struct{ log logr.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Info(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// NeedLeaderElection is false: every replica serves.
+func (s *Service) NeedLeaderElection() bool { return false }
+
+// Start serves until ctx ends.
+func (s *Service) Start(ctx context.Context) error {
+	if s.handler == nil {
+		return errors.New("image-service: SetupWithManager was not called")
+	}
+	cert, err := tls.LoadX509KeyPair(s.cfg.TLSCertFile, s.cfg.TLSKeyFile)
+	if err != nil {
+		return fmt.Errorf("image-service TLS certificate: %w", err)
+	}
+	servers := []*http.Server{
+		{Addr: s.cfg.HTTPSAddr, Handler: s.handler.HTTPS(), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}},
+		{Addr: s.cfg.HTTPAddr, Handler: s.handler.HTTP()},
+	}
+	errs := make(chan error, len(servers))
+	for i, srv := range servers {
+		srv.ReadHeaderTimeout = 10 * time.Second
+		srv.IdleTimeout = 2 * time.Minute
+		// Connection-level noise (probes, aborted handshakes) is debug output.
+		srv.ErrorLog = stdlog.New(logWriter{s.cfg.Log.V(1)}, "", 0)
+		l, err := net.Listen("tcp", srv.Addr)
+		if err != nil {
+			for _, started := range servers[:i] {
+				_ = started.Close()
+			}
+			return fmt.Errorf("image-service: listen %s: %w", srv.Addr, err)
+		}
+		secure := srv.TLSConfig != nil
+		s.cfg.Log.Info("image service listening", "addr", l.Addr().String(), "tls", secure)
+		go func() {
+			if secure {
+				l = tls.NewListener(l, srv.TLSConfig)
+			}
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errs <- err
+			}
+		}()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errs:
+		return err
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, srv := range servers {
+		_ = srv.Shutdown(shutdown)
+	}
+	return nil
+}

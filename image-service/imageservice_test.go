@@ -1,0 +1,378 @@
+package imageservice_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/iso9660"
+	"github.com/agentboot/agentboot/internal/liveiso"
+	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/stack"
+)
+
+type response struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+func get(t *testing.T, s *stack.Stack, u string, header map[string]string) response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.Local(u), nil)
+	require.NoError(t, err)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := s.HTTP.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return response{resp.StatusCode, resp.Header, body}
+}
+
+func setup(t *testing.T, s *stack.Stack, change func(*v1beta1.InfraEnv)) *v1beta1.InfraEnv {
+	t.Helper()
+	ns := s.Namespace(t, "images")
+	ie := stack.NewInfraEnv(ns, "hardware-inventory")
+	if change != nil {
+		change(ie)
+	}
+	require.NoError(t, s.Client.Create(context.Background(), ie))
+	return s.WaitImage(t, client.ObjectKeyFromObject(ie))
+}
+
+func extract(t *testing.T, iso []byte, paths ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	f := filepath.Join(dir, "x.iso")
+	require.NoError(t, os.WriteFile(f, iso, 0o644))
+	for _, p := range paths {
+		out, err := exec.Command("xorriso", "-osirrox", "on", "-indev", f, "-extract", "/"+p, filepath.Join(dir, filepath.Base(p))).CombinedOutput()
+		require.NoError(t, err, string(out))
+	}
+	return dir
+}
+
+// unpackArchive decompresses an xz/gzip cpio with the real tools.
+func unpackArchive(t *testing.T, archive []byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("sh", "-c", "xz -dc 2>/dev/null || { echo xz failed >&2; exit 1; }")
+	cmd.Stdin = bytes.NewReader(archive)
+	raw, err := cmd.Output()
+	require.NoError(t, err)
+	cp := exec.Command("cpio", "-idu", "--quiet")
+	cp.Dir = dir
+	cp.Stdin = bytes.NewReader(raw)
+	out, err := cp.CombinedOutput()
+	require.NoError(t, err, string(out))
+	return dir
+}
+
+func TestServedISOCarriesIgnitionAndKargs(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ie := setup(t, s, func(ie *v1beta1.InfraEnv) {
+		ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Operation: "append", Value: "agentboot.test=iso"}}
+	})
+	iso := get(t, s, ie.Status.ISODownloadURL, nil)
+	require.Equal(t, http.StatusOK, iso.code, string(iso.body))
+	require.Equal(t, "application/x-iso9660-image", iso.header.Get("Content-Type"))
+	require.Contains(t, iso.header.Get("Content-Disposition"), "hardware-inventory-discovery.iso")
+	require.NotEmpty(t, iso.header.Get("ETag"))
+	require.NotEmpty(t, iso.header.Get("Last-Modified"))
+
+	ign := get(t, s, ie.Status.BootArtifacts.DiscoveryIgnitionURL, nil)
+	require.Equal(t, http.StatusOK, ign.code)
+
+	// xorriso, xz and cpio read the embedded config back.
+	dir := extract(t, iso.body, "images/ignition.img", "isolinux/isolinux.cfg", "EFI/agentboot/grub.cfg")
+	area, err := os.ReadFile(filepath.Join(dir, "ignition.img"))
+	require.NoError(t, err)
+	cfg, err := os.ReadFile(filepath.Join(unpackArchive(t, area), "config.ign"))
+	require.NoError(t, err)
+	require.Equal(t, ign.body, cfg)
+	for _, f := range []string{"isolinux.cfg", "grub.cfg"} {
+		text, err := os.ReadFile(filepath.Join(dir, f))
+		require.NoError(t, err)
+		require.Contains(t, string(text), "ignition.platform.id=metal agentboot.test=iso\n")
+	}
+
+	// The base image in the cache is untouched: no per-host copy.
+	entries, err := filepath.Glob(filepath.Join(s.ImageCache, "images", "*", "*.iso"))
+	require.NoError(t, err)
+	require.Len(t, entries, 2, "the full and minimal base ISOs, nothing else")
+	f, err := os.Open(entries[0])
+	require.NoError(t, err)
+	defer f.Close()
+	st, _ := f.Stat()
+	l, err := liveiso.Inspect(f, st.Size())
+	require.NoError(t, err, "still a pristine live ISO")
+	require.NotNil(t, l)
+}
+
+func TestResumedDownloadMatches(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ie := setup(t, s, nil)
+	whole := get(t, s, ie.Status.ISODownloadURL, nil)
+	require.Equal(t, http.StatusOK, whole.code)
+	half := len(whole.body) / 2
+	first := get(t, s, ie.Status.ISODownloadURL, map[string]string{"Range": fmt.Sprintf("bytes=0-%d", half-1)})
+	require.Equal(t, http.StatusPartialContent, first.code)
+	etag := first.header.Get("ETag")
+	rest := get(t, s, ie.Status.ISODownloadURL, map[string]string{"Range": fmt.Sprintf("bytes=%d-", half), "If-Range": etag})
+	require.Equal(t, http.StatusPartialContent, rest.code)
+	a := sha256.Sum256(whole.body)
+	b := sha256.Sum256(append(first.body, rest.body...))
+	require.Equal(t, hex.EncodeToString(a[:]), hex.EncodeToString(b[:]))
+	require.Equal(t, fmt.Sprint(len(whole.body)), whole.header.Get("Content-Length"))
+
+	// HEAD answers the length without the body.
+	req, _ := http.NewRequest(http.MethodHead, s.Local(ie.Status.ISODownloadURL), nil)
+	resp, err := s.HTTP.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, int64(len(whole.body)), resp.ContentLength)
+}
+
+func TestPXEArtifacts(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ie := setup(t, s, nil)
+	b := ie.Status.BootArtifacts
+	for _, u := range []string{b.IpxeScriptURL, b.KernelURL, b.InitrdURL, b.RootfsURL} {
+		require.True(t, strings.HasPrefix(u, "http://"), "stock iPXE fetches %s over plain HTTP", u)
+	}
+	script := get(t, s, b.IpxeScriptURL, nil)
+	require.Equal(t, http.StatusOK, script.code)
+	require.Equal(t, fmt.Sprintf("#!ipxe\ninitrd --name initrd %s\n", b.InitrdURL), strings.SplitAfterN(string(script.body), "\n", 3)[0]+strings.SplitAfterN(string(script.body), "\n", 3)[1])
+	require.Contains(t, string(script.body), "kernel "+b.KernelURL+" initrd=initrd coreos.live.rootfs_url="+b.RootfsURL+" ")
+
+	iso, err := testenv.DevImage()
+	require.NoError(t, err)
+	isoBytes, err := os.ReadFile(iso)
+	require.NoError(t, err)
+	f, _ := os.Open(iso)
+	defer f.Close()
+	l, err := liveiso.Inspect(f, int64(len(isoBytes)))
+	require.NoError(t, err)
+
+	kernel := get(t, s, b.KernelURL, nil)
+	require.Equal(t, http.StatusOK, kernel.code)
+	require.Equal(t, isoBytes[l.Kernel.Offset:l.Kernel.Offset+l.Kernel.Length], kernel.body)
+	rootfs := get(t, s, b.RootfsURL, nil)
+	require.Equal(t, isoBytes[l.Rootfs.Offset:l.Rootfs.Offset+l.Rootfs.Length], rootfs.body)
+
+	initrd := get(t, s, b.InitrdURL, nil)
+	require.Equal(t, http.StatusOK, initrd.code)
+	base := isoBytes[l.Initrd.Offset : l.Initrd.Offset+l.Initrd.Length]
+	require.True(t, bytes.HasPrefix(initrd.body, base), "the base initrd comes first, unchanged")
+	require.Zero(t, len(initrd.body)%4)
+	appended := initrd.body[(len(base)+3)/4*4:]
+	ign := get(t, s, b.DiscoveryIgnitionURL, nil)
+	cfg, err := os.ReadFile(filepath.Join(unpackArchive(t, bytes.TrimRight(appended, "\x00")), "config.ign"))
+	require.NoError(t, err)
+	require.Equal(t, ign.body, cfg)
+}
+
+func tokenOf(t *testing.T, u string) string {
+	p, err := url.Parse(u)
+	require.NoError(t, err)
+	return p.Query().Get("token")
+}
+
+func withToken(u, token string) string {
+	p, _ := url.Parse(u)
+	q := p.Query()
+	q.Set("token", token)
+	p.RawQuery = q.Encode()
+	return p.String()
+}
+
+func TestTokensAndBadRequests(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ctx := context.Background()
+	a := setup(t, s, nil)
+	b := setup(t, s, nil)
+	isoA := a.Status.ISODownloadURL
+	tok := tokenOf(t, isoA)
+	flip := []byte(tok)
+	flip[3] ^= 1
+
+	cases := map[string]struct {
+		url  string
+		code int
+	}{
+		"valid":                  {isoA, http.StatusOK},
+		"missing token":          {strings.Split(isoA, "?")[0], http.StatusUnauthorized},
+		"token of another":       {withToken(isoA, tokenOf(t, b.Status.ISODownloadURL)), http.StatusUnauthorized},
+		"tampered token":         {withToken(isoA, string(flip)), http.StatusUnauthorized},
+		"garbage token":          {withToken(isoA, "%%%"), http.StatusUnauthorized},
+		"unknown InfraEnv":       {strings.Replace(isoA, string(a.UID), "00000000-0000-4000-8000-000000000000", 1), http.StatusNotFound},
+		"malformed UID":          {strings.Replace(isoA, string(a.UID), "not-a-uid", 1), http.StatusBadRequest},
+		"malformed version":      {strings.Replace(isoA, "/discovery.iso", "/../x/discovery.iso", 1), http.StatusBadRequest},
+		"unknown file":           {strings.Replace(isoA, "discovery.iso", "passwd", 1), http.StatusNotFound},
+		"repeated token":         {isoA + "&token=" + tok, http.StatusBadRequest},
+		"unexpected parameter":   {isoA + "&arch=x86_64", http.StatusBadRequest},
+		"ignition over HTTP":     {strings.Replace(strings.Replace(a.Status.BootArtifacts.DiscoveryIgnitionURL, "https://", "http://", 1), strings.Split(s.Settings.ImageServiceURL, "//")[1], strings.Split(s.Settings.ImageServiceHTTPURL, "//")[1], 1), http.StatusNotFound},
+		"ISO over HTTP":          {strings.Replace(strings.Replace(isoA, "https://", "http://", 1), strings.Split(s.Settings.ImageServiceURL, "//")[1], strings.Split(s.Settings.ImageServiceHTTPURL, "//")[1], 1), http.StatusNotFound},
+		"unsupported arch":       {s.Settings.ImageServiceHTTPURL + "/boot-artifacts/sparc/1/vmlinuz", http.StatusBadRequest},
+		"unsupported version":    {s.Settings.ImageServiceHTTPURL + "/boot-artifacts/x86_64/9.9/vmlinuz", http.StatusBadRequest},
+		"bad artifact parameter": {a.Status.BootArtifacts.KernelURL + "?x=1", http.StatusBadRequest},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := get(t, s, tc.url, nil)
+			require.Equal(t, tc.code, r.code, string(r.body))
+			if tc.code == http.StatusUnauthorized {
+				require.Equal(t, "unauthorized\n", string(r.body), "no detail")
+			}
+		})
+	}
+	r := get(t, s, s.Settings.ImageServiceHTTPURL+"/boot-artifacts/x86_64/9.9/vmlinuz", nil)
+	require.Contains(t, string(r.body), "available: dev-", "lists what exists")
+
+	// A content change makes old URLs stale.
+	var cur v1beta1.InfraEnv
+	require.NoError(t, s.Client.Get(ctx, client.ObjectKeyFromObject(a), &cur))
+	cur.Spec.SSHAuthorizedKey = "ssh-ed25519 AAAAnother other@host"
+	require.NoError(t, s.Client.Update(ctx, &cur))
+	changed := s.WaitCondition(t, client.ObjectKeyFromObject(a), corev1.ConditionTrue, func(ie *v1beta1.InfraEnv) bool { return ie.Status.ISODownloadURL != isoA })
+	require.Equal(t, http.StatusUnauthorized, get(t, s, isoA, nil).code, "stale")
+	require.Equal(t, http.StatusOK, get(t, s, changed.Status.BootArtifacts.IpxeScriptURL, nil).code)
+	require.True(t, changed.Status.CreatedTime.After(a.Status.CreatedTime.Time) || changed.Status.CreatedTime.Equal(a.Status.CreatedTime))
+
+	// Deleting and recreating under the same name invalidates the old URLs.
+	oldB := b.Status.ISODownloadURL
+	require.NoError(t, s.Client.Delete(ctx, b))
+	require.Eventually(t, func() bool { return get(t, s, oldB, nil).code == http.StatusNotFound }, 30*time.Second, 100*time.Millisecond)
+	again := stack.NewInfraEnv(b.Namespace, b.Name)
+	require.NoError(t, s.Client.Create(ctx, again))
+	recreated := s.WaitImage(t, client.ObjectKeyFromObject(again))
+	require.NotEqual(t, oldB, recreated.Status.ISODownloadURL)
+	forged := strings.Replace(oldB, string(b.UID), string(recreated.UID), 1)
+	require.Equal(t, http.StatusUnauthorized, get(t, s, forged, nil).code, "the old token does not work for the new UID")
+}
+
+func TestTooBigIgnitionIs422(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ie := setup(t, s, nil)
+	iso := ie.Status.ISODownloadURL
+	// Random bytes do not compress: 300 KiB cannot fit 256 KiB.
+	random := make([]byte, 300<<10)
+	_, _ = rand.Read(random)
+	var cur v1beta1.InfraEnv
+	require.NoError(t, s.Client.Get(context.Background(), client.ObjectKeyFromObject(ie), &cur))
+	cur.Spec.IgnitionConfigOverride = bigOverride(random)
+	require.NoError(t, s.Client.Update(context.Background(), &cur))
+	failed := s.WaitCondition(t, client.ObjectKeyFromObject(ie), corev1.ConditionFalse, nil)
+	require.Contains(t, stack.Message(failed), "ignitionConfigOverride")
+	require.Contains(t, stack.Message(failed), "embed area holds 256 KiB")
+	require.Empty(t, failed.Status.ISODownloadURL, "no URL for an image that cannot be built")
+
+	// A URL for the new content version still gets 422 from the service.
+	r := get(t, s, iso, nil)
+	require.Equal(t, http.StatusUnprocessableEntity, r.code, string(r.body))
+	require.Contains(t, string(r.body), "embed area")
+}
+
+func bigOverride(data []byte) string {
+	return `{"ignition":{"version":"3.2.0"},"storage":{"files":[{"path":"/big","contents":{"source":"data:;base64,` +
+		base64.StdEncoding.EncodeToString(data) + `"}}]}}`
+}
+
+func TestConcurrencyLimit(t *testing.T) {
+	s := stack.Start(t, stack.Options{MaxConcurrentDownloads: 1})
+	ie := setup(t, s, nil)
+	req, _ := http.NewRequest(http.MethodGet, s.Local(ie.Status.ISODownloadURL), nil)
+	resp, err := s.HTTP.Do(req)
+	require.NoError(t, err)
+	// Hold the first download open without reading it to the end.
+	_, err = io.ReadFull(resp.Body, make([]byte, 4096))
+	require.NoError(t, err)
+	second := get(t, s, ie.Status.ISODownloadURL, nil)
+	require.Equal(t, http.StatusServiceUnavailable, second.code)
+	require.Equal(t, "30", second.header.Get("Retry-After"))
+	// Small files are not limited.
+	require.Equal(t, http.StatusOK, get(t, s, ie.Status.BootArtifacts.IpxeScriptURL, nil).code)
+	resp.Body.Close()
+	require.Eventually(t, func() bool { return get(t, s, ie.Status.ISODownloadURL, nil).code == http.StatusOK }, 10*time.Second, 50*time.Millisecond)
+}
+
+func TestISOOverHTTPAndMinimal(t *testing.T) {
+	s := stack.Start(t, stack.Options{ISOOverHTTP: true})
+	ie := setup(t, s, func(ie *v1beta1.InfraEnv) { ie.Spec.ImageType = v1beta1.ImageTypeMinimalISO })
+	require.True(t, strings.HasPrefix(ie.Status.ISODownloadURL, "http://"))
+	iso := get(t, s, ie.Status.ISODownloadURL, nil)
+	require.Equal(t, http.StatusOK, iso.code, string(iso.body))
+	dir := t.TempDir()
+	p := filepath.Join(dir, "m.iso")
+	require.NoError(t, os.WriteFile(p, iso.body, 0o644))
+	fs, err := iso9660.Open(bytes.NewReader(iso.body))
+	require.NoError(t, err)
+	_, err = fs.Stat(liveiso.RootfsPath)
+	require.ErrorIs(t, err, iso9660.ErrNotExist, "no root filesystem in a minimal ISO")
+	cfgDir := extract(t, iso.body, "isolinux/isolinux.cfg")
+	text, _ := os.ReadFile(filepath.Join(cfgDir, "isolinux.cfg"))
+	require.Contains(t, string(text), "coreos.live.rootfs_url="+ie.Status.BootArtifacts.RootfsURL)
+	require.NotContains(t, string(text), "coreos.liveiso=")
+}
+
+func TestBootOrderControl(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ctx := context.Background()
+	ie := setup(t, s, func(ie *v1beta1.InfraEnv) { ie.Spec.IPXEScriptType = v1beta1.BootOrderControl })
+	script := get(t, s, ie.Status.BootArtifacts.IpxeScriptURL, nil)
+	require.Equal(t, "#!ipxe\nchain "+ie.Status.BootArtifacts.IpxeScriptURL+"&mac=${net0/mac}\n", string(script.body))
+
+	mac := "52:54:00:12:34:56"
+	withMAC := ie.Status.BootArtifacts.IpxeScriptURL + "&mac=" + url.QueryEscape(mac)
+	boot := get(t, s, withMAC, nil)
+	require.Contains(t, string(boot.body), "initrd --name initrd", "unknown host: discovery")
+
+	agent := &v1beta1.Agent{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "d9a4d1e0-0000-4000-8000-000000000001", Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name}},
+		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true},
+	}
+	require.NoError(t, s.Client.Create(ctx, agent))
+	agent.Status.Inventory.Interfaces = []v1beta1.HostInterface{{Name: "eth0", MacAddress: strings.ToUpper(mac), IPV4Addresses: []string{}, IPV6Addresses: []string{}, Flags: []string{}}}
+	agent.Status.Progress.CurrentStage = v1beta1.StageInstalling
+	require.NoError(t, s.Client.Status().Update(ctx, agent))
+	time.Sleep(500 * time.Millisecond)
+	require.Contains(t, string(get(t, s, withMAC, nil).body), "initrd --name initrd", "still installing")
+	agent.Status.Progress.CurrentStage = v1beta1.StageRebooting
+	require.NoError(t, s.Client.Status().Update(ctx, agent))
+	require.Eventually(t, func() bool { return strings.Contains(string(get(t, s, withMAC, nil).body), "\nexit\n") }, 10*time.Second, 100*time.Millisecond,
+		"an installed host boots from disk")
+	require.Equal(t, http.StatusBadRequest, get(t, s, ie.Status.BootArtifacts.IpxeScriptURL+"&mac=zz", nil).code)
+}
+
+func TestAgentBinary(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	r := get(t, s, s.Settings.AgentBinaryURL(), nil)
+	require.Equal(t, http.StatusOK, r.code)
+	want, err := os.ReadFile(s.AgentBin)
+	require.NoError(t, err)
+	require.Equal(t, want, r.body)
+	require.Equal(t, http.StatusNotFound, get(t, s, s.Settings.ImageServiceURL+"/agent/"+strings.Repeat("0", 64), nil).code)
+}

@@ -1,0 +1,280 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/initramfs"
+	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/overlay"
+	"github.com/agentboot/agentboot/internal/signing"
+)
+
+func readerAtSeeker(f *os.File) io.ReadSeeker {
+	st, err := f.Stat()
+	if err != nil {
+		return io.NewSectionReader(f, 0, 0)
+	}
+	return io.NewSectionReader(f, 0, st.Size())
+}
+
+// renderCache keeps recent renderings: virtual media and resumed downloads
+// send many range requests for the same content.
+type renderCache struct {
+	mu      sync.Mutex
+	max     int
+	entries map[string]renderEntry
+}
+
+type renderEntry struct {
+	out  *discovery.Output
+	img  *osimage.Image
+	used time.Time
+}
+
+func newRenderCache(max int) *renderCache {
+	return &renderCache{max: max, entries: map[string]renderEntry{}}
+}
+
+func (c *renderCache) get(k string) (renderEntry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[k]
+	if ok {
+		e.used = time.Now()
+		c.entries[k] = e
+	}
+	return e, ok
+}
+
+func (c *renderCache) put(k string, e renderEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.entries) >= c.max {
+		var oldest string
+		for key, v := range c.entries {
+			if oldest == "" || v.used.Before(c.entries[oldest].used) {
+				oldest = key
+			}
+		}
+		delete(c.entries, oldest)
+	}
+	e.used = time.Now()
+	c.entries[k] = e
+}
+
+// render returns the InfraEnv's current content, from the cache when nothing
+// it depends on changed.
+func (h *Handler) render(ctx context.Context, ie *v1beta1.InfraEnv, key signing.Key) (*discovery.Output, *osimage.Image, error) {
+	k, err := h.opts.Catalog.Resolve(ie.Spec.CPUArchitecture, ie.Spec.OSImageVersion)
+	if err != nil {
+		return nil, nil, errUnprocessable{msg: err.Error()}
+	}
+	st := h.opts.Catalog.Status(k)
+	if st.State != osimage.Ready {
+		return nil, nil, errNotReady{msg: fmt.Sprintf("OS image %s is not ready yet", k)}
+	}
+	nm, fingerprint, err := h.nmStateConfigs(ctx, ie)
+	if err != nil {
+		return nil, nil, err
+	}
+	cacheKey := strings.Join([]string{string(ie.UID), fmt.Sprint(ie.Generation), fingerprint, st.Image.ID, key.Token("cache", "", "")}, "|")
+	if e, ok := h.renders.get(cacheKey); ok {
+		return e.out, e.img, nil
+	}
+	out, err := discovery.Render(discovery.Input{InfraEnv: ie, NMStateConfigs: nm, Image: st.Image, ImageKey: k, Key: key}, h.opts.Settings)
+	if err != nil {
+		return nil, nil, err
+	}
+	h.renders.put(cacheKey, renderEntry{out: out, img: st.Image})
+	return out, st.Image, nil
+}
+
+// nmStateConfigs selects as the controller does and fingerprints the result.
+func (h *Handler) nmStateConfigs(ctx context.Context, ie *v1beta1.InfraEnv) ([]v1beta1.NMStateConfig, string, error) {
+	sel := ie.Spec.NMStateConfigLabelSelector
+	if len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0 {
+		return nil, "", nil
+	}
+	selector, err := metav1.LabelSelectorAsSelector(&sel)
+	if err != nil {
+		return nil, "", nil
+	}
+	var list v1beta1.NMStateConfigList
+	if err := h.opts.Reader.List(ctx, &list, client.InNamespace(ie.Namespace), client.MatchingLabelsSelector{Selector: selector}); err != nil {
+		return nil, "", err
+	}
+	var fp []string
+	for _, c := range list.Items {
+		fp = append(fp, c.Name+"@"+c.ResourceVersion)
+	}
+	sort.Strings(fp)
+	return list.Items, strings.Join(fp, ","), nil
+}
+
+// serveFile sends one file of the rendered content.
+func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, req imageRequest, ie *v1beta1.InfraEnv, out *discovery.Output, img *osimage.Image) {
+	hdr := w.Header()
+	hdr.Set("Cache-Control", "private, no-transform")
+	hdr.Set("ETag", fmt.Sprintf(`"%s-%s"`, out.Version, req.file))
+	modTime := contentTime(ie, out)
+
+	switch req.file {
+	case discovery.FileIPXE:
+		hdr.Set("Content-Type", "text/plain; charset=utf-8")
+		http.ServeContent(w, r, "", modTime, strings.NewReader(h.ipxeScript(r.Context(), ie, out, req.mac)))
+		return
+	case discovery.FileIgnition:
+		hdr.Set("Content-Type", "application/vnd.coreos.ignition+json")
+		http.ServeContent(w, r, "", modTime, strings.NewReader(string(out.Ignition)))
+		return
+	}
+
+	if !h.acquire(w) {
+		return
+	}
+	defer h.release()
+
+	content, name, err := h.content(req.file, out, img)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	hdr.Set("Content-Type", "application/octet-stream")
+	if strings.HasSuffix(name, ".iso") {
+		hdr.Set("Content-Type", "application/x-iso9660-image")
+		hdr.Set("Content-Disposition", fmt.Sprintf(`attachment; filename="%s-%s"`, ie.Name, name))
+	}
+	http.ServeContent(w, r, "", modTime, content)
+}
+
+// content builds the stream of a large file without copying the base image.
+func (h *Handler) content(file string, out *discovery.Output, img *osimage.Image) (*overlay.Stream, string, error) {
+	l := img.Layout
+	switch file {
+	case discovery.FileInitrd:
+		base := l.Initrd
+		pad := (4 - base.Length%4) % 4
+		return overlay.Concat(
+			overlay.Part{R: io.NewSectionReader(img.ReaderAt(), base.Offset, base.Length), Size: base.Length},
+			overlay.Zeros(pad),
+			overlay.Bytes(initramfs.Pad4(append([]byte(nil), out.Archive...))),
+		), file, nil
+	}
+	minimal := file == discovery.FileMinimalISO || (file == discovery.FileISO && out.ImageType == v1beta1.ImageTypeMinimalISO)
+	kargs, base, name := out.FullKargs, img, "discovery.iso"
+	if minimal {
+		m, err := img.Minimal()
+		if err != nil {
+			return nil, "", err
+		}
+		kargs, base, name = out.MinimalKargs, m, "discovery-minimal.iso"
+	}
+	patches, err := base.Layout.Patches(out.Archive, kargs)
+	if err != nil {
+		return nil, "", err
+	}
+	s, err := overlay.New(base.ReaderAt(), base.Layout.Size, patches...)
+	return s, name, err
+}
+
+// serveArtifact serves a file of an OS image itself: the same for every
+// InfraEnv, public, and cacheable by anyone.
+func (h *Handler) serveArtifact(w http.ResponseWriter, r *http.Request) {
+	arch, version, file := r.PathValue("arch"), r.PathValue("version"), r.PathValue("file")
+	if file != discovery.FileKernel && file != discovery.FileRootfs {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	if !artifactPart.MatchString(arch) || !artifactPart.MatchString(version) || r.URL.RawQuery != "" {
+		http.Error(w, "malformed boot artifact request", http.StatusBadRequest)
+		return
+	}
+	k, err := h.opts.Catalog.Resolve(arch, version)
+	if err != nil || k.Arch != osimage.NormalizeArch(arch) || k.Version != version {
+		msg := "unsupported architecture or version"
+		if err != nil {
+			msg = err.Error()
+		}
+		http.Error(w, msg, http.StatusBadRequest)
+		return
+	}
+	st := h.opts.Catalog.Status(k)
+	if st.State != osimage.Ready {
+		retryLater(w, fmt.Sprintf("OS image %s is not ready yet", k))
+		return
+	}
+	area := st.Image.Layout.Kernel
+	if file == discovery.FileRootfs {
+		area = st.Image.Layout.Rootfs
+	}
+	if area.Length == 0 {
+		http.Error(w, "this OS image has no "+file, http.StatusNotFound)
+		return
+	}
+	if !h.acquire(w) {
+		return
+	}
+	defer h.release()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("ETag", fmt.Sprintf(`"%s-%s"`, st.Image.ID, file))
+	w.Header().Set("Cache-Control", "public, max-age=86400")
+	http.ServeContent(w, r, "", time.Time{}, overlay.Concat(overlay.Part{R: io.NewSectionReader(st.Image.ReaderAt(), area.Offset, area.Length), Size: area.Length}))
+}
+
+// acquire takes a download slot or answers 503.
+func (h *Handler) acquire(w http.ResponseWriter) bool {
+	select {
+	case h.slots <- struct{}{}:
+		inFlight.Inc()
+		return true
+	default:
+		retryLater(w, "too many downloads in progress")
+		return false
+	}
+}
+
+func (h *Handler) release() {
+	inFlight.Dec()
+	<-h.slots
+}
+
+// contentTime is when the controller published this content, if it did.
+func contentTime(ie *v1beta1.InfraEnv, out *discovery.Output) time.Time {
+	if ie.Status.CreatedTime != nil && ie.Status.ISODownloadURL == out.URLs.ISO {
+		return ie.Status.CreatedTime.Time
+	}
+	return time.Time{}
+}
+
+// ipxeScript is the boot script, or for BootOrderControl the chain script
+// and, once the host with mac is installed, the exit script.
+func (h *Handler) ipxeScript(ctx context.Context, ie *v1beta1.InfraEnv, out *discovery.Output, mac string) string {
+	if ie.Spec.IPXEScriptType != v1beta1.BootOrderControl {
+		return out.IPXEScript()
+	}
+	if mac == "" {
+		return out.IPXEChainScript()
+	}
+	var agents v1beta1.AgentList
+	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(ie.Namespace), client.MatchingFields{MACIndex: mac}); err == nil {
+		for i := range agents.Items {
+			if agents.Items[i].Labels[v1beta1.InfraEnvNameLabel] == ie.Name && discovery.BootsFromDisk(&agents.Items[i]) {
+				return discovery.IPXEExitScript
+			}
+		}
+	}
+	return out.IPXEScript()
+}

@@ -1,0 +1,349 @@
+// Package server is the image service's HTTP handler.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/signing"
+)
+
+// Cache indexes.
+const (
+	UIDIndex = "metadata.uid"
+	MACIndex = "agentboot.status.inventory.macAddresses"
+)
+
+// AgentMACs indexes an Agent by the MAC addresses of its interfaces.
+func AgentMACs(o client.Object) []string {
+	a, ok := o.(*v1beta1.Agent)
+	if !ok {
+		return nil
+	}
+	var macs []string
+	for _, i := range a.Status.Inventory.Interfaces {
+		if i.MacAddress != "" {
+			macs = append(macs, strings.ToLower(i.MacAddress))
+		}
+	}
+	return macs
+}
+
+// Options configure a Handler.
+type Options struct {
+	Reader      client.Reader // an informer cache with UIDIndex and MACIndex
+	Catalog     *osimage.Catalog
+	Keys        *signing.Keeper
+	Settings    discovery.Settings
+	AgentBinary string
+	MaxInFlight int
+	Log         logr.Logger
+}
+
+// Handler answers image requests.
+type Handler struct {
+	opts     Options
+	agent    *os.File
+	agentMod time.Time
+	slots    chan struct{}
+	renders  *renderCache
+}
+
+var (
+	requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentboot_image_requests_total",
+		Help: "Image service requests by file and HTTP status code.",
+	}, []string{"file", "code"})
+	inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "agentboot_image_downloads_in_flight",
+		Help: "Image downloads being served.",
+	})
+	bytesSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentboot_image_bytes_sent_total",
+		Help: "Bytes of image content sent, by file.",
+	}, []string{"file"})
+	registerOnce sync.Once
+)
+
+// NewHandler opens the agent binary and prepares the handler.
+func NewHandler(opts Options) (*Handler, error) {
+	registerOnce.Do(func() { metrics.Registry.MustRegister(requests, inFlight, bytesSent) })
+	f, err := os.Open(opts.AgentBinary)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = 256
+	}
+	return &Handler{opts: opts, agent: f, agentMod: st.ModTime(), slots: make(chan struct{}, opts.MaxInFlight), renders: newRenderCache(128)}, nil
+}
+
+// HTTPS is the handler of the HTTPS listener: everything.
+func (h *Handler) HTTPS() http.Handler { return h.routes(true) }
+
+// HTTP is the handler of the plain-HTTP listener: only what stock iPXE and
+// the live initramfs fetch (and the ISO when configured for BMCs).
+func (h *Handler) HTTP() http.Handler { return h.routes(false) }
+
+// routes lists every route of one listener.
+func (h *Handler) routes(secure bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /images/{uid}/{version}/{file}", h.serveImage(secure))
+	mux.HandleFunc("GET /boot-artifacts/{arch}/{version}/{file}", h.serveArtifact)
+	if secure {
+		mux.HandleFunc("GET /agent/{sha256}", h.serveAgent)
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "not found", http.StatusNotFound) })
+	return h.observe(mux)
+}
+
+// observe counts responses by file and code. It never logs query strings,
+// which carry tokens.
+func (h *Handler) observe(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		start := time.Now()
+		next.ServeHTTP(rec, r)
+		file := fileLabel(r.URL.Path)
+		requests.WithLabelValues(file, strconv.Itoa(rec.code)).Inc()
+		if rec.bytes > 0 {
+			bytesSent.WithLabelValues(file).Add(float64(rec.bytes))
+		}
+		if rec.code >= 400 || rec.bytes > 1<<20 {
+			h.opts.Log.V(1).Info("request", "method", r.Method, "path", r.URL.Path, "code", rec.code, "bytes", rec.bytes, "duration", time.Since(start).String(), "remote", r.RemoteAddr)
+		}
+	})
+}
+
+func fileLabel(p string) string {
+	switch {
+	case strings.HasPrefix(p, "/images/"):
+		return p[strings.LastIndexByte(p, '/')+1:]
+	case strings.HasPrefix(p, "/agent/"):
+		return "agent"
+	case strings.HasPrefix(p, "/boot-artifacts/"):
+		return p[strings.LastIndexByte(p, '/')+1:]
+	}
+	return "other"
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	code  int
+	bytes int64
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.code = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	n, err := s.ResponseWriter.Write(b)
+	s.bytes += int64(n)
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+var (
+	uidPattern     = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	versionPattern = regexp.MustCompile(`^[0-9a-f]{16}$`)
+	macPattern     = regexp.MustCompile(`^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$`)
+	tokenPattern   = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
+	artifactPart   = regexp.MustCompile(`^[A-Za-z0-9._+-]{1,128}$`)
+)
+
+// imageRequest is a parsed /images/... request.
+type imageRequest struct {
+	uid, version, file, token, mac string
+}
+
+// big files go through the download slots.
+var big = map[string]bool{
+	discovery.FileISO: true, discovery.FileFullISO: true, discovery.FileMinimalISO: true, discovery.FileInitrd: true,
+}
+
+var known = map[string]bool{discovery.FileIPXE: true, discovery.FileIgnition: true}
+
+func parseImageRequest(r *http.Request) (imageRequest, error) {
+	req := imageRequest{uid: r.PathValue("uid"), version: r.PathValue("version"), file: r.PathValue("file")}
+	if !big[req.file] && !known[req.file] {
+		return req, errNotFound
+	}
+	if !uidPattern.MatchString(req.uid) {
+		return req, fmt.Errorf("malformed InfraEnv UID %q", req.uid)
+	}
+	if !versionPattern.MatchString(req.version) {
+		return req, fmt.Errorf("malformed version %q", req.version)
+	}
+	q := r.URL.Query()
+	for k, v := range q {
+		switch {
+		case k == "token" && len(v) == 1:
+			req.token = v[0]
+		case k == "mac" && len(v) == 1 && req.file == discovery.FileIPXE:
+			req.mac = strings.ToLower(v[0])
+		case len(v) > 1:
+			return req, fmt.Errorf("query parameter %q given %d times", k, len(v))
+		default:
+			return req, fmt.Errorf("unexpected query parameter %q", k)
+		}
+	}
+	if req.token == "" {
+		return req, errUnauthorized
+	}
+	if !tokenPattern.MatchString(req.token) {
+		return req, errUnauthorized
+	}
+	if _, ok := q["mac"]; ok && !macPattern.MatchString(req.mac) {
+		return req, fmt.Errorf("malformed mac %q", req.mac)
+	}
+	return req, nil
+}
+
+var (
+	errNotFound     = errors.New("not found")
+	errUnauthorized = errors.New("unauthorized")
+)
+
+// httpFiles may be fetched over plain HTTP.
+func (h *Handler) overHTTP(file string) bool {
+	switch file {
+	case discovery.FileIPXE, discovery.FileInitrd:
+		return true
+	case discovery.FileISO, discovery.FileFullISO, discovery.FileMinimalISO:
+		return h.opts.Settings.ISOOverHTTP
+	}
+	return false
+}
+
+func (h *Handler) serveImage(secure bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		req, err := parseImageRequest(r)
+		switch {
+		case errors.Is(err, errNotFound):
+			http.Error(w, "not found", http.StatusNotFound)
+			return
+		case errors.Is(err, errUnauthorized):
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if !secure && !h.overHTTP(req.file) {
+			http.Error(w, req.file+" is served over HTTPS only", http.StatusNotFound)
+			return
+		}
+		ie, err := h.infraEnvByUID(r.Context(), req.uid)
+		if err != nil {
+			h.fail(w, err)
+			return
+		}
+		key, err := h.opts.Keys.Key()
+		if err != nil {
+			retryLater(w, "the service is starting: signing key not loaded yet")
+			return
+		}
+		if !key.Verify(req.token, signing.PurposeImage, req.uid, req.version) {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		out, img, err := h.render(r.Context(), ie, key)
+		if err != nil {
+			h.fail(w, err)
+			return
+		}
+		if out.Version != req.version {
+			// A valid token for content that changed since: stale.
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		h.serveFile(w, r, req, ie, out, img)
+	}
+}
+
+// errNotReady makes a 503: retrying later will help.
+type errNotReady struct{ msg string }
+
+func (e errNotReady) Error() string { return e.msg }
+
+// errUnprocessable makes a 422: the InfraEnv asks for what cannot be built.
+type errUnprocessable struct{ msg string }
+
+func (e errUnprocessable) Error() string { return e.msg }
+
+type errNoInfraEnv struct{}
+
+func (errNoInfraEnv) Error() string { return "unknown InfraEnv" }
+
+func (h *Handler) fail(w http.ResponseWriter, err error) {
+	var notReady errNotReady
+	var input *discovery.InputError
+	var unprocessable errUnprocessable
+	switch {
+	case errors.As(err, &unprocessable):
+		http.Error(w, unprocessable.msg, http.StatusUnprocessableEntity)
+	case errors.As(err, &notReady):
+		retryLater(w, notReady.msg)
+	case errors.As(err, &input):
+		http.Error(w, input.Error(), http.StatusUnprocessableEntity)
+	case errors.Is(err, errNoInfraEnv{}):
+		http.Error(w, "unknown InfraEnv", http.StatusNotFound)
+	default:
+		h.opts.Log.Error(err, "image request failed")
+		http.Error(w, "internal error", http.StatusInternalServerError)
+	}
+}
+
+func retryLater(w http.ResponseWriter, msg string) {
+	w.Header().Set("Retry-After", "30")
+	http.Error(w, msg, http.StatusServiceUnavailable)
+}
+
+func (h *Handler) infraEnvByUID(ctx context.Context, uid string) (*v1beta1.InfraEnv, error) {
+	var list v1beta1.InfraEnvList
+	if err := h.opts.Reader.List(ctx, &list, client.MatchingFields{UIDIndex: uid}); err != nil {
+		return nil, err
+	}
+	if len(list.Items) != 1 || !list.Items[0].DeletionTimestamp.IsZero() {
+		return nil, errNoInfraEnv{}
+	}
+	return &list.Items[0], nil
+}
+
+// serveAgent serves the agent binary at its content address.
+func (h *Handler) serveAgent(w http.ResponseWriter, r *http.Request) {
+	if r.PathValue("sha256") != h.opts.Settings.AgentBinarySHA256 || r.URL.RawQuery != "" {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("ETag", `"`+h.opts.Settings.AgentBinarySHA256+`"`)
+	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
+	http.ServeContent(w, r, "agent", h.agentMod, readerAtSeeker(h.agent))
+}

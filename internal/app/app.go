@@ -1,0 +1,132 @@
+// Package app wires agentboot's components into one controller-runtime
+// manager. The agentboot command and the integration tests both use it, so
+// tests run exactly what ships.
+package app
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	imageservice "github.com/agentboot/agentboot/image-service"
+	infraenvcontroller "github.com/agentboot/agentboot/infraenv-controller"
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/scheme"
+	"github.com/agentboot/agentboot/internal/signing"
+)
+
+// ManagerOptions are the process-level settings of a manager.
+type ManagerOptions struct {
+	// Namespace holds agentboot's own objects: signing key, leader lease.
+	Namespace     string
+	LeaderElect   bool
+	MetricsAddr   string
+	MetricsSecure bool
+	ProbeAddr     string
+	// SkipControllerNameValidation lets several managers share a process
+	// (tests).
+	SkipControllerNameValidation bool
+}
+
+// NewManager builds the controller-runtime manager with probes, metrics and
+// leader election; components add themselves to it.
+func NewManager(cfg *rest.Config, o ManagerOptions, log logr.Logger) (manager.Manager, error) {
+	s, err := scheme.New()
+	if err != nil {
+		return nil, err
+	}
+	metrics := metricsserver.Options{BindAddress: o.MetricsAddr, SecureServing: o.MetricsSecure}
+	if o.MetricsSecure {
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	grace := 20 * time.Second
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: s,
+		// The only Secret agentboot reads through a cache is its own
+		// signing key; pull secrets are read one by one.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}: {Namespaces: map[string]cache.Config{o.Namespace: {}}},
+		}},
+		Logger:                        log,
+		Metrics:                       metrics,
+		HealthProbeBindAddress:        o.ProbeAddr,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              "agentboot-manager",
+		LeaderElectionNamespace:       o.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+		GracefulShutdownTimeout:       &grace,
+		Controller:                    config.Controller{SkipNameValidation: &o.SkipControllerNameValidation},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return nil, err
+	}
+	return mgr, nil
+}
+
+// Components says what one process runs.
+type Components struct {
+	// Namespace holds the signing key.
+	Namespace string
+	Catalog   *osimage.Catalog
+	Settings  discovery.Settings
+	// Controllers runs the controllers (and creates the signing key).
+	Controllers bool
+	// ImageService, when set, runs the image service; Catalog, Keys,
+	// Settings and Log are filled in here.
+	ImageService *imageservice.Config
+	// InfraEnvPullSecretRecheck overrides how often a failing pull secret is
+	// read again (tests).
+	InfraEnvPullSecretRecheck time.Duration
+}
+
+// Add adds the catalog, the signing key and the chosen components to mgr.
+func Add(mgr manager.Manager, c Components, log logr.Logger) error {
+	keys := &signing.Keeper{Reader: mgr.GetAPIReader(), Namespace: c.Namespace, Log: log.WithName("signing")}
+	if c.Controllers {
+		keys.Writer = mgr.GetClient()
+	}
+	for _, r := range []manager.Runnable{c.Catalog, keys} {
+		if err := mgr.Add(r); err != nil {
+			return err
+		}
+	}
+	if c.Controllers {
+		if err := infraenvcontroller.SetupWithManager(mgr, infraenvcontroller.Config{
+			Catalog: c.Catalog, Keys: keys, Settings: c.Settings, Log: log.WithName("infraenv"),
+			PullSecretRecheck: c.InfraEnvPullSecretRecheck,
+		}); err != nil {
+			return err
+		}
+	}
+	if c.ImageService != nil {
+		cfg := *c.ImageService
+		cfg.Catalog, cfg.Keys, cfg.Settings = c.Catalog, keys, c.Settings
+		cfg.Log = log.WithName("image-service")
+		svc, err := imageservice.New(cfg)
+		if err != nil {
+			return err
+		}
+		if err := svc.SetupWithManager(mgr); err != nil {
+			return err
+		}
+	}
+	return nil
+}

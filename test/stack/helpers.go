@@ -1,0 +1,102 @@
+package stack
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/conditions"
+)
+
+// Namespace creates a namespace with a valid pull secret named
+// "pull-secret".
+func (s *Stack) Namespace(t testing.TB, prefix string) string {
+	t.Helper()
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	if err := s.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "pull-secret"},
+		Type:       corev1.SecretTypeDockerConfigJson,
+		Data:       map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"quay.io":{"auth":"bWU6c2VjcmV0"}}}`)},
+	}
+	if err := s.Client.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// NewInfraEnv returns an InfraEnv using the namespace's pull secret.
+func NewInfraEnv(ns, name string) *v1beta1.InfraEnv {
+	return &v1beta1.InfraEnv{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1beta1.InfraEnvSpec{
+			PullSecretRef:    &corev1.LocalObjectReference{Name: "pull-secret"},
+			CPUArchitecture:  v1beta1.CPUArchitectureX86_64,
+			SSHAuthorizedKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITest test@agentboot",
+		},
+	}
+}
+
+// WaitCondition waits until the InfraEnv's ImageCreated condition has
+// status and returns the InfraEnv.
+func (s *Stack) WaitCondition(t testing.TB, key client.ObjectKey, status corev1.ConditionStatus, match func(*v1beta1.InfraEnv) bool) *v1beta1.InfraEnv {
+	t.Helper()
+	var ie v1beta1.InfraEnv
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := s.Client.Get(context.Background(), key, &ie); err == nil {
+			c := conditions.Find(ie.Status.Conditions, v1beta1.ImageCreatedCondition)
+			if c != nil && c.Status == status && (match == nil || match(&ie)) {
+				return &ie
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("InfraEnv %s: ImageCreated never became %s; status: %+v", key, status, ie.Status)
+	return nil
+}
+
+// WaitImage waits for ImageCreated True.
+func (s *Stack) WaitImage(t testing.TB, key client.ObjectKey) *v1beta1.InfraEnv {
+	t.Helper()
+	return s.WaitCondition(t, key, corev1.ConditionTrue, nil)
+}
+
+// Local rewrites a published URL to the image service's loopback listener,
+// for fetching from the test process.
+func (s *Stack) Local(published string) string {
+	u, err := url.Parse(published)
+	if err != nil {
+		panic(err)
+	}
+	switch u.Scheme {
+	case "https":
+		u.Host = s.HTTPSAddr
+	case "http":
+		u.Host = s.HTTPAddr
+	}
+	return u.String()
+}
+
+// Message returns the ImageCreated condition message.
+func Message(ie *v1beta1.InfraEnv) string {
+	if c := conditions.Find(ie.Status.Conditions, v1beta1.ImageCreatedCondition); c != nil {
+		return c.Reason + ": " + c.Message
+	}
+	return ""
+}
+
+// Contains is a match function for WaitCondition on the message.
+func Contains(sub string) func(*v1beta1.InfraEnv) bool {
+	return func(ie *v1beta1.InfraEnv) bool { return strings.Contains(Message(ie), sub) }
+}

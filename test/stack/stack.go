@@ -1,0 +1,306 @@
+// Package stack runs agentboot as the agentboot command wires it (internal/
+// app) against a real kube-apiserver, with the dev OS image in the catalog,
+// for integration tests and benchmarks.
+package stack
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	imageservice "github.com/agentboot/agentboot/image-service"
+	"github.com/agentboot/agentboot/internal/app"
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/testenv"
+)
+
+// Namespace is agentboot's own namespace in the stack.
+const Namespace = "agentboot-system"
+
+// Options shape a stack.
+type Options struct {
+	// AdvertiseHost is what URLs name: 127.0.0.1 by default; VM tests on
+	// qemu user networking use 10.0.2.2, which reaches the host's loopback.
+	AdvertiseHost string
+	// ISOOverHTTP publishes ISO URLs over plain HTTP.
+	ISOOverHTTP bool
+	// MaxConcurrentDownloads bounds image downloads.
+	MaxConcurrentDownloads int
+	// Images replace the dev OS image stream in the catalog.
+	Images []osimage.Entry
+	// Quiet drops component logs (benchmarks).
+	Quiet bool
+}
+
+// Stack is a running agentboot.
+type Stack struct {
+	Env      *testenv.Env
+	Client   client.Client
+	Settings discovery.Settings
+	Catalog  *osimage.Catalog
+	// HTTPSAddr and HTTPAddr are the image service's loopback listeners.
+	HTTPSAddr, HTTPAddr string
+	// HTTP trusts the stack's CA.
+	HTTP       *http.Client
+	CAFile     string
+	AgentBin   string
+	ImageCache string
+}
+
+// Start runs a stack for the duration of t.
+func Start(t testing.TB, opts Options) *Stack {
+	t.Helper()
+	s, stop, err := start(opts, logFor(t, opts.Quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return s
+}
+
+// StartMain runs a stack for a whole test binary (TestMain); the returned
+// function stops it.
+func StartMain(opts Options) (*Stack, func(), error) {
+	return start(opts, logr.Discard())
+}
+
+func logFor(t testing.TB, quiet bool) logr.Logger {
+	if quiet {
+		return logr.Discard()
+	}
+	return testr.NewWithInterface(t, testr.Options{Verbosity: 0})
+}
+
+var (
+	agentOnce sync.Once
+	agentPath string
+	agentErr  error
+)
+
+// AgentBinary builds the real agent once per test process.
+func AgentBinary() (string, error) {
+	agentOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "agentboot-agent-")
+		if err != nil {
+			agentErr = err
+			return
+		}
+		agentPath = filepath.Join(dir, "agent")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", agentPath, "./cmd/agent")
+		cmd.Dir = testenv.RepoRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			agentErr = fmt.Errorf("build agent: %v: %s", err, out)
+		}
+	})
+	return agentPath, agentErr
+}
+
+func start(opts Options, log logr.Logger) (*Stack, func(), error) {
+	if opts.AdvertiseHost == "" {
+		opts.AdvertiseHost = "127.0.0.1"
+	}
+	ctrl.SetLogger(log)
+	env, err := testenv.Start(testenv.Options{HyperShift: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	cleanup := []func(){func() { _ = env.Stop() }}
+	stop := func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}
+	fail := func(err error) (*Stack, func(), error) {
+		stop()
+		return nil, nil, err
+	}
+	dir, err := os.MkdirTemp("", "agentboot-stack-")
+	if err != nil {
+		return fail(err)
+	}
+	cleanup = append(cleanup, func() { os.RemoveAll(dir) })
+
+	s := &Stack{Env: env, Client: env.Client, ImageCache: filepath.Join(dir, "cache")}
+	if s.AgentBin, err = AgentBinary(); err != nil {
+		return fail(err)
+	}
+	certFile, keyFile, caPEM, err := certificates(dir, opts.AdvertiseHost)
+	if err != nil {
+		return fail(err)
+	}
+	s.CAFile = filepath.Join(dir, "ca.crt")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	s.HTTP = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+
+	ports, err := freePorts(2)
+	if err != nil {
+		return fail(err)
+	}
+	s.HTTPSAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	s.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
+	s.Settings = discovery.Settings{
+		AgentAPIURL:         fmt.Sprintf("https://%s:%d", opts.AdvertiseHost, 7443),
+		ImageServiceURL:     fmt.Sprintf("https://%s:%d", opts.AdvertiseHost, ports[0]),
+		ImageServiceHTTPURL: fmt.Sprintf("http://%s:%d", opts.AdvertiseHost, ports[1]),
+		ISOOverHTTP:         opts.ISOOverHTTP,
+		CABundle:            string(caPEM),
+	}
+	if s.Settings.AgentBinarySHA256, s.Settings.AgentBinarySHA512, err = discovery.AgentBinaryDigests(s.AgentBin); err != nil {
+		return fail(err)
+	}
+
+	catCfg := osimage.Config{CacheDir: s.ImageCache, Images: opts.Images, Log: log.WithName("osimage"), RetryMin: 200 * time.Millisecond, RetryMax: time.Second}
+	if len(catCfg.Images) == 0 {
+		iso, err := testenv.DevImage()
+		if err != nil {
+			return fail(err)
+		}
+		catCfg.Streams = []string{filepath.Join(filepath.Dir(iso), "stream.json")}
+	}
+	if s.Catalog, err = osimage.New(catCfg); err != nil {
+		return fail(err)
+	}
+
+	ctx := context.Background()
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
+		return fail(err)
+	}
+	mgr, err := app.NewManager(env.Config, app.ManagerOptions{Namespace: Namespace, MetricsAddr: "0", ProbeAddr: "0", SkipControllerNameValidation: true}, log)
+	if err != nil {
+		return fail(err)
+	}
+	err = app.Add(mgr, app.Components{
+		Namespace:   Namespace,
+		Catalog:     s.Catalog,
+		Settings:    s.Settings,
+		Controllers: true,
+		ImageService: &imageservice.Config{
+			HTTPSAddr: s.HTTPSAddr, HTTPAddr: s.HTTPAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
+			AgentBinary: s.AgentBin, MaxConcurrentDownloads: opts.MaxConcurrentDownloads,
+		},
+		InfraEnvPullSecretRecheck: time.Second,
+	}, log)
+	if err != nil {
+		return fail(err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	cleanup = append(cleanup, func() {
+		cancel()
+		<-done
+	})
+	if err := waitListening(s.HTTPSAddr, 30*time.Second); err != nil {
+		return fail(err)
+	}
+	return s, stop, nil
+}
+
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func waitListening(addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("image service did not listen on %s within %s", addr, timeout)
+}
+
+// certificates makes a CA and a serving certificate for loopback and host.
+func certificates(dir, host string) (certFile, keyFile string, caPEM []byte, err error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", nil, err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "agentboot-test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
+	if err != nil {
+		return "", "", nil, err
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", nil, err
+	}
+	ips := []net.IP{net.ParseIP("127.0.0.1")}
+	if ip := net.ParseIP(host); ip != nil {
+		ips = append(ips, ip)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "agentboot-test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: ips, DNSNames: []string{"localhost"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), caKey)
+	if err != nil {
+		return "", "", nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", "", nil, err
+	}
+	caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), caPEM, 0o644); err != nil {
+		return "", "", nil, err
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return "", "", nil, err
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return "", "", nil, err
+	}
+	return certFile, keyFile, caPEM, nil
+}

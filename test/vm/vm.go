@@ -1,0 +1,310 @@
+// Package vm runs qemu virtual machines for tests: KVM when it works, TCG
+// otherwise, with the serial console captured to a log file that is kept
+// when a test fails. Every VM is killed when its test ends.
+package vm
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Options describe one VM.
+type Options struct {
+	Name     string
+	MemoryMB int
+	CPUs     int
+	// CPU model, such as "qemu64,-svm"; empty is qemu's default.
+	CPU string
+	// UUID is the SMBIOS system UUID.
+	UUID string
+	// Serial is the SMBIOS system serial number.
+	Serial string
+	// Boot order for qemu's -boot (d: CD, n: network, c: disk).
+	Boot string
+	// CDROM is an ISO to insert.
+	CDROM string
+	// Disks are raw or qcow2 disk images (virtio).
+	Disks []string
+	// Kernel, Initrd and Append boot a kernel directly.
+	Kernel, Initrd, Append string
+	// Net is qemu -netdev arguments without id ("user,bootfile=...",
+	// "tap,ifname=tap0,script=no,downscript=no"); empty means no network.
+	Net string
+	// MAC of the VM's NIC.
+	MAC string
+	// UEFI boots with OVMF instead of SeaBIOS.
+	UEFI bool
+	// Extra qemu arguments.
+	Extra []string
+}
+
+// VM is a running qemu.
+type VM struct {
+	Name    string
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	mu      sync.Mutex
+	exitErr error
+}
+
+// LogDir is where serial logs go; they survive a failed test.
+func LogDir() string {
+	if d := os.Getenv("AGENTBOOT_TEST_LOGS"); d != "" {
+		return d
+	}
+	return filepath.Join(os.TempDir(), "agentboot-test-logs")
+}
+
+// Accelerators lists qemu -accel values: KVM when it really runs guests,
+// else TCG. A /dev/kvm that opens is not enough (some hosts fail at the
+// first real-mode instruction), so KVM is probed once per machine boot by
+// booting the dev OS image for a few seconds; AGENTBOOT_QEMU_ACCEL overrides.
+func Accelerators() []string {
+	if a := os.Getenv("AGENTBOOT_QEMU_ACCEL"); a != "" {
+		return []string{a}
+	}
+	accelOnce.Do(func() { accel = probeAccel() })
+	return []string{accel}
+}
+
+var (
+	accelOnce sync.Once
+	accel     string
+)
+
+func probeAccel() string {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return "tcg"
+	}
+	f.Close()
+	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	memo := filepath.Join(os.TempDir(), "agentboot-kvm-probe-"+strings.TrimSpace(string(bootID)))
+	if got, err := os.ReadFile(memo); err == nil {
+		return strings.TrimSpace(string(got))
+	}
+	result := "tcg"
+	iso := filepath.Join(repoRoot(), "dist", "dev-image", "agentboot-dev-live.x86_64.iso")
+	if _, err := os.Stat(iso); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+		defer cancel()
+		out, _ := exec.CommandContext(ctx, "qemu-system-x86_64", "-accel", "kvm", "-m", "256", "-nographic", "-display", "none",
+			"-monitor", "none", "-serial", "none", "-no-reboot", "-nic", "none", "-boot", "d", "-cdrom", iso).CombinedOutput()
+		if ctx.Err() != nil && !strings.Contains(string(out), "KVM internal error") && !strings.Contains(string(out), "failed to initialize kvm") {
+			result = "kvm"
+		}
+	}
+	_ = os.WriteFile(memo, []byte(result), 0o644)
+	return result
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Start boots a VM for the duration of t.
+func Start(t testing.TB, o Options) *VM {
+	t.Helper()
+	bin, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatal("qemu-system-x86_64 not found: install Debian packages qemu-system-x86 and ipxe-qemu (.ci/packages)")
+	}
+	if o.MemoryMB == 0 {
+		o.MemoryMB = 1024
+	}
+	if o.CPUs == 0 {
+		o.CPUs = 1
+	}
+	if err := os.MkdirAll(LogDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(LogDir(), fmt.Sprintf("%s-%s-%d.log", sanitize(t.Name()), o.Name, time.Now().UnixNano()))
+	args := []string{"-name", o.Name, "-m", fmt.Sprint(o.MemoryMB), "-smp", fmt.Sprint(o.CPUs),
+		"-nographic", "-display", "none", "-monitor", "none", "-no-reboot",
+		"-serial", "file:" + logPath}
+	for _, a := range Accelerators() {
+		args = append(args, "-accel", a)
+	}
+	if o.CPU != "" {
+		args = append(args, "-cpu", o.CPU)
+	}
+	if o.UUID != "" {
+		args = append(args, "-uuid", o.UUID)
+	}
+	if o.Serial != "" {
+		args = append(args, "-smbios", "type=1,serial="+o.Serial)
+	}
+	if o.UEFI {
+		vars := filepath.Join(t.TempDir(), "OVMF_VARS.fd")
+		if err := copyFile("/usr/share/OVMF/OVMF_VARS_4M.fd", vars); err != nil {
+			t.Fatalf("OVMF firmware: %v (install Debian package ovmf)", err)
+		}
+		args = append(args, "-drive", "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd", "-drive", "if=pflash,format=raw,file="+vars)
+	}
+	if o.CDROM != "" {
+		args = append(args, "-cdrom", o.CDROM)
+	}
+	for i, d := range o.Disks {
+		args = append(args, "-drive", fmt.Sprintf("file=%s,if=virtio,index=%d,format=%s", d, i, diskFormat(d)))
+	}
+	if o.Kernel != "" {
+		args = append(args, "-kernel", o.Kernel, "-initrd", o.Initrd, "-append", o.Append)
+	}
+	if o.Boot != "" {
+		args = append(args, "-boot", o.Boot)
+	}
+	if o.Net != "" {
+		args = append(args, "-netdev", o.Net+",id=n0")
+		dev := "virtio-net-pci,netdev=n0"
+		if o.MAC != "" {
+			dev += ",mac=" + o.MAC
+		}
+		args = append(args, "-device", dev)
+	} else {
+		args = append(args, "-nic", "none")
+	}
+	args = append(args, o.Extra...)
+
+	v := &VM{Name: o.Name, LogPath: logPath, done: make(chan struct{})}
+	v.cmd = exec.Command(bin, args...)
+	stderr, err := os.Create(logPath + ".qemu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.cmd.Stdout, v.cmd.Stderr = stderr, stderr
+	v.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := v.cmd.Start(); err != nil {
+		t.Fatalf("start qemu: %v", err)
+	}
+	go func() {
+		err := v.cmd.Wait()
+		stderr.Close()
+		v.mu.Lock()
+		v.exitErr = err
+		v.mu.Unlock()
+		close(v.done)
+	}()
+	t.Cleanup(func() {
+		v.Kill()
+		if !t.Failed() {
+			os.Remove(logPath)
+			os.Remove(logPath + ".qemu")
+			return
+		}
+		t.Logf("VM %s serial log kept at %s; its last lines:\n%s", o.Name, logPath, v.Tail(40))
+	})
+	return v
+}
+
+func diskFormat(p string) string {
+	if strings.HasSuffix(p, ".qcow2") {
+		return "qcow2"
+	}
+	return "raw"
+}
+
+func sanitize(s string) string {
+	return regexp.MustCompile(`[^A-Za-z0-9_.-]+`).ReplaceAllString(s, "_")
+}
+
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o644)
+}
+
+// Kill stops the VM.
+func (v *VM) Kill() {
+	select {
+	case <-v.done:
+	default:
+		_ = v.cmd.Process.Kill()
+		<-v.done
+	}
+}
+
+// Exited reports whether qemu has ended.
+func (v *VM) Exited() bool {
+	select {
+	case <-v.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Log returns the serial console output so far.
+func (v *VM) Log() string {
+	data, _ := os.ReadFile(v.LogPath)
+	return string(data)
+}
+
+// Tail returns the last n lines of the serial log and qemu's own output.
+func (v *VM) Tail(n int) string {
+	lines := strings.Split(strings.TrimRight(v.Log(), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	qemu, _ := os.ReadFile(v.LogPath + ".qemu")
+	out := strings.Join(lines, "\n")
+	if len(qemu) > 0 {
+		out += "\n--- qemu:\n" + string(qemu)
+	}
+	return out
+}
+
+// ErrExited is returned by WaitFor when qemu ends first.
+var ErrExited = errors.New("qemu exited")
+
+// WaitFor waits until the serial log has a line matching re, and returns it.
+func (v *VM) WaitFor(ctx context.Context, re *regexp.Regexp, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if line := v.find(re); line != "" {
+			return line, nil
+		}
+		if v.Exited() {
+			return "", fmt.Errorf("%w before %q appeared", ErrExited, re)
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no %q in the serial log of %s after %s", re, v.Name, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (v *VM) find(re *regexp.Regexp) string {
+	f, err := os.Open(v.LogPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if re.MatchString(sc.Text()) {
+			return sc.Text()
+		}
+	}
+	return ""
+}
