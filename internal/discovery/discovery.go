@@ -108,7 +108,7 @@ type Input struct {
 	// Image is the full live ISO from the catalog, and ImageKey its name there.
 	Image    *osimage.Image
 	ImageKey osimage.Key
-	Key   signing.Key
+	Key      signing.Key
 }
 
 // Output is everything a host of the InfraEnv boots.
