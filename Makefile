@@ -56,8 +56,8 @@ test: testbin tools dev-image build ## every test that needs no root
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: run
-run: testbin build ## the whole service locally on a real control plane (FRESH=1, ADVERTISE_ADDRESS=<ip>)
-	$(BIN)/agentboot dev $(if $(FRESH),--fresh) $(if $(ADVERTISE_ADDRESS),--advertise-address=$(ADVERTISE_ADDRESS))
+run: testbin dev-image build ## the whole service locally on a real control plane (FRESH=1, ADVERTISE_ADDRESS=<ip>, ARGS=...)
+	$(BIN)/agentboot dev $(if $(FRESH),--fresh) $(if $(ADVERTISE_ADDRESS),--advertise-address=$(ADVERTISE_ADDRESS)) $(ARGS)
 
 .PHONY: clean
 clean: ## remove bin/ and the dev state (the tool cache is kept)
@@ -66,3 +66,7 @@ clean: ## remove bin/ and the dev state (the tool cache is kept)
 .PHONY: help
 help:
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
+
+.PHONY: bench-images
+bench-images: testbin dev-image build ## customised-ISO throughput vs http.ServeFile, first byte, memory per download
+	go run ./test/bench/images

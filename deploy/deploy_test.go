@@ -2,12 +2,17 @@ package deploy
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/stack"
 )
 
 // The kustomize base must be accepted by a real apiserver: schemas, RBAC
@@ -32,10 +37,58 @@ func TestKustomizeBaseServerDryRun(t *testing.T) {
 		"customresourcedefinition.apiextensions.k8s.io/baremetalhosts.metal3.io",
 		"serviceaccount/agentboot-manager",
 		"deployment.apps/agentboot-manager",
+		"serviceaccount/agentboot-image-service",
+		"deployment.apps/agentboot-image-service",
+		"service/agentboot-image-service",
 	} {
 		require.Contains(t, out, want)
 	}
 	require.Equal(t, strings.Count(out, "\n"), strings.Count(out, "(server dry run)"), out)
 	// HyperShift's kinds are never ours to install.
 	require.NotContains(t, out, "hypershift.openshift.io")
+}
+
+// The RBAC in deploy/ is enough, and no more than needed: the manager and
+// the image service run as their ServiceAccounts, in two processes, and
+// publish and serve a discovery image.
+func TestRBACIsSufficient(t *testing.T) {
+	ctx := context.Background()
+	var admin *testenv.Env
+	s := stack.Start(t, stack.Options{Identities: func(env *testenv.Env) (*rest.Config, *rest.Config, error) {
+		admin = env
+		if _, err := env.Kubectl(ctx, "", "apply", "-k", testenv.RepoRoot()+"/deploy"); err != nil {
+			return nil, nil, err
+		}
+		return identity(ctx, env, "agentboot-manager"), identity(ctx, env, "agentboot-image-service"), nil
+	}})
+	ns := s.Namespace(t, "rbac")
+	ie := stack.NewInfraEnv(ns, "env")
+	require.NoError(t, s.Client.Create(ctx, ie))
+	got := s.WaitImage(t, client.ObjectKeyFromObject(ie))
+	for _, u := range []string{got.Status.ISODownloadURL, got.Status.BootArtifacts.IpxeScriptURL, got.Status.BootArtifacts.DiscoveryIgnitionURL} {
+		resp, err := s.HTTP.Get(s.Local(u))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, u)
+	}
+
+	// Least privilege: neither may read arbitrary Secrets in bulk.
+	for _, sa := range []string{"agentboot-manager", "agentboot-image-service"} {
+		out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "list", "secrets", "--all-namespaces", "--as=system:serviceaccount:agentboot-system:"+sa)
+		require.Equal(t, "no", strings.TrimSpace(out), sa)
+	}
+	out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "get", "secrets", "-n", ns, "--as=system:serviceaccount:agentboot-system:agentboot-image-service")
+	require.Equal(t, "no", strings.TrimSpace(out), "the image service never reads pull secrets")
+}
+
+// identity is a client configuration that authenticates as a ServiceAccount.
+func identity(ctx context.Context, env *testenv.Env, sa string) *rest.Config {
+	tok, err := env.Kubectl(ctx, "", "-n", "agentboot-system", "create", "token", sa)
+	if err != nil {
+		panic(err)
+	}
+	cfg := rest.AnonymousClientConfig(env.Config)
+	cfg.BearerToken = strings.TrimSpace(tok)
+	return cfg
 }

@@ -253,18 +253,20 @@ var ErrIgnitionTooLarge = errors.New("the compressed Ignition config does not fi
 // Patches returns the overlay that embeds the compressed Ignition archive
 // (zero-padded to the whole area) and kargs into the image.
 func (l *Layout) Patches(ignitionArchive []byte, kargs string) ([]overlay.Patch, error) {
-	if int64(len(ignitionArchive)) > l.Ignition.Length {
-		return nil, fmt.Errorf("%w: %d bytes, the area holds %d", ErrIgnitionTooLarge, len(ignitionArchive), l.Ignition.Length)
+	n := int64(len(ignitionArchive))
+	if n > l.Ignition.Length {
+		return nil, fmt.Errorf("%w: %d bytes, the area holds %d", ErrIgnitionTooLarge, n, l.Ignition.Length)
 	}
-	area := make([]byte, l.Ignition.Length)
-	copy(area, ignitionArchive)
-	patches := []overlay.Patch{{Offset: l.Ignition.Offset, Data: area}}
+	patches := []overlay.Patch{
+		overlay.BytesAt(l.Ignition.Offset, ignitionArchive),
+		overlay.ZerosAt(l.Ignition.Offset+n, l.Ignition.Length-n),
+	}
 	region, err := l.Kargs.Render(kargs)
 	if err != nil {
 		return nil, err
 	}
 	for _, off := range l.Kargs.Offsets {
-		patches = append(patches, overlay.Patch{Offset: off, Data: region})
+		patches = append(patches, overlay.BytesAt(off, region))
 	}
 	return patches, nil
 }

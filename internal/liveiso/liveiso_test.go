@@ -41,7 +41,7 @@ func TestInspectDevImageAndEmbed(t *testing.T) {
 	kargs := l.Kargs.Default + " agentboot.test=1"
 	patches, err := l.Patches(archive, kargs)
 	require.NoError(t, err)
-	s, err := overlay.New(f, st.Size(), patches...)
+	s, err := overlay.New(overlay.FileSection(iso, f, 0, st.Size()), patches...)
 	require.NoError(t, err)
 
 	// Real consumers read the result: xorriso extracts the embed area and the

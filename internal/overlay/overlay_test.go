@@ -6,6 +6,8 @@ import (
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,10 +17,10 @@ import (
 
 func TestPatchesAndConcat(t *testing.T) {
 	base := []byte(strings.Repeat("abcdefghij", 10))
-	s, err := New(bytes.NewReader(base), int64(len(base)),
-		Patch{Offset: 90, Data: []byte("XYZ")},
-		Patch{Offset: 0, Data: []byte("12")},
-		Patch{Offset: 50, Data: make([]byte, 5)},
+	s, err := New(Bytes(base),
+		BytesAt(90, []byte("XYZ")),
+		BytesAt(0, []byte("12")),
+		ZerosAt(50, 5),
 	)
 	require.NoError(t, err)
 	want := append([]byte(nil), base...)
@@ -57,10 +59,10 @@ func TestPatchesAndConcat(t *testing.T) {
 }
 
 func TestInvalidPatches(t *testing.T) {
-	base := bytes.NewReader(make([]byte, 10))
-	_, err := New(base, 10, Patch{Offset: 8, Data: []byte("abc")})
+	base := Bytes(make([]byte, 10))
+	_, err := New(base, BytesAt(8, []byte("abc")))
 	require.ErrorContains(t, err, "ends past the base")
-	_, err = New(base, 10, Patch{Offset: 2, Data: []byte("abc")}, Patch{Offset: 4, Data: []byte("x")})
+	_, err = New(base, BytesAt(2, []byte("abc")), BytesAt(4, []byte("x")))
 	require.ErrorContains(t, err, "overlaps")
 }
 
@@ -78,7 +80,7 @@ func TestServeContentRanges(t *testing.T) {
 	want := append([]byte(nil), base...)
 	copy(want[4096:], patch)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s, err := New(bytes.NewReader(base), int64(len(base)), Patch{Offset: 4096, Data: patch})
+		s, err := New(Bytes(base), BytesAt(4096, patch))
 		require.NoError(t, err)
 		w.Header().Set("ETag", `"v1"`)
 		http.ServeContent(w, r, "x.iso", time.Unix(0, 0), s)
@@ -108,4 +110,53 @@ func TestServeContentRanges(t *testing.T) {
 	require.Equal(t, want, body)
 	resp, _ = get(map[string]string{"If-None-Match": `"v1"`})
 	require.Equal(t, http.StatusNotModified, resp.StatusCode)
+}
+
+// recordingWriter is an io.ReaderFrom, like an HTTP response on TCP.
+type recordingWriter struct {
+	bytes.Buffer
+	fromFile int
+}
+
+func (r *recordingWriter) ReadFrom(src io.Reader) (int64, error) {
+	if lr, ok := src.(*io.LimitedReader); ok {
+		if _, isFile := lr.R.(*os.File); isFile {
+			r.fromFile++
+		}
+	}
+	return io.Copy(&r.Buffer, src)
+}
+
+func TestWriteRangeSendsFileParts(t *testing.T) {
+	base := make([]byte, 1<<20)
+	rand.New(rand.NewSource(3)).Read(base)
+	path := filepath.Join(t.TempDir(), "base")
+	require.NoError(t, os.WriteFile(path, base, 0o644))
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	s, err := New(FileSection(path, f, 0, int64(len(base))), BytesAt(300000, []byte("patched")), ZerosAt(700000, 5000))
+	require.NoError(t, err)
+	flat, err := io.ReadAll(s.Clone())
+	require.NoError(t, err)
+	r := rand.New(rand.NewSource(4))
+	for range 50 {
+		off := r.Int63n(int64(len(flat)))
+		n := r.Int63n(int64(len(flat)) - off)
+		var w recordingWriter
+		got, err := s.WriteRange(&w, off, n)
+		require.NoError(t, err)
+		require.Equal(t, n, got)
+		require.Equal(t, flat[off:off+n], w.Bytes())
+	}
+	var w recordingWriter
+	_, err = s.WriteRange(&w, 0, int64(len(flat)))
+	require.NoError(t, err)
+	require.Equal(t, 3, w.fromFile, "the three unpatched stretches of the file go through ReadFrom")
+	var plain bytes.Buffer
+	_, err = s.WriteRange(&plain, 0, int64(len(flat)))
+	require.NoError(t, err)
+	require.Equal(t, flat, plain.Bytes())
+	_, err = s.WriteRange(&plain, 10, int64(len(flat)))
+	require.Error(t, err)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -53,6 +54,10 @@ type Options struct {
 	Images []osimage.Entry
 	// Quiet drops component logs (benchmarks).
 	Quiet bool
+	// Identities, when set, prepares the cluster (it must create the
+	// agentboot-system namespace) and returns the identities the manager
+	// and the image service run as, in two processes as deployed.
+	Identities func(env *testenv.Env) (manager, imageService *rest.Config, err error)
 }
 
 // Stack is a running agentboot.
@@ -148,7 +153,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	if s.AgentBin, err = AgentBinary(); err != nil {
 		return fail(err)
 	}
-	certFile, keyFile, caPEM, err := certificates(dir, opts.AdvertiseHost)
+	certFile, keyFile, caPEM, err := Certificates(dir, opts.AdvertiseHost)
 	if err != nil {
 		return fail(err)
 	}
@@ -187,34 +192,60 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	}
 
 	ctx := context.Background()
-	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
+	mgrCfg, imgCfg := env.Config, env.Config
+	if opts.Identities != nil {
+		if mgrCfg, imgCfg, err = opts.Identities(env); err != nil {
+			return fail(err)
+		}
+	} else if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
 		return fail(err)
 	}
-	mgr, err := app.NewManager(env.Config, app.ManagerOptions{Namespace: Namespace, MetricsAddr: "0", ProbeAddr: "0", SkipControllerNameValidation: true}, log)
-	if err != nil {
-		return fail(err)
+	imgSvc := &imageservice.Config{
+		HTTPSAddr: s.HTTPSAddr, HTTPAddr: s.HTTPAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
+		AgentBinary: s.AgentBin, MaxConcurrentDownloads: opts.MaxConcurrentDownloads,
 	}
-	err = app.Add(mgr, app.Components{
-		Namespace:   Namespace,
-		Catalog:     s.Catalog,
-		Settings:    s.Settings,
-		Controllers: true,
-		ImageService: &imageservice.Config{
-			HTTPSAddr: s.HTTPSAddr, HTTPAddr: s.HTTPAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
-			AgentBinary: s.AgentBin, MaxConcurrentDownloads: opts.MaxConcurrentDownloads,
-		},
+	controllers := app.Components{
+		Namespace:                 Namespace,
+		Catalog:                   s.Catalog,
+		Settings:                  s.Settings,
+		Controllers:               true,
 		InfraEnvPullSecretRecheck: time.Second,
-	}, log)
-	if err != nil {
-		return fail(err)
 	}
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	cleanup = append(cleanup, func() {
-		cancel()
-		<-done
-	})
+	processes := []struct {
+		cfg *rest.Config
+		c   app.Components
+	}{{mgrCfg, controllers}}
+	if opts.Identities != nil {
+		// Two processes, as deployed: each with its own identity and catalog.
+		images := controllers
+		images.Controllers = false
+		images.ImageService = imgSvc
+		if images.Catalog, err = osimage.New(catCfg); err != nil {
+			return fail(err)
+		}
+		processes = append(processes, struct {
+			cfg *rest.Config
+			c   app.Components
+		}{imgCfg, images})
+	} else {
+		processes[0].c.ImageService = imgSvc
+	}
+	for _, p := range processes {
+		mgr, err := app.NewManager(p.cfg, app.ManagerOptions{Namespace: Namespace, MetricsAddr: "0", ProbeAddr: "0", SkipControllerNameValidation: true}, log)
+		if err != nil {
+			return fail(err)
+		}
+		if err := app.Add(mgr, p.c, log); err != nil {
+			return fail(err)
+		}
+		mctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- mgr.Start(mctx) }()
+		cleanup = append(cleanup, func() {
+			cancel()
+			<-done
+		})
+	}
 	if err := waitListening(s.HTTPSAddr, 30*time.Second); err != nil {
 		return fail(err)
 	}
@@ -253,8 +284,9 @@ func waitListening(addr string, timeout time.Duration) error {
 	return fmt.Errorf("image service did not listen on %s within %s", addr, timeout)
 }
 
-// certificates makes a CA and a serving certificate for loopback and host.
-func certificates(dir, host string) (certFile, keyFile string, caPEM []byte, err error) {
+// Certificates makes a CA and a serving certificate for loopback and host in
+// dir (ca.crt, tls.crt, tls.key).
+func Certificates(dir, host string) (certFile, keyFile string, caPEM []byte, err error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return "", "", nil, err

@@ -157,8 +157,40 @@ func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, req imageReq
 		hdr.Set("Content-Type", "application/x-iso9660-image")
 		hdr.Set("Content-Disposition", fmt.Sprintf(`attachment; filename="%s-%s"`, ie.Name, name))
 	}
-	http.ServeContent(w, r, "", modTime, content)
+	serveStream(w, r, modTime, content)
 }
+
+// serveStream is http.ServeContent (ranges, conditionals, HEAD) with the
+// body written by Stream.WriteRange, so the base image goes out with
+// sendfile on plain HTTP.
+func serveStream(w http.ResponseWriter, r *http.Request, modTime time.Time, s *overlay.Stream) {
+	http.ServeContent(&streamWriter{ResponseWriter: w, stream: s}, r, "", modTime, s)
+}
+
+type streamWriter struct {
+	http.ResponseWriter
+	stream *overlay.Stream
+}
+
+// ReadFrom is what io.CopyN in http.ServeContent calls with the stream,
+// positioned at the start of the range and limited to its length.
+func (sw *streamWriter) ReadFrom(src io.Reader) (int64, error) {
+	lr, ok := src.(*io.LimitedReader)
+	if !ok || lr.R != io.Reader(sw.stream) {
+		return io.Copy(writerOnly{sw.ResponseWriter}, src)
+	}
+	pos, err := sw.stream.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return 0, err
+	}
+	n, err := sw.stream.WriteRange(sw.ResponseWriter, pos, min(lr.N, sw.stream.Size()-pos))
+	lr.N -= n
+	_, _ = sw.stream.Seek(n, io.SeekCurrent)
+	return n, err
+}
+
+// writerOnly hides ReadFrom, so io.Copy does not recurse.
+type writerOnly struct{ io.Writer }
 
 // content builds the stream of a large file without copying the base image.
 func (h *Handler) content(file string, out *discovery.Output, img *osimage.Image) (*overlay.Stream, string, error) {
@@ -168,7 +200,7 @@ func (h *Handler) content(file string, out *discovery.Output, img *osimage.Image
 		base := l.Initrd
 		pad := (4 - base.Length%4) % 4
 		return overlay.Concat(
-			overlay.Part{R: io.NewSectionReader(img.ReaderAt(), base.Offset, base.Length), Size: base.Length},
+			overlay.FileSection(img.Path, img.ReaderAt(), base.Offset, base.Length),
 			overlay.Zeros(pad),
 			overlay.Bytes(initramfs.Pad4(append([]byte(nil), out.Archive...))),
 		), file, nil
@@ -186,7 +218,7 @@ func (h *Handler) content(file string, out *discovery.Output, img *osimage.Image
 	if err != nil {
 		return nil, "", err
 	}
-	s, err := overlay.New(base.ReaderAt(), base.Layout.Size, patches...)
+	s, err := overlay.New(overlay.FileSection(base.Path, base.ReaderAt(), 0, base.Layout.Size), patches...)
 	return s, name, err
 }
 
@@ -231,7 +263,7 @@ func (h *Handler) serveArtifact(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("ETag", fmt.Sprintf(`"%s-%s"`, st.Image.ID, file))
 	w.Header().Set("Cache-Control", "public, max-age=86400")
-	http.ServeContent(w, r, "", time.Time{}, overlay.Concat(overlay.Part{R: io.NewSectionReader(st.Image.ReaderAt(), area.Offset, area.Length), Size: area.Length}))
+	serveStream(w, r, time.Time{}, overlay.Concat(overlay.FileSection(st.Image.Path, st.Image.ReaderAt(), area.Offset, area.Length)))
 }
 
 // acquire takes a download slot or answers 503.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"regexp"
@@ -163,6 +164,19 @@ func (s *statusRecorder) WriteHeader(code int) {
 func (s *statusRecorder) Write(b []byte) (int, error) {
 	n, err := s.ResponseWriter.Write(b)
 	s.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom passes large copies to the connection (sendfile on plain HTTP).
+func (s *statusRecorder) ReadFrom(src io.Reader) (int64, error) {
+	rf, ok := s.ResponseWriter.(io.ReaderFrom)
+	if !ok {
+		n, err := io.Copy(writerOnly{s.ResponseWriter}, src)
+		s.bytes += n
+		return n, err
+	}
+	n, err := rf.ReadFrom(src)
+	s.bytes += n
 	return n, err
 }
 
