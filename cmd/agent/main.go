@@ -3,18 +3,110 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
+	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/agentboot/agentboot/agent"
+	"github.com/agentboot/agentboot/internal/agentapi"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
+func usage() {
+	fmt.Fprint(os.Stderr, `usage: agent <command> [flags]
+
+commands:
+  run              register with agentboot and heartbeat (the discovery service)
+  inventory        print this host's hardware inventory as JSON
+  static-network   write this host's static network configuration for NetworkManager
+  version          print the version
+`)
+}
+
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "version" {
-		fmt.Println(version)
-		return
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
 	}
-	fmt.Fprintln(os.Stderr, "usage: agent version")
-	os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var err error
+	switch os.Args[1] {
+	case "run":
+		err = run(ctx, os.Args[2:], log)
+	case "inventory":
+		err = inventory(ctx, os.Args[2:])
+	case "static-network":
+		err = staticNetwork(os.Args[2:], log)
+	case "version":
+		fmt.Println(version)
+	case "-h", "--help", "help":
+		usage()
+	default:
+		fmt.Fprintf(os.Stderr, "agent: unknown command %q\n\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(os.Stderr, "agent %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, log *slog.Logger) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	cfgPath := fs.String("config", agentapi.ConfigPath, "agent config written by the discovery Ignition")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	a, err := agent.New(agent.Config{ConfigPath: *cfgPath, Version: version, Log: log})
+	if err != nil {
+		return err
+	}
+	err = a.Run(ctx)
+	if errors.Is(err, agent.ErrInfraEnvGone) {
+		// Not a failure: there is nothing left to register with. Exiting
+		// zero keeps the unit from restarting in a hot loop.
+		return nil
+	}
+	return err
+}
+
+func inventory(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("inventory", flag.ContinueOnError)
+	root := fs.String("root", "/", "read the hardware below this directory (for tests)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	inv, err := agent.Inventory(ctx, *root)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(inv)
+}
+
+func staticNetwork(args []string, log *slog.Logger) error {
+	fs := flag.NewFlagSet("static-network", flag.ContinueOnError)
+	cfg := fs.String("config", "/etc/agentboot/static-networks.json", "static network configs from the discovery Ignition")
+	out := fs.String("out", "/etc/nmstate", "directory NetworkManager's nmstate service applies")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	msg, err := agent.ApplyStaticNetwork("/", *cfg, *out)
+	if err != nil {
+		return err
+	}
+	log.Info(msg)
+	return nil
 }

@@ -40,6 +40,7 @@ func runDev(ctx context.Context, args []string) error {
 		m         managerFlags
 		disc      discoveryFlags
 		img       imageServiceFlags
+		ag        agentFlags
 		logLevel  = fs.String("log-level", "info", "debug, info, warn or error")
 		logFormat = fs.String("log-format", "text", "text or json")
 	)
@@ -53,6 +54,7 @@ func runDev(ctx context.Context, args []string) error {
 	m.register(fs)
 	disc.register(fs)
 	img.register(fs)
+	ag.register(fs)
 	// In dev the manager is alone, on loopback, and restarts often.
 	if err := fs.Set("leader-elect", "false"); err != nil {
 		return err
@@ -89,7 +91,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkDevPorts(m, img); err != nil {
+	if err := checkDevPorts(m, img, ag); err != nil {
 		return err
 	}
 	cluster, err := devcluster.New(devcluster.Config{
@@ -109,7 +111,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	defer cluster.Stop()
 
-	if err := devServices(cluster, advertise, &disc, &img); err != nil {
+	if err := devServices(cluster, advertise, &disc, &img, &ag); err != nil {
 		return err
 	}
 	settings, err := disc.settings()
@@ -129,13 +131,13 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	img.cfg.AgentBinary = disc.agentBinary
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &img.cfg}, log); err != nil {
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &img.cfg, AgentService: ag.config()}, log); err != nil {
 		return err
 	}
 
 	fmt.Fprintf(os.Stderr, "\nagentboot dev is up. In another terminal:\n\n  export KUBECONFIG=%s\n  %s/kubectl get infraenvs,agents -A\n\n"+
-		"Hosts reach agentboot at %s: image service %s and %s.\nCtrl-C stops everything.\n\n",
-		cluster.KubeconfigPath(), d.binDir, advertise, disc.imageURL, disc.imageHTTPURL)
+		"Hosts reach agentboot at %s: image service %s and %s, agent API %s.\nCtrl-C stops everything.\n\n",
+		cluster.KubeconfigPath(), d.binDir, advertise, disc.imageURL, disc.imageHTTPURL, disc.agentAPIURL)
 
 	mgrCtx, stopMgr := context.WithCancel(ctx)
 	defer stopMgr()
@@ -184,12 +186,13 @@ func installDev(ctx context.Context, cfg *rest.Config, namespace string) error {
 
 // devServices points hosts at this machine: service URLs on the advertised
 // address, and a serving certificate from the dev CA.
-func devServices(cluster *devcluster.Cluster, advertise netip.Addr, disc *discoveryFlags, img *imageServiceFlags) error {
+func devServices(cluster *devcluster.Cluster, advertise netip.Addr, disc *discoveryFlags, img *imageServiceFlags, ag *agentFlags) error {
 	cert, key, ca, err := cluster.ServiceCertificate(advertise)
 	if err != nil {
 		return fmt.Errorf("service certificate: %w", err)
 	}
 	img.cfg.TLSCertFile, img.cfg.TLSKeyFile = cert, key
+	ag.cfg.TLSCertFile, ag.cfg.TLSKeyFile = cert, key
 	if disc.caBundleFile == "" {
 		disc.caBundleFile = ca
 	}
@@ -211,19 +214,20 @@ func devServices(cluster *devcluster.Cluster, advertise netip.Addr, disc *discov
 		disc.imageHTTPURL = "http://" + host + ":" + port(img.cfg.HTTPAddr)
 	}
 	if disc.agentAPIURL == "" {
-		disc.agentAPIURL = "https://" + host + ":7443"
+		disc.agentAPIURL = "https://" + host + ":" + port(ag.cfg.Addr)
 	}
 	return nil
 }
 
 // checkDevPorts fails early, before anything starts, when a port of the
 // in-process components is taken.
-func checkDevPorts(m managerFlags, img imageServiceFlags) error {
+func checkDevPorts(m managerFlags, img imageServiceFlags, ag agentFlags) error {
 	for _, p := range []struct{ addr, what, flag string }{
 		{m.metricsAddr, "manager metrics", "--metrics-bind-address"},
 		{m.probeAddr, "manager health probes", "--health-probe-bind-address"},
 		{img.cfg.HTTPSAddr, "image service HTTPS", "--https-addr"},
 		{img.cfg.HTTPAddr, "image service HTTP", "--http-addr"},
+		{ag.cfg.Addr, "agent API", "--agent-api-addr"},
 	} {
 		if p.addr == "0" || p.addr == "" {
 			continue

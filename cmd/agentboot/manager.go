@@ -59,12 +59,14 @@ func runManager(ctx context.Context, args []string) error {
 	var (
 		m          managerFlags
 		d          discoveryFlags
+		ag         agentFlags
 		kubeconfig = fs.String("kubeconfig", "", "kubeconfig to use; defaults to $KUBECONFIG or the in-cluster configuration")
 		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
 		logFormat  = fs.String("log-format", "json", "text or json")
 	)
 	m.register(fs)
 	d.register(fs)
+	ag.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -88,7 +90,7 @@ func runManager(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true}, log); err != nil {
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, AgentService: ag.config()}, log); err != nil {
 		return err
 	}
 	log.Info("starting manager", "version", version, "namespace", m.namespace)

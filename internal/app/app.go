@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	agentservice "github.com/agentboot/agentboot/agent/service"
 	imageservice "github.com/agentboot/agentboot/image-service"
 	infraenvcontroller "github.com/agentboot/agentboot/infraenv-controller"
 	"github.com/agentboot/agentboot/internal/discovery"
@@ -56,8 +58,10 @@ func NewManager(cfg *rest.Config, o ManagerOptions, log logr.Logger) (manager.Ma
 		Scheme: s,
 		// The only Secret agentboot reads through a cache is its own
 		// signing key; pull secrets are read one by one.
+		// Agents' liveness Leases live in agentboot's namespace too.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}: {Namespaces: map[string]cache.Config{o.Namespace: {}}},
+			&corev1.Secret{}:         {Namespaces: map[string]cache.Config{o.Namespace: {}}},
+			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{o.Namespace: {}}},
 		}},
 		Logger:                        log,
 		Metrics:                       metrics,
@@ -92,6 +96,10 @@ type Components struct {
 	// ImageService, when set, runs the image service; Catalog, Keys,
 	// Settings and Log are filled in here.
 	ImageService *imageservice.Config
+	// AgentService, when set, serves the agent API (every replica); with
+	// Controllers it also configures the Agent controller. Keys, Namespace
+	// and Log are filled in here.
+	AgentService *agentservice.Config
 	// InfraEnvPullSecretRecheck overrides how often a failing pull secret is
 	// read again (tests).
 	InfraEnvPullSecretRecheck time.Duration
@@ -108,11 +116,27 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 			return err
 		}
 	}
+	var agentCfg agentservice.Config
+	if c.AgentService != nil {
+		agentCfg = *c.AgentService
+	}
+	agentCfg.Keys, agentCfg.Namespace, agentCfg.Log = keys, c.Namespace, log.WithName("agent-api")
 	if c.Controllers {
 		if err := infraenvcontroller.SetupWithManager(mgr, infraenvcontroller.Config{
 			Catalog: c.Catalog, Keys: keys, Settings: c.Settings, Log: log.WithName("infraenv"),
 			PullSecretRecheck: c.InfraEnvPullSecretRecheck,
 		}); err != nil {
+			return err
+		}
+		if err := agentservice.IndexAgents(mgr); err != nil {
+			return err
+		}
+		if err := agentservice.SetupController(mgr, agentCfg); err != nil {
+			return err
+		}
+	}
+	if c.AgentService != nil {
+		if err := agentservice.SetupAPI(mgr, agentCfg); err != nil {
 			return err
 		}
 	}

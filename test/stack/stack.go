@@ -31,6 +31,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	agentservice "github.com/agentboot/agentboot/agent/service"
 	imageservice "github.com/agentboot/agentboot/image-service"
 	"github.com/agentboot/agentboot/internal/app"
 	"github.com/agentboot/agentboot/internal/discovery"
@@ -54,6 +55,10 @@ type Options struct {
 	Images []osimage.Entry
 	// Quiet drops component logs (benchmarks).
 	Quiet bool
+	// Agent service timing, for tests that cannot wait minutes.
+	AgentPollInterval       time.Duration
+	AgentLeaseRenewInterval time.Duration
+	AgentDisconnectAfter    time.Duration
 	// Identities, when set, prepares the cluster (it must create the
 	// agentboot-system namespace) and returns the identities the manager
 	// and the image service run as, in two processes as deployed.
@@ -66,8 +71,9 @@ type Stack struct {
 	Client   client.Client
 	Settings discovery.Settings
 	Catalog  *osimage.Catalog
-	// HTTPSAddr and HTTPAddr are the image service's loopback listeners.
-	HTTPSAddr, HTTPAddr string
+	// HTTPSAddr and HTTPAddr are the image service's loopback listeners,
+	// AgentAPIAddr the agent API's.
+	HTTPSAddr, HTTPAddr, AgentAPIAddr string
 	// HTTP trusts the stack's CA.
 	HTTP       *http.Client
 	CAFile     string
@@ -162,14 +168,15 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	pool.AppendCertsFromPEM(caPEM)
 	s.HTTP = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 
-	ports, err := freePorts(2)
+	ports, err := freePorts(3)
 	if err != nil {
 		return fail(err)
 	}
 	s.HTTPSAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	s.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
+	s.AgentAPIAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
 	s.Settings = discovery.Settings{
-		AgentAPIURL:         fmt.Sprintf("https://%s:%d", opts.AdvertiseHost, 7443),
+		AgentAPIURL:         fmt.Sprintf("https://%s:%d", opts.AdvertiseHost, ports[2]),
 		ImageServiceURL:     fmt.Sprintf("https://%s:%d", opts.AdvertiseHost, ports[0]),
 		ImageServiceHTTPURL: fmt.Sprintf("http://%s:%d", opts.AdvertiseHost, ports[1]),
 		ISOOverHTTP:         opts.ISOOverHTTP,
@@ -205,10 +212,14 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		AgentBinary: s.AgentBin, MaxConcurrentDownloads: opts.MaxConcurrentDownloads,
 	}
 	controllers := app.Components{
-		Namespace:                 Namespace,
-		Catalog:                   s.Catalog,
-		Settings:                  s.Settings,
-		Controllers:               true,
+		Namespace:   Namespace,
+		Catalog:     s.Catalog,
+		Settings:    s.Settings,
+		Controllers: true,
+		AgentService: &agentservice.Config{
+			Addr: s.AgentAPIAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
+			PollInterval: opts.AgentPollInterval, LeaseRenewInterval: opts.AgentLeaseRenewInterval, DisconnectAfter: opts.AgentDisconnectAfter,
+		},
 		InfraEnvPullSecretRecheck: time.Second,
 	}
 	processes := []struct {
@@ -219,6 +230,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		// Two processes, as deployed: each with its own identity and catalog.
 		images := controllers
 		images.Controllers = false
+		images.AgentService = nil
 		images.ImageService = imgSvc
 		if images.Catalog, err = osimage.New(catCfg); err != nil {
 			return fail(err)

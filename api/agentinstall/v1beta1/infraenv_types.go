@@ -97,6 +97,28 @@ type AgentApproval struct {
 	AutoApprove bool `json:"autoApprove,omitempty"`
 }
 
+// HostRequirements are what a host of this InfraEnv needs to be ready for a
+// cluster; unset fields use the service's defaults (2 cores, 8 GiB, 100 GB).
+type HostRequirements struct {
+	// CPUVirtualization requires hosts that can run virtual machines (for
+	// KubeVirt workloads): hosts whose CPU virtualization is unusable fail
+	// the cnv-requirements-satisfied validation and are not ready.
+	// +optional
+	CPUVirtualization bool `json:"cpuVirtualization,omitempty"`
+	// MinCPUCores is the fewest logical CPUs a host may have.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MinCPUCores int32 `json:"minCPUCores,omitempty"`
+	// MinMemoryMiB is the least memory a host may have, in MiB.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MinMemoryMiB int64 `json:"minMemoryMiB,omitempty"`
+	// MinDiskSizeGB is the smallest installation disk, in GB (10^9 bytes).
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MinDiskSizeGB int64 `json:"minDiskSizeGB,omitempty"`
+}
+
 // InfraEnvSpec describes a discovery environment: what goes into the
 // discovery image that hosts boot to register as Agents.
 // +kubebuilder:validation:XValidation:rule="self.cpuArchitecture == oldSelf.cpuArchitecture",message="cpuArchitecture is immutable: create a new InfraEnv for another architecture"
@@ -176,6 +198,11 @@ type InfraEnvSpec struct {
 	// AgentApproval decides whether Agents are approved on registration.
 	// +optional
 	AgentApproval *AgentApproval `json:"agentApproval,omitempty"`
+
+	// HostRequirements are what hosts need to be ready (agentboot
+	// extension).
+	// +optional
+	HostRequirements *HostRequirements `json:"hostRequirements,omitempty"`
 }
 
 // BootArtifacts are the URLs for booting the discovery image from the network.

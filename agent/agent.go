@@ -1,0 +1,254 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/agentboot/agentboot/agent/internal/client"
+	"github.com/agentboot/agentboot/agent/internal/identity"
+	"github.com/agentboot/agentboot/agent/internal/inventory"
+	"github.com/agentboot/agentboot/agent/internal/ntp"
+	"github.com/agentboot/agentboot/agent/internal/staticnet"
+	"github.com/agentboot/agentboot/internal/agentapi"
+)
+
+// Config configures the on-host agent.
+type Config struct {
+	// ConfigPath is the agent config the discovery Ignition wrote.
+	ConfigPath string
+	// Version of this binary, sent at registration.
+	Version string
+	// Root is "/" except in tests.
+	Root string
+	// InventoryInterval is how often the inventory is collected again (it
+	// is uploaded only when it changed).
+	InventoryInterval time.Duration
+	// RetryMin and RetryMax bound the backoff after failures.
+	RetryMin, RetryMax time.Duration
+	Log                *slog.Logger
+}
+
+// ErrInfraEnvGone is returned by Run when the InfraEnv was deleted.
+var ErrInfraEnvGone = errors.New("the InfraEnv this host booted from was deleted")
+
+// Agent is the on-host agent.
+type Agent struct {
+	cfg    Config
+	conf   agentapi.Config
+	client *client.Client
+	log    *slog.Logger
+
+	ns, id       string
+	poll         time.Duration
+	minDisk      int64
+	lastUploaded [32]byte
+	nextInv      time.Time
+	backoff      client.Backoff
+}
+
+// New reads the agent config.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Root == "" {
+		cfg.Root = "/"
+	}
+	if cfg.InventoryInterval == 0 {
+		cfg.InventoryInterval = time.Minute
+	}
+	if cfg.RetryMin == 0 {
+		cfg.RetryMin = time.Second
+	}
+	if cfg.RetryMax == 0 {
+		cfg.RetryMax = time.Minute
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	raw, err := os.ReadFile(cfg.ConfigPath)
+	if err != nil {
+		return nil, fmt.Errorf("agent config: %w", err)
+	}
+	var conf agentapi.Config
+	if err := json.Unmarshal(raw, &conf); err != nil {
+		return nil, fmt.Errorf("agent config %s: %w", cfg.ConfigPath, err)
+	}
+	if conf.APIURL == "" || conf.InfraEnv.UID == "" || conf.RegistrationToken == "" {
+		return nil, fmt.Errorf("agent config %s lacks apiURL, infraEnv or registrationToken", cfg.ConfigPath)
+	}
+	c, err := client.New(conf)
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{cfg: cfg, conf: conf, client: c, log: cfg.Log, backoff: client.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}}, nil
+}
+
+// Run registers and then heartbeats until ctx ends or the InfraEnv is
+// deleted (ErrInfraEnvGone). Failures of the service are retried forever.
+func (a *Agent) Run(ctx context.Context) error {
+	ntp.AddSources(ctx, a.conf.NTPSources, a.log)
+	for {
+		err := a.register(ctx)
+		if err == nil {
+			err = a.heartbeat(ctx)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrInfraEnvGone):
+			a.log.Info("stopping: the InfraEnv was deleted", "infraEnv", a.conf.InfraEnv.Namespace+"/"+a.conf.InfraEnv.Name)
+			return err
+		case errors.Is(err, errReregister):
+			a.log.Info("registering again", "reason", err)
+		default:
+			wait := a.backoff.Next()
+			a.log.Warn("agent API unavailable; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
+			if client.Sleep(ctx, wait) != nil {
+				return nil
+			}
+		}
+	}
+}
+
+// errReregister means the Agent or its token is gone: register again.
+var errReregister = errors.New("the Agent is gone or the token was refused")
+
+func (a *Agent) register(ctx context.Context) error {
+	ident := identity.Read(a.cfg.Root)
+	hostID := identity.Primary(ident)
+	for attempt := 0; ; attempt++ {
+		resp, err := a.client.Register(ctx, a.conf.InfraEnv, a.conf.RegistrationToken, agentapi.RegisterRequest{
+			InfraEnvUID: a.conf.InfraEnv.UID, HostID: hostID, Identity: ident, AgentVersion: a.cfg.Version,
+		})
+		switch {
+		case err == nil:
+			a.ns, a.id = resp.Namespace, resp.HostID
+			a.client.SetToken(resp.AgentToken)
+			a.poll = time.Duration(resp.PollSeconds) * time.Second
+			a.minDisk = resp.MinDiskSizeBytes
+			a.lastUploaded = [32]byte{}
+			a.nextInv = time.Time{}
+			a.backoff.Reset()
+			a.log.Info("registered", "agent", a.ns+"/"+a.id)
+			return nil
+		case client.IsCode(err, agentapi.CodeHostIDConflict) && hostID != identity.Derived(ident):
+			// Another host has this UUID (cloned VMs, lazy firmware).
+			hostID = identity.Derived(ident)
+			a.log.Info("host ID taken by another host; using the ID derived from MAC addresses", "hostID", hostID)
+		case client.IsStatus(err, http.StatusGone):
+			return ErrInfraEnvGone
+		default:
+			return fmt.Errorf("register: %w", err)
+		}
+	}
+}
+
+// heartbeat polls for instructions and keeps the inventory current.
+func (a *Agent) heartbeat(ctx context.Context) error {
+	for {
+		if err := a.uploadInventory(ctx); err != nil {
+			return err
+		}
+		instr, err := a.client.Instructions(ctx, a.ns, a.id, agentapi.InstructionsRequest{Time: time.Now().UTC(), NTPSources: ntp.Sources(ctx)})
+		if err := a.classify(err); err != nil {
+			return err
+		}
+		for _, step := range instr.Steps {
+			a.runStep(ctx, step)
+		}
+		a.backoff.Reset()
+		wait := time.Duration(instr.PollSeconds) * time.Second
+		if wait <= 0 {
+			wait = a.poll
+		}
+		if wait <= 0 {
+			wait = 20 * time.Second
+		}
+		// ±10% so that hosts booted together do not stay in step.
+		wait = wait*9/10 + time.Duration(float64(wait)/5*randFloat())
+		if client.Sleep(ctx, wait) != nil {
+			return nil
+		}
+	}
+}
+
+// classify turns API answers into what the loop does next.
+func (a *Agent) classify(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case client.IsStatus(err, http.StatusGone):
+		return ErrInfraEnvGone
+	case client.IsStatus(err, http.StatusNotFound), client.IsStatus(err, http.StatusUnauthorized):
+		return fmt.Errorf("%w: %v", errReregister, err)
+	}
+	return err
+}
+
+func (a *Agent) uploadInventory(ctx context.Context) error {
+	if time.Now().Before(a.nextInv) {
+		return nil
+	}
+	inv, err := inventory.Collect(ctx, inventory.Options{Root: a.cfg.Root, MinDiskSizeBytes: a.minDisk})
+	if err != nil {
+		return err
+	}
+	// The report time changes every time; what matters is the hardware.
+	stamp := inv.ReportTime
+	inv.ReportTime = nil
+	raw, _ := json.Marshal(inv)
+	sum := sha256.Sum256(raw)
+	inv.ReportTime = stamp
+	if sum == a.lastUploaded {
+		a.nextInv = time.Now().Add(a.cfg.InventoryInterval)
+		return nil
+	}
+	if err := a.classify(a.client.PutInventory(ctx, a.ns, a.id, inv)); err != nil {
+		if client.IsStatus(err, http.StatusBadRequest) {
+			// The service refused this inventory; it says why and the
+			// next collection tries again.
+			a.log.Error("inventory refused", "err", err)
+			a.nextInv = time.Now().Add(a.backoff.Next())
+			return nil
+		}
+		return err
+	}
+	a.lastUploaded = sum
+	a.nextInv = time.Now().Add(a.cfg.InventoryInterval)
+	a.log.Info("inventory uploaded", "cpus", inv.CPU.Count, "memoryBytes", inv.Memory.PhysicalBytes, "disks", len(inv.Disks), "interfaces", len(inv.Interfaces), "virtualization", inv.Virtualization.Verdict)
+	return nil
+}
+
+func (a *Agent) runStep(ctx context.Context, s agentapi.Step) {
+	res := agentapi.StepResult{ExitCode: 1, Error: fmt.Sprintf("step kind %q is not supported by this agent (version %s)", s.Kind, a.cfg.Version)}
+	if run, ok := a.steps()[s.Kind]; ok {
+		res = run(ctx, s)
+	}
+	if err := a.client.StepResult(ctx, a.ns, a.id, s.ID, res); err != nil {
+		a.log.Error("report step result", "step", s.ID, "err", err)
+	}
+}
+
+// steps maps step kinds to their implementations.
+func (a *Agent) steps() map[string]func(context.Context, agentapi.Step) agentapi.StepResult {
+	return map[string]func(context.Context, agentapi.Step) agentapi.StepResult{}
+}
+
+// Inventory collects and returns the inventory, for `agent inventory`.
+func Inventory(ctx context.Context, root string) (*agentapi.Inventory, error) {
+	return inventory.Collect(ctx, inventory.Options{Root: root})
+}
+
+func randFloat() float64 { return rand.Float64() }
+
+// ApplyStaticNetwork writes this host's NMStateConfig for NetworkManager,
+// for `agent static-network`.
+func ApplyStaticNetwork(root, configPath, outDir string) (string, error) {
+	return staticnet.Apply(root, configPath, outDir)
+}

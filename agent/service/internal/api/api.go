@@ -1,0 +1,219 @@
+// Package api is the agent API: hosts register with their InfraEnv's token,
+// get a per-host token, upload inventory, heartbeat for instructions and
+// report results. Every manager replica serves it; it keeps no state of its
+// own, reads through the informer cache, and writes only when something
+// changed (liveness goes to a Lease, renewed at most every 40 seconds).
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/signing"
+)
+
+// Options configure the API.
+type Options struct {
+	// Client reads through the cache and writes to the apiserver.
+	Client client.Client
+	// APIReader reads the apiserver directly, for objects the cache may not
+	// have yet (an Agent created a moment ago by another replica).
+	APIReader client.Reader
+	Keys      *signing.Keeper
+	Events    events.EventRecorder
+	// LeaseNamespace holds the Agents' liveness Leases.
+	LeaseNamespace string
+	// MinDiskSizeBytes is the default installation disk minimum.
+	MinDiskSizeBytes int64
+	// PollInterval is how often agents heartbeat.
+	PollInterval time.Duration
+	// LeaseRenewInterval is the most often a Lease is written.
+	LeaseRenewInterval time.Duration
+	// Steps provides instructions; nil gives none.
+	Steps Steps
+	Log   logr.Logger
+	Now   func() time.Time
+}
+
+// Steps hands out work for hosts and takes their reports.
+type Steps interface {
+	Next(ctx context.Context, a *AgentRef) ([]agentapi.Step, error)
+	Result(ctx context.Context, a *AgentRef, step string, r agentapi.StepResult) error
+	Progress(ctx context.Context, a *AgentRef, p agentapi.Progress) error
+}
+
+// Limits of the API.
+const (
+	maxBodyBytes = 64 << 10
+	// Per host: a heartbeat every few seconds at most, with room for
+	// bursts of step reports.
+	hostRate  = 2
+	hostBurst = 20
+	// Registrations per InfraEnv, to protect the apiserver when a rack
+	// powers on at once; agents retry with backoff.
+	registerRate  = 100
+	registerBurst = 200
+)
+
+// Server serves the agent API.
+type Server struct {
+	o        Options
+	limiters sync.Map // key → *limiter
+}
+
+type limiter struct {
+	*rate.Limiter
+	last time.Time
+}
+
+var (
+	requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentboot_agent_api_requests_total",
+		Help: "Agent API requests by operation and HTTP status code.",
+	}, []string{"operation", "code"})
+	registrationSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "agentboot_agent_registration_seconds",
+		Help:    "Time to serve a registration.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+	})
+	writes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentboot_agent_api_writes_total",
+		Help: "Writes the agent API made to the apiserver, by object.",
+	}, []string{"object"})
+	registerOnce sync.Once
+)
+
+// New returns the API server.
+func New(o Options) *Server {
+	registerOnce.Do(func() { metrics.Registry.MustRegister(requests, registrationSeconds, writes) })
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = 20 * time.Second
+	}
+	if o.LeaseRenewInterval == 0 {
+		o.LeaseRenewInterval = 40 * time.Second
+	}
+	return &Server{o: o}
+}
+
+// Handler has every route of the agent API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST "+agentapi.RegisterPath, s.observe("register", http.HandlerFunc(s.register)))
+	mux.Handle("PUT "+agentapi.InventoryPath, s.observe("inventory", s.host(s.inventory)))
+	mux.Handle("POST "+agentapi.InstructionsPath, s.observe("instructions", s.host(s.instructions)))
+	mux.Handle("POST "+agentapi.StepResultPath, s.observe("step", s.host(s.stepResult)))
+	mux.Handle("POST "+agentapi.ProgressPath, s.observe("progress", s.host(s.progress)))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusNotFound, "NotFound", "no such agent API path")
+	})
+	return mux
+}
+
+// observe counts answers. Tokens travel in headers and are never logged.
+func (s *Server) observe(op string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		next.ServeHTTP(rec, r)
+		requests.WithLabelValues(op, strconv.Itoa(rec.code)).Inc()
+		if rec.code >= 500 {
+			s.o.Log.Info("agent API error", "operation", op, "path", r.URL.Path, "code", rec.code)
+		}
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.code = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, errCode, format string, args ...any) {
+	writeJSON(w, code, agentapi.Error{Code: errCode, Message: fmt.Sprintf(format, args...)})
+}
+
+// bearer returns the Authorization bearer token.
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if t, ok := strings.CutPrefix(h, "Bearer "); ok {
+		return strings.TrimSpace(t)
+	}
+	return ""
+}
+
+// decode reads a strict JSON body of at most max bytes.
+func decode(w http.ResponseWriter, r *http.Request, max int64, v any) error {
+	r.Body = http.MaxBytesReader(w, r.Body, max)
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return fmt.Errorf("request body larger than %d bytes", max)
+		}
+		return fmt.Errorf("malformed JSON: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("malformed JSON: data after the object")
+	}
+	return nil
+}
+
+// allow applies a token bucket per key; limiters idle for ten minutes are
+// dropped so the map does not grow without bound.
+func (s *Server) allow(key string, r rate.Limit, burst int) bool {
+	now := s.o.Now()
+	v, _ := s.limiters.LoadOrStore(key, &limiter{Limiter: rate.NewLimiter(r, burst)})
+	l := v.(*limiter)
+	l.last = now
+	ok := l.AllowN(now, 1)
+	if n := now.Unix(); n%64 == 0 {
+		s.limiters.Range(func(k, v any) bool {
+			if now.Sub(v.(*limiter).last) > 10*time.Minute {
+				s.limiters.Delete(k)
+			}
+			return true
+		})
+	}
+	return ok
+}
+
+func tooMany(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "5")
+	writeError(w, http.StatusTooManyRequests, "TooManyRequests", "too many requests; retry later")
+}
+
+var (
+	uuidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	macPattern  = regexp.MustCompile(`^[0-9a-f]{2}(:[0-9a-f]{2}){5}$`)
+)

@@ -1,0 +1,303 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/agent/service/internal/hosts"
+	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/signing"
+)
+
+// AgentRef is an authenticated host.
+type AgentRef struct {
+	Agent    *v1beta1.Agent
+	InfraEnv *v1beta1.InfraEnv
+}
+
+// host authenticates a per-host call: the token must be the one issued to
+// this Agent, so a host can act on its own Agent only.
+func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ns, id := r.PathValue("namespace"), r.PathValue("id")
+		if !uuidPattern.MatchString(id) {
+			writeError(w, http.StatusBadRequest, "BadRequest", "agent ID %q is not a UUID", id)
+			return
+		}
+		key, err := s.o.Keys.Key()
+		if err != nil {
+			w.Header().Set("Retry-After", "5")
+			writeError(w, http.StatusServiceUnavailable, "Starting", "the service is starting")
+			return
+		}
+		var a v1beta1.Agent
+		if err := s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: id}, &a); err != nil {
+			if apierrors.IsNotFound(err) {
+				writeError(w, http.StatusNotFound, "NotFound", "no Agent %s/%s: register again", ns, id)
+				return
+			}
+			writeError(w, http.StatusInternalServerError, "Internal", "internal error")
+			return
+		}
+		uid := hosts.InfraEnvUID(&a)
+		if !key.Verify(bearer(r), signing.PurposeAgent, uid, ns+"/"+id) {
+			writeError(w, http.StatusUnauthorized, "Unauthorized", "unauthorized")
+			return
+		}
+		if !s.allow("host/"+ns+"/"+id, hostRate, hostBurst) {
+			tooMany(w)
+			return
+		}
+		var ie v1beta1.InfraEnv
+		err = s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: a.Labels[v1beta1.InfraEnvNameLabel]}, &ie)
+		if apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != uid) {
+			writeError(w, http.StatusGone, agentapi.CodeInfraEnvGone, "the InfraEnv of Agent %s/%s was deleted", ns, id)
+			return
+		}
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "Internal", "internal error")
+			return
+		}
+		h(w, r, &AgentRef{Agent: &a, InfraEnv: &ie})
+	})
+}
+
+// inventory stores the host's hardware in the Agent's status when it changed.
+func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
+	var inv v1beta1.HostInventory
+	if err := decode(w, r, agentapi.MaxInventoryBytes, &inv); err != nil {
+		writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %v", err)
+		return
+	}
+	if err := validInventory(&inv); err != nil {
+		writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %v", err)
+		return
+	}
+	a := ref.Agent
+	if sameInventory(&a.Status.Inventory, &inv) {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Status.Inventory = inv
+	if err := s.o.Client.Status().Patch(r.Context(), a, patch); err != nil {
+		if apierrors.IsInvalid(err) {
+			writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %v", err)
+			return
+		}
+		s.o.Log.Error(err, "store inventory", "agent", a.Namespace+"/"+a.Name)
+		writeError(w, http.StatusInternalServerError, "Internal", "could not store the inventory")
+		return
+	}
+	writes.WithLabelValues("agent-status").Inc()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// sameInventory compares all but the report time.
+func sameInventory(a, b *v1beta1.HostInventory) bool {
+	x, y := *a, *b
+	x.ReportTime, y.ReportTime = nil, nil
+	return equality.Semantic.DeepEqual(x, y)
+}
+
+// validInventory bounds what a host may claim, so a broken or hostile agent
+// cannot fill the Agent with nonsense.
+func validInventory(inv *v1beta1.HostInventory) error {
+	switch {
+	case inv.ReportTime == nil:
+		return fmt.Errorf("reportTime is required")
+	case inv.CPU.Count < 0 || inv.CPU.Count > 1<<16:
+		return fmt.Errorf("cpu.count %d out of range", inv.CPU.Count)
+	case inv.Memory.PhysicalBytes < 0 || inv.Memory.UsableBytes < 0:
+		return fmt.Errorf("memory sizes must not be negative")
+	case len(inv.Disks) > 4096 || len(inv.Interfaces) > 4096 || len(inv.GPUs) > 1024 || len(inv.CPU.Flags) > 1024:
+		return fmt.Errorf("too many disks, interfaces, GPUs or CPU flags")
+	case len(inv.Hostname) > 253:
+		return fmt.Errorf("hostname longer than 253 characters")
+	}
+	for i, d := range inv.Disks {
+		if d.ID == "" {
+			return fmt.Errorf("disks[%d].id is required", i)
+		}
+		if d.SizeBytes < 0 {
+			return fmt.Errorf("disks[%d].sizeBytes must not be negative", i)
+		}
+	}
+	for i, n := range inv.Interfaces {
+		if n.MacAddress != "" && !macPattern.MatchString(n.MacAddress) {
+			return fmt.Errorf("interfaces[%d].macAddress %q is not six lower-case hex pairs", i, n.MacAddress)
+		}
+	}
+	if v := inv.Virtualization; v != nil {
+		switch v.Verdict {
+		case "", v1beta1.VirtSupported, v1beta1.VirtDisabledInFirmware, v1beta1.VirtNotSupportedByCPU, v1beta1.VirtVirtualMachineWithoutNested:
+		default:
+			return fmt.Errorf("virtualization.verdict %q is not one of supported, disabled-in-firmware, not-supported-by-cpu, virtual-machine-without-nesting", v.Verdict)
+		}
+	}
+	return nil
+}
+
+// instructions is the heartbeat: it renews the host's Lease (at most every
+// LeaseRenewInterval) and returns the work for the host.
+func (s *Server) instructions(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
+	var req agentapi.InstructionsRequest
+	if err := decode(w, r, maxBodyBytes, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
+		return
+	}
+	offset := int64(0)
+	if !req.Time.IsZero() {
+		offset = int64(math.Round(req.Time.Sub(s.o.Now()).Seconds()))
+	}
+	if err := s.renewLease(r.Context(), ref.Agent, offset, false); err != nil {
+		s.o.Log.Error(err, "renew lease", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
+	}
+	if err := s.storeNTP(r.Context(), ref.Agent, req.NTPSources); err != nil {
+		s.o.Log.Error(err, "store NTP sources", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
+	}
+	steps := []agentapi.Step{}
+	if s.o.Steps != nil {
+		var err error
+		if steps, err = s.o.Steps.Next(r.Context(), ref); err != nil {
+			s.o.Log.Error(err, "next steps", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
+			steps = []agentapi.Step{}
+		}
+	}
+	writeJSON(w, http.StatusOK, agentapi.Instructions{Steps: steps, PollSeconds: int(s.o.PollInterval / time.Second)})
+}
+
+func (s *Server) storeNTP(ctx context.Context, a *v1beta1.Agent, srcs []agentapi.NTPSource) error {
+	if len(srcs) > 64 {
+		srcs = srcs[:64]
+	}
+	want := make([]v1beta1.HostNTPSource, 0, len(srcs))
+	for _, n := range srcs {
+		want = append(want, v1beta1.HostNTPSource{SourceName: n.SourceName, SourceState: n.SourceState})
+	}
+	if len(want) == 0 && len(a.Status.NTPSources) == 0 || equality.Semantic.DeepEqual(want, a.Status.NTPSources) {
+		return nil
+	}
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Status.NTPSources = want
+	writes.WithLabelValues("agent-status").Inc()
+	return s.o.Client.Status().Patch(ctx, a, patch)
+}
+
+// renewLease creates the Agent's Lease or renews it when it is older than
+// LeaseRenewInterval (or the host's clock moved). Replicas racing to renew
+// the same Lease lose on a conflict, which is fine: one of them renewed it.
+func (s *Server) renewLease(ctx context.Context, a *v1beta1.Agent, offset int64, registering bool) error {
+	key := client.ObjectKey{Namespace: s.o.LeaseNamespace, Name: hosts.LeaseName(a.Namespace, a.Name)}
+	now := metav1.NewMicroTime(s.o.Now())
+	var l coordinationv1.Lease
+	err := s.o.Client.Get(ctx, key, &l)
+	if apierrors.IsNotFound(err) {
+		l = coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: key.Namespace, Name: key.Name,
+				Labels:      map[string]string{hosts.LeaseLabel: "true", hosts.LeaseNamespaceLabel: a.Namespace, hosts.LeaseNameLabel: a.Name},
+				Annotations: map[string]string{hosts.ClockOffsetAnnotation: strconv.FormatInt(offset, 10)},
+			},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity:       ptr.To(a.Namespace + "/" + a.Name),
+				LeaseDurationSeconds: ptr.To[int32](180),
+				AcquireTime:          &now,
+				RenewTime:            &now,
+			},
+		}
+		err := s.o.Client.Create(ctx, &l)
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		writes.WithLabelValues("lease").Inc()
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	old, _ := strconv.ParseInt(l.Annotations[hosts.ClockOffsetAnnotation], 10, 64)
+	fresh := l.Spec.RenewTime != nil && now.Sub(l.Spec.RenewTime.Time) < s.o.LeaseRenewInterval
+	if fresh && (registering || abs(offset-old) < 30) {
+		return nil
+	}
+	l.Spec.RenewTime = &now
+	if !registering {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[hosts.ClockOffsetAnnotation] = strconv.FormatInt(offset, 10)
+	}
+	err = s.o.Client.Update(ctx, &l)
+	if apierrors.IsConflict(err) {
+		return nil
+	}
+	writes.WithLabelValues("lease").Inc()
+	return err
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func (s *Server) stepResult(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
+	var res agentapi.StepResult
+	if err := decode(w, r, maxBodyBytes, &res); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
+		return
+	}
+	if s.o.Steps == nil {
+		writeError(w, http.StatusNotFound, "UnknownStep", "no step %q was given to this host", r.PathValue("step"))
+		return
+	}
+	if err := s.o.Steps.Result(r.Context(), ref, r.PathValue("step"), res); err != nil {
+		writeError(w, http.StatusBadRequest, "BadStepResult", "%v", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// stages a host may report, in order.
+var stages = []v1beta1.HostStage{
+	v1beta1.StageStartingInstallation, v1beta1.StageInstalling, v1beta1.StageWritingImageToDisk,
+	v1beta1.StageWaitingControlPlane, v1beta1.StageRebooting, v1beta1.StageWaitingForIgnition,
+	v1beta1.StageConfiguring, v1beta1.StageJoined, v1beta1.StageDone, v1beta1.StageFailed,
+}
+
+func (s *Server) progress(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
+	var p agentapi.Progress
+	if err := decode(w, r, maxBodyBytes, &p); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
+		return
+	}
+	known := false
+	for _, st := range stages {
+		known = known || string(st) == p.Stage
+	}
+	if !known || p.Percentage < 0 || p.Percentage > 100 || len(p.Info) > 1024 {
+		writeError(w, http.StatusBadRequest, "BadProgress", "stage %q, percentage %d: want a known stage and 0-100", p.Stage, p.Percentage)
+		return
+	}
+	if s.o.Steps != nil {
+		if err := s.o.Steps.Progress(r.Context(), ref, p); err != nil {
+			writeError(w, http.StatusConflict, "BadProgress", "%v", err)
+			return
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

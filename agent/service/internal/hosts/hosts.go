@@ -1,0 +1,86 @@
+// Package hosts holds what the agent API and the Agent controller agree on:
+// how an Agent's liveness Lease is named and labelled, the annotations that
+// record a host's identity, and a host's effective hostname.
+package hosts
+
+import (
+	"sort"
+	"strings"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+)
+
+// Labels and annotations agentboot keeps.
+const (
+	// LeaseLabel marks agentboot's Agent liveness Leases (in agentboot's
+	// own namespace, so that its RBAC on Leases stays there).
+	LeaseLabel          = "agentboot.io/agent-lease"
+	LeaseNamespaceLabel = "agentboot.io/agent-namespace"
+	LeaseNameLabel      = "agentboot.io/agent-name"
+	// MACsAnnotation records the MAC addresses the host registered with,
+	// to tell a rebooting host from another one claiming its ID.
+	MACsAnnotation = "agentboot.io/mac-addresses"
+	// ClockOffsetAnnotation on a Lease is the host's clock minus the
+	// service's, in seconds, at the last renewal.
+	ClockOffsetAnnotation = "agentboot.io/clock-offset-seconds"
+	// HostnameIndex is the cache index of Agents by effective hostname.
+	HostnameIndex = "agentboot.hostname"
+)
+
+// LeaseName names the Lease of the Agent ns/name.
+func LeaseName(ns, name string) string { return "agent." + ns + "." + name }
+
+// LeaseOf returns the Agent a Lease belongs to.
+func LeaseOf(l *coordinationv1.Lease) (ns, name string, ok bool) {
+	if l.Labels[LeaseLabel] != "true" {
+		return "", "", false
+	}
+	return l.Labels[LeaseNamespaceLabel], l.Labels[LeaseNameLabel], true
+}
+
+// Hostname is the name the host goes by: the requested one, else the one it
+// reported.
+func Hostname(a *v1beta1.Agent) string {
+	if a.Spec.Hostname != "" {
+		return a.Spec.Hostname
+	}
+	return a.Status.Inventory.Hostname
+}
+
+// MACs joins sorted, lower-cased MAC addresses for the annotation.
+func MACs(macs []string) string {
+	out := make([]string, 0, len(macs))
+	for _, m := range macs {
+		out = append(out, strings.ToLower(m))
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+// SameHost reports whether two MAC lists share an address.
+func SameHost(a, b string) bool {
+	have := map[string]bool{}
+	for _, m := range strings.Split(a, ",") {
+		if m != "" {
+			have[m] = true
+		}
+	}
+	for _, m := range strings.Split(b, ",") {
+		if have[m] {
+			return true
+		}
+	}
+	return false
+}
+
+// InfraEnvUID is the UID of the InfraEnv that owns an Agent.
+func InfraEnvUID(a *v1beta1.Agent) string {
+	for _, o := range a.OwnerReferences {
+		if o.Kind == "InfraEnv" && o.APIVersion == v1beta1.GroupVersion.String() {
+			return string(o.UID)
+		}
+	}
+	return ""
+}

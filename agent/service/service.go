@@ -1,0 +1,172 @@
+// Package agentservice is the service side of the agent: the agent API that
+// hosts register and heartbeat with (served by every manager replica) and
+// the Agent controller that turns what hosts report into Agent status
+// (leader-elected). It writes Agents, their status, and liveness Leases in
+// agentboot's own namespace; it never touches InfraEnvs.
+package agentservice
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	stdlog "log"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/agent/service/internal/api"
+	"github.com/agentboot/agentboot/agent/service/internal/hosts"
+	"github.com/agentboot/agentboot/agent/service/internal/reconciler"
+	"github.com/agentboot/agentboot/internal/signing"
+)
+
+// Config configures the agent service.
+type Config struct {
+	// Addr is the agent API's HTTPS listen address (":7443").
+	Addr string
+	// TLSCertFile and TLSKeyFile are its serving certificate.
+	TLSCertFile, TLSKeyFile string
+	// Listen opens the listener; nil is net.Listen. Tests listen inside a
+	// network namespace with it.
+	Listen func(network, addr string) (net.Listener, error)
+	Keys   *signing.Keeper
+	// Namespace is agentboot's own namespace, where liveness Leases live.
+	Namespace string
+	// Minimums for hosts, unless an InfraEnv's hostRequirements says
+	// otherwise (defaults: 2 cores, 8 GiB, 100 GB).
+	MinCPUCores      int64
+	MinMemoryBytes   int64
+	MinDiskSizeBytes int64
+	// PollInterval is how often hosts heartbeat (20s); LeaseRenewInterval
+	// the most often their Lease is written (40s); DisconnectAfter how long
+	// a silent host stays connected (3m).
+	PollInterval       time.Duration
+	LeaseRenewInterval time.Duration
+	DisconnectAfter    time.Duration
+	Log                logr.Logger
+}
+
+func (c *Config) defaults() {
+	d := reconciler.DefaultRequirements
+	if c.MinCPUCores == 0 {
+		c.MinCPUCores = d.MinCPUCores
+	}
+	if c.MinMemoryBytes == 0 {
+		c.MinMemoryBytes = d.MinMemoryBytes
+	}
+	if c.MinDiskSizeBytes == 0 {
+		c.MinDiskSizeBytes = d.MinDiskSizeBytes
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 20 * time.Second
+	}
+	if c.LeaseRenewInterval == 0 {
+		c.LeaseRenewInterval = 40 * time.Second
+	}
+	if c.DisconnectAfter == 0 {
+		c.DisconnectAfter = 3 * time.Minute
+	}
+	if c.Listen == nil {
+		c.Listen = net.Listen
+	}
+}
+
+// IndexAgents adds the cache indexes the agent service uses. Call it once
+// per manager, before SetupAPI or SetupController.
+func IndexAgents(mgr manager.Manager) error {
+	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.Agent{}, hosts.HostnameIndex, func(o client.Object) []string {
+		if h := hosts.Hostname(o.(*v1beta1.Agent)); h != "" {
+			return []string{h}
+		}
+		return nil
+	})
+}
+
+// SetupController adds the Agent controller (it runs on the leader).
+func SetupController(mgr manager.Manager, cfg Config) error {
+	cfg.defaults()
+	return (&reconciler.Reconciler{
+		Client:          mgr.GetClient(),
+		Events:          mgr.GetEventRecorder("agentboot-agent-controller"),
+		LeaseNamespace:  cfg.Namespace,
+		Requirements:    reconciler.Requirements{MinCPUCores: cfg.MinCPUCores, MinMemoryBytes: cfg.MinMemoryBytes, MinDiskSizeBytes: cfg.MinDiskSizeBytes},
+		DisconnectAfter: cfg.DisconnectAfter,
+		Now:             time.Now,
+	}).SetupWithManager(mgr)
+}
+
+// SetupAPI adds the agent API server (it runs on every replica).
+func SetupAPI(mgr manager.Manager, cfg Config) error {
+	cfg.defaults()
+	if cfg.Keys == nil {
+		return errors.New("agent service: Keys are required")
+	}
+	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
+		return errors.New("agent service: the agent API is HTTPS only and needs a certificate and key")
+	}
+	srv := api.New(api.Options{
+		Client:             mgr.GetClient(),
+		APIReader:          mgr.GetAPIReader(),
+		Keys:               cfg.Keys,
+		Events:             mgr.GetEventRecorder("agentboot-agent-api"),
+		LeaseNamespace:     cfg.Namespace,
+		MinDiskSizeBytes:   cfg.MinDiskSizeBytes,
+		PollInterval:       cfg.PollInterval,
+		LeaseRenewInterval: cfg.LeaseRenewInterval,
+		Log:                cfg.Log,
+	})
+	return mgr.Add(&server{cfg: cfg, handler: srv.Handler()})
+}
+
+type server struct {
+	cfg     Config
+	handler http.Handler
+}
+
+// NeedLeaderElection is false: every replica serves the agent API.
+func (s *server) NeedLeaderElection() bool { return false }
+
+func (s *server) Start(ctx context.Context) error {
+	cert, err := tls.LoadX509KeyPair(s.cfg.TLSCertFile, s.cfg.TLSKeyFile)
+	if err != nil {
+		return fmt.Errorf("agent API TLS certificate: %w", err)
+	}
+	l, err := s.cfg.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("agent API: listen %s: %w", s.cfg.Addr, err)
+	}
+	srv := &http.Server{
+		Handler:           s.handler,
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          stdlog.New(logWriter{s.cfg.Log.V(1)}, "", 0),
+	}
+	s.cfg.Log.Info("agent API listening", "addr", l.Addr().String())
+	errs := make(chan error, 1)
+	go func() { errs <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
+	select {
+	case <-ctx.Done():
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return srv.Shutdown(shutdown)
+	case err := <-errs:
+		return err
+	}
+}
+
+type logWriter struct{ log logr.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Info(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -1,0 +1,413 @@
+package agentservice_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	agentclient "github.com/agentboot/agentboot/agent/internal/client"
+	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/test/stack"
+)
+
+var s *stack.Stack
+
+func TestMain(m *testing.M) {
+	var stop func()
+	var err error
+	s, stop, err = stack.StartMain(stack.Options{
+		AgentPollInterval:       time.Second,
+		AgentLeaseRenewInterval: time.Second,
+		AgentDisconnectAfter:    4 * time.Second,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	stop()
+	os.Exit(code)
+}
+
+type host struct {
+	cfg agentapi.Config
+	c   *agentclient.Client
+	ns  string
+	id  string
+}
+
+func infraEnv(t *testing.T, change func(*v1beta1.InfraEnv)) *v1beta1.InfraEnv {
+	t.Helper()
+	ie := stack.NewInfraEnv(s.Namespace(t, "agents"), "hardware-inventory")
+	ie.Spec.AgentLabels = map[string]string{"rack": "r1"}
+	if change != nil {
+		change(ie)
+	}
+	require.NoError(t, s.Client.Create(context.Background(), ie))
+	return s.WaitImage(t, client.ObjectKeyFromObject(ie))
+}
+
+func register(t *testing.T, ie *v1beta1.InfraEnv, n int) *host {
+	t.Helper()
+	cfg := s.AgentConfig(t, ie)
+	c, err := agentclient.New(cfg)
+	require.NoError(t, err)
+	resp, err := c.Register(context.Background(), cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{
+		InfraEnvUID: cfg.InfraEnv.UID, HostID: stack.HostID(n),
+		Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(n)}},
+	})
+	require.NoError(t, err)
+	require.Equal(t, stack.HostID(n), resp.HostID)
+	c.SetToken(resp.AgentToken)
+	return &host{cfg: cfg, c: c, ns: resp.Namespace, id: resp.HostID}
+}
+
+func (h *host) agent(t *testing.T) *v1beta1.Agent {
+	t.Helper()
+	var a v1beta1.Agent
+	require.NoError(t, s.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: h.id}, &a))
+	return &a
+}
+
+func (h *host) beat(t *testing.T) {
+	t.Helper()
+	_, err := h.c.Instructions(context.Background(), h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+	require.NoError(t, err)
+}
+
+// waitAgent waits until the Agent satisfies cond, returning it.
+func (h *host) waitAgent(t *testing.T, what string, cond func(*v1beta1.Agent) bool) *v1beta1.Agent {
+	t.Helper()
+	var a v1beta1.Agent
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if s.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: h.id}, &a) == nil && cond(&a) {
+			return &a
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("Agent %s never %s; status: %+v", h.id, what, a.Status)
+	return nil
+}
+
+func validation(a *v1beta1.Agent, id string) v1beta1.ValidationResult {
+	for _, vs := range a.Status.ValidationsInfo {
+		for _, v := range vs {
+			if v.ID == id {
+				return v
+			}
+		}
+	}
+	return v1beta1.ValidationResult{}
+}
+
+func condition(a *v1beta1.Agent, t v1beta1.ConditionType) v1beta1.Condition {
+	if c := conditions.Find(a.Status.Conditions, t); c != nil {
+		return *c
+	}
+	return v1beta1.Condition{}
+}
+
+func TestRegisterReportApprove(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	h := register(t, ie, 1)
+	a := h.agent(t)
+	require.Equal(t, "hardware-inventory", a.Labels[v1beta1.InfraEnvNameLabel])
+	require.Equal(t, "r1", a.Labels["rack"], "agentLabels are copied")
+	require.False(t, a.Spec.Approved)
+	require.Equal(t, v1beta1.AgentRoleAutoAssign, a.Spec.Role)
+	require.Equal(t, ie.UID, a.OwnerReferences[0].UID)
+
+	require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, stack.FakeInventory("worker-1", stack.MAC(1))))
+	h.beat(t)
+	a = h.waitAgent(t, "became known-unbound", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == "known-unbound" })
+	require.Equal(t, int64(4), a.Status.Inventory.CPU.Count)
+	require.Equal(t, "worker-1", a.Status.Inventory.Hostname)
+	require.Equal(t, v1beta1.AgentRoleAutoAssign, a.Status.Role)
+	require.Equal(t, v1beta1.ValidationsPassingReason, condition(a, v1beta1.ValidatedCondition).Reason)
+	require.Equal(t, v1beta1.AgentConnectedReason, condition(a, v1beta1.ConnectedCondition).Reason)
+	require.Equal(t, v1beta1.AgentIsNotApprovedReason, condition(a, v1beta1.RequirementsMetCondition).Reason)
+	require.Equal(t, v1beta1.InstallationNotStartedReason, condition(a, v1beta1.InstalledCondition).Reason)
+	require.Equal(t, v1beta1.UnboundReason, condition(a, v1beta1.BoundCondition).Reason)
+	for _, want := range []struct{ k, v string }{
+		{"inventory.agent-install.openshift.io/cpu-architecture", "x86_64"},
+		{"inventory.agent-install.openshift.io/cpu-virtenabled", "true"},
+		{"inventory.agent-install.openshift.io/host-manufacturer", "QEMU"},
+		{"inventory.agent-install.openshift.io/host-productname", "Standard-PC-Q35-ICH9-2009"},
+		{"inventory.agent-install.openshift.io/host-isvirtual", "true"},
+		{"inventory.agent-install.openshift.io/storage-hasnonrotationaldisk", "true"},
+	} {
+		require.Equal(t, want.v, a.Labels[want.k], want.k)
+	}
+
+	_, err := s.Env.Kubectl(ctx, "", "-n", h.ns, "patch", "agent", h.id, "--type", "merge", "--patch", `{"spec":{"approved":true}}`)
+	require.NoError(t, err)
+	a = h.waitAgent(t, "became ready", func(a *v1beta1.Agent) bool {
+		return condition(a, v1beta1.RequirementsMetCondition).Reason == v1beta1.AgentReadyReason
+	})
+	require.Equal(t, corev1.ConditionTrue, condition(a, v1beta1.RequirementsMetCondition).Status)
+	out, err := s.Env.Kubectl(ctx, "", "-n", h.ns, "get", "agents")
+	require.NoError(t, err)
+	require.Equal(t, []string{h.id, "true", "auto-assign"}, strings.Fields(strings.Split(out, "\n")[1]))
+	waitEvent(t, h.ns, h.id, "Registered")
+	waitEvent(t, h.ns, h.id, "Approved")
+
+	// Rebooting and registering again finds the same Agent.
+	again := register(t, ie, 1)
+	require.Equal(t, h.id, again.id)
+	require.Equal(t, a.UID, again.agent(t).UID)
+}
+
+func waitEvent(t *testing.T, ns, name, reason string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var evs corev1.EventList
+		if s.Client.List(context.Background(), &evs, client.InNamespace(ns)) != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == name && e.Reason == reason {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 100*time.Millisecond, "event %s for %s", reason, name)
+}
+
+func TestAutoApproval(t *testing.T) {
+	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) { ie.Spec.AgentApproval = &v1beta1.AgentApproval{AutoApprove: true} })
+	h := register(t, ie, 2)
+	require.True(t, h.agent(t).Spec.Approved)
+}
+
+func TestValidationsFollowTheHardware(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) {
+		ie.Spec.HostRequirements = &v1beta1.HostRequirements{CPUVirtualization: true, MinMemoryMiB: 4096}
+	})
+	cases := map[string]struct {
+		change func(*agentapi.Inventory)
+		id     string
+		status string
+		msg    string
+	}{
+		"one core":           {func(i *agentapi.Inventory) { i.CPU.Count = 1 }, "has-min-cpu-cores", "failure", "has 1 CPU cores; the minimum is 2"},
+		"InfraEnv minimum":   {func(i *agentapi.Inventory) { i.Memory.PhysicalBytes = 3 << 30 }, "has-min-memory", "failure", "3.0 GiB of memory; the minimum is 4.0 GiB"},
+		"small disk":         {func(i *agentapi.Inventory) { i.Disks[0].SizeBytes = 20e9 }, "has-min-valid-disks", "failure", "vda: 20.0 GB, the minimum is 100 GB"},
+		"ineligible disk":    {func(i *agentapi.Inventory) { i.Disks[0].InstallationEligibility = agentapi.InstallationEligibility{NotEligibleReasons: []string{"Disk is removable"}} }, "has-min-valid-disks", "failure", "vda: Disk is removable"},
+		"localhost":          {func(i *agentapi.Inventory) { i.Hostname = "localhost" }, "hostname-valid", "failure", "not allowed"},
+		"bad hostname":       {func(i *agentapi.Inventory) { i.Hostname = "Bad_Name" }, "hostname-valid", "failure", "not a valid DNS name"},
+		"no virtualization":  {func(i *agentapi.Inventory) { i.Virtualization.Verdict = agentapi.VirtNotSupportedByCPU }, "cnv-requirements-satisfied", "failure", "CPU does not have virtualization support"},
+		"VM without nesting": {func(i *agentapi.Inventory) { i.Virtualization.Verdict = agentapi.VirtVirtualMachineWithoutNested }, "cpu-virtualization", "failure", "virtual-machine-without-nesting"},
+	}
+	n := 100
+	for name, tc := range cases {
+		n++
+		t.Run(name, func(t *testing.T) {
+			h := register(t, ie, n)
+			inv := stack.FakeInventory(fmt.Sprintf("host-%d", n), stack.MAC(n))
+			tc.change(inv)
+			require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, inv))
+			h.beat(t)
+			a := h.waitAgent(t, "failed "+tc.id, func(a *v1beta1.Agent) bool { return validation(a, tc.id).Status == tc.status })
+			require.Contains(t, validation(a, tc.id).Message, tc.msg)
+			require.Equal(t, "insufficient-unbound", a.Status.DebugInfo.State)
+			require.Equal(t, v1beta1.ValidationsFailingReason, condition(a, v1beta1.ValidatedCondition).Reason)
+			require.Contains(t, a.Status.DebugInfo.StateInfo, tc.id)
+		})
+	}
+
+	t.Run("duplicate hostnames", func(t *testing.T) {
+		a, b := register(t, ie, 201), register(t, ie, 202)
+		require.NoError(t, a.c.PutInventory(ctx, a.ns, a.id, stack.FakeInventory("twin", stack.MAC(201))))
+		require.NoError(t, b.c.PutInventory(ctx, b.ns, b.id, stack.FakeInventory("twin", stack.MAC(202))))
+		got := a.waitAgent(t, "saw the duplicate", func(x *v1beta1.Agent) bool { return validation(x, "hostname-unique").Status == "failure" })
+		require.Contains(t, validation(got, "hostname-unique").Message, b.id)
+		// A requested hostname resolves it.
+		_, err := s.Env.Kubectl(ctx, "", "-n", b.ns, "patch", "agent", b.id, "--type", "merge", "--patch", `{"spec":{"hostname":"twin-b"}}`)
+		require.NoError(t, err)
+		a.waitAgent(t, "became unique", func(x *v1beta1.Agent) bool { return validation(x, "hostname-unique").Status == "success" })
+	})
+
+	t.Run("clock far off", func(t *testing.T) {
+		h := register(t, ie, 203)
+		require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, stack.FakeInventory("clocky", stack.MAC(203))))
+		_, err := h.c.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now().Add(10 * time.Minute)})
+		require.NoError(t, err)
+		a := h.waitAgent(t, "saw the clock", func(x *v1beta1.Agent) bool { return validation(x, "ntp-synced").Status == "failure" })
+		require.Contains(t, validation(a, "ntp-synced").Message, "10m0s away")
+	})
+
+	t.Run("virtualization not required", func(t *testing.T) {
+		ie2 := infraEnv(t, nil)
+		h := register(t, ie2, 204)
+		inv := stack.FakeInventory("novirt", stack.MAC(204))
+		inv.Virtualization.Verdict = agentapi.VirtVirtualMachineWithoutNested
+		require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, inv))
+		h.beat(t)
+		a := h.waitAgent(t, "became known", func(x *v1beta1.Agent) bool { return x.Status.DebugInfo.State == "known-unbound" })
+		require.Equal(t, "disabled", validation(a, "cpu-virtualization").Status)
+		require.Equal(t, "success", validation(a, "cnv-requirements-satisfied").Status)
+		require.Equal(t, "false", a.Labels["inventory.agent-install.openshift.io/cpu-virtenabled"])
+	})
+}
+
+func TestDisconnectedAfterSilence(t *testing.T) {
+	ctx := context.Background()
+	h := register(t, infraEnv(t, nil), 3)
+	require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, stack.FakeInventory("quiet", stack.MAC(3))))
+	h.beat(t)
+	h.waitAgent(t, "was connected", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == "known-unbound" })
+	a := h.waitAgent(t, "went disconnected", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == "disconnected-unbound" })
+	require.Equal(t, v1beta1.AgentDisconnectedReason, condition(a, v1beta1.ConnectedCondition).Reason)
+	require.Equal(t, "failure", validation(a, "connected").Status)
+	h.beat(t)
+	h.waitAgent(t, "came back", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == "known-unbound" })
+}
+
+// Heartbeats renew a Lease at most every LeaseRenewInterval (1s here) and
+// never rewrite the Agent.
+func TestHeartbeatsWriteRarely(t *testing.T) {
+	ctx := context.Background()
+	h := register(t, infraEnv(t, nil), 4)
+	require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, stack.FakeInventory("busy", stack.MAC(4))))
+	h.beat(t)
+	h.waitAgent(t, "settled", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == "known-unbound" })
+	time.Sleep(time.Second)
+	before := h.agent(t)
+
+	var l coordinationv1.Lease
+	leaseKey := client.ObjectKey{Namespace: stack.Namespace, Name: "agent." + h.ns + "." + h.id}
+	require.NoError(t, s.Client.Get(ctx, leaseKey, &l))
+	versions := map[string]bool{l.ResourceVersion: true}
+	start := time.Now()
+	beats := 0
+	for time.Since(start) < 3*time.Second {
+		if beats%5 == 0 {
+			// The same inventory again: no write either.
+			require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, stack.FakeInventory("busy", stack.MAC(4))))
+		}
+		_, err := h.c.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+		require.NoError(t, err)
+		beats++
+		if s.Client.Get(ctx, leaseKey, &l) == nil {
+			versions[l.ResourceVersion] = true
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	require.GreaterOrEqual(t, beats, 12)
+	require.LessOrEqual(t, len(versions), 5, "about one Lease write per second over 3s of 5 heartbeats a second")
+	after := h.agent(t)
+	require.Equal(t, before.ResourceVersion, after.ResourceVersion, "the Agent is not rewritten by heartbeats")
+}
+
+func TestBadRequests(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	h := register(t, ie, 5)
+	other := register(t, ie, 6)
+
+	raw := func(method, path, token string, body []byte) (int, agentapi.Error) {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM([]byte(h.cfg.CABundle))
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+		req, _ := http.NewRequest(method, "https://"+s.AgentAPIAddr+path, bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var e agentapi.Error
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e
+	}
+	regPath := "/api/v1/infraenvs/" + ie.Namespace + "/" + ie.Name + "/hosts"
+	goodReg, _ := json.Marshal(agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: stack.HostID(7), Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(7)}}})
+	invPath := func(id string) string { return "/api/v1/namespaces/" + h.ns + "/agents/" + id + "/inventory" }
+	big := bytes.Repeat([]byte("x"), agentapi.MaxInventoryBytes+10)
+	goodInv, _ := json.Marshal(stack.FakeInventory("x", stack.MAC(5)))
+	badMAC := stack.FakeInventory("x", stack.MAC(5))
+	badMAC.Interfaces[0].MacAddress = "not-a-mac"
+	badMACInv, _ := json.Marshal(badMAC)
+	tokenOf := func(hh *host) string {
+		resp, err := hh.c.Register(ctx, hh.cfg.InfraEnv, hh.cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: hh.cfg.InfraEnv.UID, HostID: hh.id, Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(map[string]int{h.id: 5, other.id: 6}[hh.id])}}})
+		require.NoError(t, err)
+		return resp.AgentToken
+	}
+	hTok := tokenOf(h)
+
+	cases := map[string]struct {
+		method, path, token string
+		body                []byte
+		code                int
+		errCode             string
+	}{
+		"registration without token":    {"POST", regPath, "", goodReg, 401, "Unauthorized"},
+		"registration with wrong token": {"POST", regPath, hTok, goodReg, 401, "Unauthorized"},
+		"unknown InfraEnv":              {"POST", "/api/v1/infraenvs/" + ie.Namespace + "/nope/hosts", "x", goodReg, 404, "NotFound"},
+		"malformed registration":        {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"hostID":`), 400, "BadRequest"},
+		"unknown registration field":    {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"hostID":"x","evil":1}`), 400, "BadRequest"},
+		"host ID not a UUID":            {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"infraEnvUID":"` + string(ie.UID) + `","hostID":"../etc","identity":{"macAddresses":[]}}`), 400, "BadRequest"},
+		"ID of another host":            {"POST", regPath, h.cfg.RegistrationToken, mustJSON(agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: h.id, Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(99)}}}), 409, agentapi.CodeHostIDConflict},
+		"inventory with no token":       {"PUT", invPath(h.id), "", goodInv, 401, "Unauthorized"},
+		"another host's token":          {"PUT", invPath(other.id), hTok, goodInv, 401, "Unauthorized"},
+		"oversized inventory":           {"PUT", invPath(h.id), hTok, big, 400, "BadInventory"},
+		"malformed inventory":           {"PUT", invPath(h.id), hTok, []byte(`{"cpu":{"count":"many"}}`), 400, "BadInventory"},
+		"inventory with a bad MAC":      {"PUT", invPath(h.id), hTok, badMACInv, 400, "BadInventory"},
+		"inventory of unknown agent":    {"PUT", invPath(stack.HostID(999)), hTok, goodInv, 404, "NotFound"},
+		"unknown path":                  {"GET", "/api/v0/whatever", "", nil, 404, "NotFound"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			code, e := raw(tc.method, tc.path, tc.token, tc.body)
+			require.Equal(t, tc.code, code, e.Message)
+			require.Equal(t, tc.errCode, e.Code)
+			require.NotContains(t, e.Message, hTok, "tokens never come back")
+		})
+	}
+
+	t.Run("rate limit", func(t *testing.T) {
+		limited := false
+		for i := 0; i < 60 && !limited; i++ {
+			_, err := h.c.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+			limited = agentclient.IsStatus(err, http.StatusTooManyRequests)
+		}
+		require.True(t, limited, "a host hammering the API is slowed down")
+	})
+
+	t.Run("deleted InfraEnv is gone", func(t *testing.T) {
+		ie2 := infraEnv(t, nil)
+		h2 := register(t, ie2, 8)
+		require.NoError(t, s.Client.Delete(ctx, ie2))
+		require.Eventually(t, func() bool {
+			_, err := h2.c.Instructions(ctx, h2.ns, h2.id, agentapi.InstructionsRequest{Time: time.Now()})
+			return agentclient.IsCode(err, agentapi.CodeInfraEnvGone) || agentclient.IsStatus(err, http.StatusNotFound)
+		}, 10*time.Second, 100*time.Millisecond)
+		_, err := h2.c.Register(ctx, h2.cfg.InfraEnv, h2.cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: h2.cfg.InfraEnv.UID, HostID: stack.HostID(9), Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(9)}}})
+		require.True(t, agentclient.IsStatus(err, http.StatusGone), "%v", err)
+		require.True(t, agentclient.IsCode(err, agentapi.CodeInfraEnvGone))
+	})
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

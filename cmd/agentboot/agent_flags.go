@@ -1,0 +1,32 @@
+package main
+
+import (
+	"flag"
+
+	agentservice "github.com/agentboot/agentboot/agent/service"
+)
+
+// agentFlags are the agent API's and the Agent controller's settings.
+type agentFlags struct {
+	cfg         agentservice.Config
+	minMemMiB   int64
+	minDiskGB   int64
+	minCPUCores int64
+}
+
+func (a *agentFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&a.cfg.Addr, "agent-api-addr", ":7443", "HTTPS listen address of the agent API")
+	fs.StringVar(&a.cfg.TLSCertFile, "agent-api-tls-cert-file", "", "agent API serving certificate (PEM)")
+	fs.StringVar(&a.cfg.TLSKeyFile, "agent-api-tls-key-file", "", "agent API serving key (PEM)")
+	fs.Int64Var(&a.minCPUCores, "min-cpu-cores", 2, "fewest CPU cores a host needs, unless its InfraEnv's hostRequirements says otherwise")
+	fs.Int64Var(&a.minMemMiB, "min-memory-mib", 8192, "least memory (MiB) a host needs, unless its InfraEnv's hostRequirements says otherwise")
+	fs.Int64Var(&a.minDiskGB, "min-disk-size-gb", 100, "smallest installation disk (GB), unless its InfraEnv's hostRequirements says otherwise")
+	fs.DurationVar(&a.cfg.PollInterval, "agent-poll-interval", 0, "how often hosts heartbeat (default 20s)")
+	fs.DurationVar(&a.cfg.DisconnectAfter, "agent-disconnect-after", 0, "how long a silent host stays Connected (default 3m)")
+}
+
+func (a *agentFlags) config() *agentservice.Config {
+	c := a.cfg
+	c.MinCPUCores, c.MinMemoryBytes, c.MinDiskSizeBytes = a.minCPUCores, a.minMemMiB<<20, a.minDiskGB*1_000_000_000
+	return &c
+}

@@ -1,0 +1,125 @@
+package agentapi
+
+import "time"
+
+// Paths of the agent API (HTTPS). Versioned: a breaking change adds /v2.
+const (
+	// RegisterPath is POSTed with the InfraEnv's registration token.
+	RegisterPath = "/api/v1/infraenvs/{namespace}/{name}/hosts"
+	// Per-host paths take the per-agent token.
+	InventoryPath    = "/api/v1/namespaces/{namespace}/agents/{id}/inventory"
+	InstructionsPath = "/api/v1/namespaces/{namespace}/agents/{id}/instructions"
+	StepResultPath   = "/api/v1/namespaces/{namespace}/agents/{id}/steps/{step}"
+	ProgressPath     = "/api/v1/namespaces/{namespace}/agents/{id}/progress"
+)
+
+// MaxInventoryBytes bounds an inventory upload.
+const MaxInventoryBytes = 1 << 20
+
+// RegisterRequest is what a host sends to join an InfraEnv.
+type RegisterRequest struct {
+	// InfraEnvUID is the UID of the InfraEnv the discovery image was made for.
+	InfraEnvUID string `json:"infraEnvUID"`
+	// HostID is the host's identity: its SMBIOS UUID, or a derived one.
+	HostID string `json:"hostID"`
+	// Identity is what the host ID was derived from.
+	Identity HostIdentity `json:"identity"`
+	// AgentVersion of the agent binary.
+	AgentVersion string `json:"agentVersion,omitempty"`
+}
+
+// HostIdentity are the facts that tell hosts apart.
+type HostIdentity struct {
+	SystemUUID   string   `json:"systemUUID,omitempty"`
+	SerialNumber string   `json:"serialNumber,omitempty"`
+	MACAddresses []string `json:"macAddresses"`
+}
+
+// RegisterResponse tells the agent how to continue.
+type RegisterResponse struct {
+	// Namespace and HostID name the Agent resource.
+	Namespace string `json:"namespace"`
+	HostID    string `json:"hostID"`
+	// AgentToken authorises the per-host calls of this host only.
+	AgentToken string `json:"agentToken"`
+	// PollSeconds is how often to ask for instructions.
+	PollSeconds int `json:"pollSeconds"`
+	// MinDiskSizeBytes is the smallest disk eligible for installation.
+	MinDiskSizeBytes int64 `json:"minDiskSizeBytes"`
+}
+
+// Error is the body of every error answer.
+type Error struct {
+	// Code is a stable identifier the agent branches on.
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Error codes.
+const (
+	// CodeHostIDConflict: another host already registered with this ID; the
+	// agent registers again with its derived ID.
+	CodeHostIDConflict = "HostIDConflict"
+	// CodeInfraEnvGone: the InfraEnv was deleted; the agent stops.
+	CodeInfraEnvGone = "InfraEnvGone"
+)
+
+// InstructionsRequest is the heartbeat: the agent's clock, for the
+// ntp-synced validation, and its NTP sources.
+type InstructionsRequest struct {
+	Time       time.Time   `json:"time"`
+	NTPSources []NTPSource `json:"ntpSources,omitempty"`
+}
+
+// NTPSource is one time source of the host.
+type NTPSource struct {
+	SourceName  string `json:"sourceName"`
+	SourceState string `json:"sourceState"`
+}
+
+// Instructions are what the service wants done.
+type Instructions struct {
+	// Steps to run, in order; empty when there is nothing to do.
+	Steps []Step `json:"steps"`
+	// PollSeconds until the next heartbeat.
+	PollSeconds int `json:"pollSeconds"`
+}
+
+// Step kinds.
+const (
+	StepInstall = "install"
+	StepReboot  = "reboot"
+)
+
+// Step is one instruction.
+type Step struct {
+	ID   string `json:"id"`
+	Kind string `json:"kind"`
+	// Install is set for StepInstall.
+	Install *InstallStep `json:"install,omitempty"`
+}
+
+// InstallStep tells the agent to write the OS to a disk.
+type InstallStep struct {
+	// DiskPath is the target disk (a /dev path).
+	DiskPath string `json:"diskPath"`
+	// ImageURL is the raw OS disk image to write, with its sha256.
+	ImageURL    string `json:"imageURL"`
+	ImageSHA256 string `json:"imageSHA256"`
+	// Ignition is the config the installed OS reads on first boot.
+	Ignition string `json:"ignition"`
+}
+
+// StepResult reports how a step went.
+type StepResult struct {
+	ExitCode int    `json:"exitCode"`
+	Output   string `json:"output,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// Progress reports an installation stage.
+type Progress struct {
+	Stage      string `json:"stage"`
+	Percentage int    `json:"percentage"`
+	Info       string `json:"info,omitempty"`
+}

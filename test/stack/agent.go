@@ -1,0 +1,89 @@
+package stack
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vincent-petithory/dataurl"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentapi"
+)
+
+// AgentConfig is the agent config a host of ie gets, read out of the
+// discovery Ignition the image service serves, with the agent API URL
+// pointed at the loopback listener.
+func (s *Stack) AgentConfig(t testing.TB, ie *v1beta1.InfraEnv) agentapi.Config {
+	t.Helper()
+	resp, err := s.HTTP.Get(s.Local(ie.Status.BootArtifacts.DiscoveryIgnitionURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("discovery Ignition: %s: %s", resp.Status, raw)
+	}
+	var ign struct {
+		Storage struct {
+			Files []struct {
+				Path     string `json:"path"`
+				Contents struct {
+					Source string `json:"source"`
+				} `json:"contents"`
+			} `json:"files"`
+		} `json:"storage"`
+	}
+	if err := json.Unmarshal(raw, &ign); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range ign.Storage.Files {
+		if f.Path != agentapi.ConfigPath {
+			continue
+		}
+		du, err := dataurl.DecodeString(f.Contents.Source)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg agentapi.Config
+		if err := json.Unmarshal(du.Data, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		cfg.APIURL = "https://" + s.AgentAPIAddr
+		return cfg
+	}
+	t.Fatalf("no %s in the discovery Ignition", agentapi.ConfigPath)
+	return agentapi.Config{}
+}
+
+// FakeInventory is a host that meets the default requirements.
+func FakeInventory(hostname, mac string) *agentapi.Inventory {
+	now := nowUTC()
+	return &agentapi.Inventory{
+		ReportTime: &now,
+		Hostname:   hostname,
+		CPU:        agentapi.CPU{Count: 4, Architecture: "x86_64", ModelName: "Test CPU", ClockMegahertz: 2400, Flags: []string{"svm"}},
+		Memory:     agentapi.Memory{PhysicalBytes: 16 << 30, UsableBytes: 15 << 30},
+		Interfaces: []agentapi.Interface{{Name: "eth0", MacAddress: mac, IPV4Addresses: []string{"198.18.0.10/24"}, IPV6Addresses: []string{}, Flags: []string{"up"}, HasCarrier: true, Mtu: 1500}},
+		Disks: []agentapi.Disk{{ID: "/dev/disk/by-id/virtio-disk0", Name: "vda", Path: "/dev/vda", DriveType: "SSD", SizeBytes: 200_000_000_000,
+			InstallationEligibility: agentapi.InstallationEligibility{Eligible: true, NotEligibleReasons: []string{}}}},
+		SystemVendor:   agentapi.SystemVendor{Manufacturer: "QEMU", ProductName: "Standard PC (Q35 + ICH9, 2009)", Virtual: true},
+		Boot:           agentapi.Boot{CurrentBootMode: "bios"},
+		Virtualization: &agentapi.Virtualization{Verdict: agentapi.VirtSupported, Reason: "KVM runs guests", KVMDevicePresent: true, KVMUsable: true},
+	}
+}
+
+// HostID makes a host UUID from n.
+func HostID(n int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", n) }
+
+// MAC makes a MAC address from n.
+func MAC(n int) string {
+	return strings.ToLower(fmt.Sprintf("52:54:00:%02x:%02x:%02x", (n>>16)&0xff, (n>>8)&0xff, n&0xff))
+}
+
+func nowUTC() time.Time { return time.Now().UTC().Truncate(time.Second) }
