@@ -20,10 +20,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/agent/service/internal/api"
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	"github.com/agentboot/agentboot/agent/service/internal/reconciler"
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 

@@ -18,8 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	agentclient "github.com/agentboot/agentboot/agent/internal/client"
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/test/stack"
@@ -207,10 +207,12 @@ func TestValidationsFollowTheHardware(t *testing.T) {
 		status string
 		msg    string
 	}{
-		"one core":           {func(i *agentapi.Inventory) { i.CPU.Count = 1 }, "has-min-cpu-cores", "failure", "has 1 CPU cores; the minimum is 2"},
-		"InfraEnv minimum":   {func(i *agentapi.Inventory) { i.Memory.PhysicalBytes = 3 << 30 }, "has-min-memory", "failure", "3.0 GiB of memory; the minimum is 4.0 GiB"},
-		"small disk":         {func(i *agentapi.Inventory) { i.Disks[0].SizeBytes = 20e9 }, "has-min-valid-disks", "failure", "vda: 20.0 GB, the minimum is 100 GB"},
-		"ineligible disk":    {func(i *agentapi.Inventory) { i.Disks[0].InstallationEligibility = agentapi.InstallationEligibility{NotEligibleReasons: []string{"Disk is removable"}} }, "has-min-valid-disks", "failure", "vda: Disk is removable"},
+		"one core":         {func(i *agentapi.Inventory) { i.CPU.Count = 1 }, "has-min-cpu-cores", "failure", "has 1 CPU cores; the minimum is 2"},
+		"InfraEnv minimum": {func(i *agentapi.Inventory) { i.Memory.PhysicalBytes = 3 << 30 }, "has-min-memory", "failure", "3.0 GiB of memory; the minimum is 4.0 GiB"},
+		"small disk":       {func(i *agentapi.Inventory) { i.Disks[0].SizeBytes = 20e9 }, "has-min-valid-disks", "failure", "vda: 20.0 GB, the minimum is 100 GB"},
+		"ineligible disk": {func(i *agentapi.Inventory) {
+			i.Disks[0].InstallationEligibility = agentapi.InstallationEligibility{NotEligibleReasons: []string{"Disk is removable"}}
+		}, "has-min-valid-disks", "failure", "vda: Disk is removable"},
 		"localhost":          {func(i *agentapi.Inventory) { i.Hostname = "localhost" }, "hostname-valid", "failure", "not allowed"},
 		"bad hostname":       {func(i *agentapi.Inventory) { i.Hostname = "Bad_Name" }, "hostname-valid", "failure", "not a valid DNS name"},
 		"no virtualization":  {func(i *agentapi.Inventory) { i.Virtualization.Verdict = agentapi.VirtNotSupportedByCPU }, "cnv-requirements-satisfied", "failure", "CPU does not have virtualization support"},

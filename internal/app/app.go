@@ -60,7 +60,7 @@ func NewManager(cfg *rest.Config, o ManagerOptions, log logr.Logger) (manager.Ma
 		// signing key; pull secrets are read one by one.
 		// Agents' liveness Leases live in agentboot's namespace too.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}:         {Namespaces: map[string]cache.Config{o.Namespace: {}}},
+			&corev1.Secret{}:        {Namespaces: map[string]cache.Config{o.Namespace: {}}},
 			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{o.Namespace: {}}},
 		}},
 		Logger:                        log,

@@ -68,7 +68,9 @@ type facts struct {
 
 type result struct{ status, message string }
 
-func ok(format string, args ...any) result { return result{v1beta1.ValidationSuccess, fmt.Sprintf(format, args...)} }
+func ok(format string, args ...any) result {
+	return result{v1beta1.ValidationSuccess, fmt.Sprintf(format, args...)}
+}
 func fail(format string, args ...any) result {
 	return result{v1beta1.ValidationFailure, fmt.Sprintf(format, args...)}
 }
