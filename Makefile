@@ -70,3 +70,15 @@ help:
 .PHONY: bench-images
 bench-images: testbin dev-image build ## customised-ISO throughput vs http.ServeFile, first byte, memory per download
 	go run ./test/bench/images
+
+.PHONY: e2e
+e2e: testbin tools dev-image build ## the VM lab: real VMs in a network namespace (root)
+	@[ "$$(id -u)" = 0 ] || { echo "make e2e needs root (network namespaces, taps)"; exit 1; }
+	go test -tags e2e -count=1 -timeout 60m $(GO_TEST_FLAGS) ./test/e2e/...
+
+FUZZ_TIME ?= 10s
+
+.PHONY: fuzz
+fuzz: dev-image ## every fuzz target for FUZZ_TIME (10s) each
+	go test -run XXX -fuzz FuzzOpen -fuzztime $(FUZZ_TIME) ./internal/iso9660/
+	go test -run XXX -fuzz FuzzInventory -fuzztime $(FUZZ_TIME) ./agent/service/internal/api/

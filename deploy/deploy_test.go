@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/stack"
 )
@@ -72,6 +74,16 @@ func TestRBACIsSufficient(t *testing.T) {
 		resp.Body.Close()
 		require.Equal(t, http.StatusOK, resp.StatusCode, u)
 	}
+
+	// A host registers, reports and heartbeats: Agents, their status, Leases
+	// and events are within the manager's rights.
+	h := s.Register(t, got, 1)
+	_, err := h.Heartbeat()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var a v1beta1.Agent
+		return s.Client.Get(ctx, client.ObjectKey{Namespace: h.NS, Name: h.ID}, &a) == nil && a.Status.DebugInfo.State == "known-unbound"
+	}, 30*time.Second, 100*time.Millisecond)
 
 	// Least privilege: neither may read arbitrary Secrets in bulk.
 	for _, sa := range []string{"agentboot-manager", "agentboot-image-service"} {

@@ -46,7 +46,10 @@ type Config struct {
 	// MaxConcurrentDownloads bounds image downloads in flight; past it the
 	// service answers 503 with Retry-After.
 	MaxConcurrentDownloads int
-	Log                    logr.Logger
+	// Listen opens the listeners; nil is net.Listen. Tests listen inside a
+	// network namespace with it.
+	Listen func(network, addr string) (net.Listener, error)
+	Log    logr.Logger
 }
 
 // Service is the image service.
@@ -71,6 +74,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.MaxConcurrentDownloads <= 0 {
 		cfg.MaxConcurrentDownloads = 256
+	}
+	if cfg.Listen == nil {
+		cfg.Listen = net.Listen
 	}
 	return &Service{cfg: cfg}, nil
 }
@@ -131,7 +137,7 @@ func (s *Service) Start(ctx context.Context) error {
 		srv.IdleTimeout = 2 * time.Minute
 		// Connection-level noise (probes, aborted handshakes) is debug output.
 		srv.ErrorLog = stdlog.New(logWriter{s.cfg.Log.V(1)}, "", 0)
-		l, err := net.Listen("tcp", srv.Addr)
+		l, err := s.cfg.Listen("tcp", srv.Addr)
 		if err != nil {
 			for _, started := range servers[:i] {
 				_ = started.Close()

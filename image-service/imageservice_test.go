@@ -355,13 +355,19 @@ func TestBootOrderControl(t *testing.T) {
 		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true},
 	}
 	require.NoError(t, s.Client.Create(ctx, agent))
-	agent.Status.Inventory.Interfaces = []v1beta1.HostInterface{{Name: "eth0", MacAddress: strings.ToUpper(mac), IPV4Addresses: []string{}, IPV6Addresses: []string{}, Flags: []string{}}}
-	agent.Status.Progress.CurrentStage = v1beta1.StageInstalling
-	require.NoError(t, s.Client.Status().Update(ctx, agent))
+	// Merge patches: the Agent controller writes the same status.
+	setStatus := func(change func(*v1beta1.Agent)) {
+		patch := client.MergeFrom(agent.DeepCopy())
+		change(agent)
+		require.NoError(t, s.Client.Status().Patch(ctx, agent, patch))
+	}
+	setStatus(func(a *v1beta1.Agent) {
+		a.Status.Inventory.Interfaces = []v1beta1.HostInterface{{Name: "eth0", MacAddress: strings.ToUpper(mac), IPV4Addresses: []string{}, IPV6Addresses: []string{}, Flags: []string{}}}
+		a.Status.Progress.CurrentStage = v1beta1.StageInstalling
+	})
 	time.Sleep(500 * time.Millisecond)
 	require.Contains(t, string(get(t, s, withMAC, nil).body), "initrd --name initrd", "still installing")
-	agent.Status.Progress.CurrentStage = v1beta1.StageRebooting
-	require.NoError(t, s.Client.Status().Update(ctx, agent))
+	setStatus(func(a *v1beta1.Agent) { a.Status.Progress.CurrentStage = v1beta1.StageRebooting })
 	require.Eventually(t, func() bool { return strings.Contains(string(get(t, s, withMAC, nil).body), "\nexit\n") }, 10*time.Second, 100*time.Millisecond,
 		"an installed host boots from disk")
 	require.Equal(t, http.StatusBadRequest, get(t, s, ie.Status.BootArtifacts.IpxeScriptURL+"&mac=zz", nil).code)

@@ -45,7 +45,7 @@ type Config struct {
 	MinMemoryBytes   int64
 	MinDiskSizeBytes int64
 	// PollInterval is how often hosts heartbeat (20s); LeaseRenewInterval
-	// the most often their Lease is written (40s); DisconnectAfter how long
+	// the most often their Lease is written (45s: every third heartbeat); DisconnectAfter how long
 	// a silent host stays connected (3m).
 	PollInterval       time.Duration
 	LeaseRenewInterval time.Duration
@@ -68,7 +68,7 @@ func (c *Config) defaults() {
 		c.PollInterval = 20 * time.Second
 	}
 	if c.LeaseRenewInterval == 0 {
-		c.LeaseRenewInterval = 40 * time.Second
+		c.LeaseRenewInterval = 45 * time.Second
 	}
 	if c.DisconnectAfter == 0 {
 		c.DisconnectAfter = 3 * time.Minute

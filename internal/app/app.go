@@ -53,6 +53,14 @@ func NewManager(cfg *rest.Config, o ManagerOptions, log logr.Logger) (manager.Ma
 	if o.MetricsSecure {
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
+	if cfg.QPS == 0 {
+		// As controller-runtime's own config loader does: no client-side
+		// rate limit, the apiserver's priority and fairness decides. The
+		// client-go default of 5 requests a second would throttle hosts
+		// registering by the hundred.
+		cfg = rest.CopyConfig(cfg)
+		cfg.QPS = -1
+	}
 	grace := 20 * time.Second
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: s,

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/vm"
 )
@@ -90,12 +91,62 @@ func appliedDiscoveryIgnition() []string {
 	}
 }
 
+// The ISO boots, the agent registers, and its Agent describes this VM.
 func TestISOBootsWithBIOS(t *testing.T) {
 	t.Parallel()
-	ie := infraEnv(t, nil)
+	ctx := context.Background()
+	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) {
+		ie.Spec.HostRequirements = &v1beta1.HostRequirements{MinCPUCores: 1, MinMemoryMiB: 900}
+	})
 	iso := download(t, ie.Status.ISODownloadURL)
-	v := vm.Start(t, vm.Options{Name: "iso-bios", CDROM: iso, Boot: "d", Net: "user"})
+	disk := filepath.Join(t.TempDir(), "disk.raw")
+	require.NoError(t, os.WriteFile(disk, nil, 0o644))
+	require.NoError(t, os.Truncate(disk, 120_000_000_000)) // sparse
+	const mac = "52:54:00:ab:cd:01"
+	v := vm.Start(t, vm.Options{Name: "iso-bios", CDROM: iso, Boot: "d", Net: "user", MAC: mac, MemoryMB: 1024, Disks: []string{disk}})
 	expect(t, v, append([]string{`devinit: booted from ISO agentboot-dev-\S+ on /dev/sr0`}, appliedDiscoveryIgnition()...)...)
+
+	var a v1beta1.Agent
+	require.Eventually(t, func() bool {
+		var list v1beta1.AgentList
+		if s.Client.List(ctx, &list, client.InNamespace(ie.Namespace)) != nil || len(list.Items) != 1 {
+			return false
+		}
+		a = list.Items[0]
+		return a.Status.Inventory.ReportTime != nil && a.Status.DebugInfo.State == "known-unbound"
+	}, bootTimeout, time.Second, "the agent registers and the host becomes known; serial log:\n%s", v.Tail(30))
+	inv := a.Status.Inventory
+	require.Equal(t, int64(1), inv.CPU.Count)
+	require.InDelta(t, 1<<30, inv.Memory.PhysicalBytes, 64<<20)
+	require.Equal(t, "QEMU", inv.SystemVendor.Manufacturer)
+	require.True(t, inv.SystemVendor.Virtual)
+	require.Equal(t, "host-52-54-00-ab-cd-01", inv.Hostname, "no hostname of its own: derived from the MAC")
+	macs := map[string]bool{}
+	for _, i := range inv.Interfaces {
+		macs[i.MacAddress] = true
+	}
+	require.True(t, macs[mac], "interfaces %+v", inv.Interfaces)
+	var vda *v1beta1.HostDisk
+	for i := range inv.Disks {
+		if inv.Disks[i].Name == "vda" {
+			vda = &inv.Disks[i]
+		}
+	}
+	require.NotNil(t, vda, "disks %+v", inv.Disks)
+	require.Equal(t, int64(120_000_000_000), vda.SizeBytes)
+	require.True(t, vda.InstallationEligibility.Eligible, "%+v", vda.InstallationEligibility)
+	require.NotNil(t, inv.Virtualization)
+	require.Equal(t, "bios", inv.Boot.CurrentBootMode)
+
+	_, err := s.Env.Kubectl(ctx, "", "-n", ie.Namespace, "patch", "agent", a.Name, "--type", "merge", "--patch", `{"spec":{"approved":true}}`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		if s.Client.Get(ctx, client.ObjectKeyFromObject(&a), &a) != nil {
+			return false
+		}
+		c := conditions.Find(a.Status.Conditions, v1beta1.RequirementsMetCondition)
+		return c != nil && c.Status == "True"
+	}, time.Minute, 500*time.Millisecond, "RequirementsMet after approval")
 }
 
 func TestMinimalISOBootsWithUEFI(t *testing.T) {

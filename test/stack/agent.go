@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -87,3 +88,57 @@ func MAC(n int) string {
 }
 
 func nowUTC() time.Time { return time.Now().UTC().Truncate(time.Second) }
+
+// Host is a simulated host speaking the agent API with net/http, for tests
+// outside the agent package.
+type Host struct {
+	s             *Stack
+	Cfg           agentapi.Config
+	NS, ID, Token string
+}
+
+func (h *Host) call(method, path, token string, in, out any) error {
+	body, _ := json.Marshal(in)
+	req, err := http.NewRequest(method, h.Cfg.APIURL+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := h.s.HTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, raw)
+	}
+	if out != nil {
+		return json.Unmarshal(raw, out)
+	}
+	return nil
+}
+
+// Register registers host n of ie and uploads a FakeInventory.
+func (s *Stack) Register(t testing.TB, ie *v1beta1.InfraEnv, n int) *Host {
+	t.Helper()
+	h := &Host{s: s, Cfg: s.AgentConfig(t, ie)}
+	var resp agentapi.RegisterResponse
+	err := h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken,
+		agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentapi.HostIdentity{MACAddresses: []string{MAC(n)}}}, &resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.NS, h.ID, h.Token = resp.Namespace, resp.HostID, resp.AgentToken
+	if err := h.call(http.MethodPut, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/inventory", h.Token, FakeInventory(fmt.Sprintf("host-%d", n), MAC(n)), nil); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// Heartbeat asks for instructions.
+func (h *Host) Heartbeat() (agentapi.Instructions, error) {
+	var out agentapi.Instructions
+	err := h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/instructions", h.Token, agentapi.InstructionsRequest{Time: time.Now()}, &out)
+	return out, err
+}

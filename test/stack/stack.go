@@ -59,6 +59,11 @@ type Options struct {
 	AgentPollInterval       time.Duration
 	AgentLeaseRenewInterval time.Duration
 	AgentDisconnectAfter    time.Duration
+	// Listen and Dial, when set, put the services' listeners and the
+	// stack's HTTP client somewhere else (the VM lab's network namespace);
+	// listeners then bind AdvertiseHost.
+	Listen func(network, addr string) (net.Listener, error)
+	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Identities, when set, prepares the cluster (it must create the
 	// agentboot-system namespace) and returns the identities the manager
 	// and the image service run as, in two processes as deployed.
@@ -166,15 +171,19 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	s.CAFile = filepath.Join(dir, "ca.crt")
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
-	s.HTTP = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	s.HTTP = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DialContext: opts.Dial}}
 
 	ports, err := freePorts(3)
 	if err != nil {
 		return fail(err)
 	}
-	s.HTTPSAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
-	s.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
-	s.AgentAPIAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
+	listenHost := "127.0.0.1"
+	if opts.Listen != nil {
+		listenHost = opts.AdvertiseHost
+	}
+	s.HTTPSAddr = fmt.Sprintf("%s:%d", listenHost, ports[0])
+	s.HTTPAddr = fmt.Sprintf("%s:%d", listenHost, ports[1])
+	s.AgentAPIAddr = fmt.Sprintf("%s:%d", listenHost, ports[2])
 	s.Settings = discovery.Settings{
 		AgentAPIURL:         fmt.Sprintf("https://%s:%d", opts.AdvertiseHost, ports[2]),
 		ImageServiceURL:     fmt.Sprintf("https://%s:%d", opts.AdvertiseHost, ports[0]),
@@ -209,7 +218,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	}
 	imgSvc := &imageservice.Config{
 		HTTPSAddr: s.HTTPSAddr, HTTPAddr: s.HTTPAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
-		AgentBinary: s.AgentBin, MaxConcurrentDownloads: opts.MaxConcurrentDownloads,
+		AgentBinary: s.AgentBin, MaxConcurrentDownloads: opts.MaxConcurrentDownloads, Listen: opts.Listen,
 	}
 	controllers := app.Components{
 		Namespace:   Namespace,
@@ -217,7 +226,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		Settings:    s.Settings,
 		Controllers: true,
 		AgentService: &agentservice.Config{
-			Addr: s.AgentAPIAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
+			Addr: s.AgentAPIAddr, TLSCertFile: certFile, TLSKeyFile: keyFile, Listen: opts.Listen,
 			PollInterval: opts.AgentPollInterval, LeaseRenewInterval: opts.AgentLeaseRenewInterval, DisconnectAfter: opts.AgentDisconnectAfter,
 		},
 		InfraEnvPullSecretRecheck: time.Second,
@@ -258,7 +267,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 			<-done
 		})
 	}
-	if err := waitListening(s.HTTPSAddr, 30*time.Second); err != nil {
+	if err := waitListening(opts.Dial, s.HTTPSAddr, 30*time.Second); err != nil {
 		return fail(err)
 	}
 	return s, stop, nil
@@ -283,10 +292,15 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-func waitListening(addr string, timeout time.Duration) error {
+func waitListening(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, timeout time.Duration) error {
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		c, err := dial(ctx, "tcp", addr)
+		cancel()
 		if err == nil {
 			c.Close()
 			return nil

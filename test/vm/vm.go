@@ -46,6 +46,8 @@ type Options struct {
 	MAC string
 	// UEFI boots with OVMF instead of SeaBIOS.
 	UEFI bool
+	// Prefix runs qemu through another command (`ip netns exec <ns>`).
+	Prefix []string
 	// Extra qemu arguments.
 	Extra []string
 }
@@ -180,7 +182,8 @@ func Start(t testing.TB, o Options) *VM {
 	args = append(args, o.Extra...)
 
 	v := &VM{Name: o.Name, LogPath: logPath, done: make(chan struct{})}
-	v.cmd = exec.Command(bin, args...)
+	full := append(append(append([]string(nil), o.Prefix...), bin), args...)
+	v.cmd = exec.Command(full[0], full[1:]...)
 	stderr, err := os.Create(logPath + ".qemu")
 	if err != nil {
 		t.Fatal(err)

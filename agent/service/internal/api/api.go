@@ -2,7 +2,7 @@
 // get a per-host token, upload inventory, heartbeat for instructions and
 // report results. Every manager replica serves it; it keeps no state of its
 // own, reads through the informer cache, and writes only when something
-// changed (liveness goes to a Lease, renewed at most every 40 seconds).
+// changed (liveness goes to a Lease, renewed at most every 45 seconds).
 package api
 
 import (
@@ -110,7 +110,7 @@ func New(o Options) *Server {
 		o.PollInterval = 20 * time.Second
 	}
 	if o.LeaseRenewInterval == 0 {
-		o.LeaseRenewInterval = 40 * time.Second
+		o.LeaseRenewInterval = 45 * time.Second
 	}
 	return &Server{o: o}
 }

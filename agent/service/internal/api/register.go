@@ -147,7 +147,9 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	key := client.ObjectKey{Namespace: ie.Namespace, Name: req.HostID}
 	var existing v1beta1.Agent
-	err := s.get(ctx, key, &existing)
+	// The cache only: a miss goes straight to Create, which tells apart a
+	// new host (created) from one the cache has not seen yet (exists).
+	err := s.o.Client.Get(ctx, key, &existing)
 	if err == nil {
 		if !hosts.SameHost(existing.Annotations[hosts.MACsAnnotation], macs) {
 			return nil, false, errConflict

@@ -1,0 +1,446 @@
+// Command agents benchmarks the agent API (make bench-agents): N simulated
+// hosts register with `agentboot manager` against a real kube-apiserver,
+// upload an inventory and heartbeat. It reports registration latency, the
+// manager's CPU and memory, and the writes per second the apiserver takes in
+// steady state, against the targets (p99 < 1 s; writes <= N/40 per second).
+// It also times `agent inventory` and reports the agent binary's size.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/signing"
+	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/stack"
+)
+
+func main() {
+	n := flag.Int("agents", 2000, "simulated hosts")
+	ramp := flag.Duration("ramp", 40*time.Second, "hosts start evenly over this time, as racks powering on")
+	poll := flag.Duration("poll", 20*time.Second, "heartbeat interval")
+	window := flag.Duration("window", 90*time.Second, "steady-state measurement window")
+	flag.Parse()
+	if err := run(*n, *ramp, *poll, *window); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-agents:", err)
+		os.Exit(1)
+	}
+}
+
+func run(n int, ramp, poll, window time.Duration) error {
+	root := testenv.RepoRoot()
+	bin := filepath.Join(root, "bin")
+	iso, err := testenv.DevImage()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "bench-agents-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	env, err := testenv.Start(testenv.Options{})
+	if err != nil {
+		return err
+	}
+	defer env.Stop()
+	ctx := context.Background()
+	c := env.Client
+	cert, key, caPEM, err := stack.Certificates(dir, "127.0.0.1")
+	if err != nil {
+		return err
+	}
+	apiPort := freePort()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "agentboot-system"}}); err != nil {
+		return err
+	}
+	mgr := exec.Command(filepath.Join(bin, "agentboot"), "manager",
+		"--kubeconfig", env.Kubeconfig, "--log-format", "text", "--log-level", "warn", "--leader-elect=false",
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+		"--os-image-stream", filepath.Join(filepath.Dir(iso), "stream.json"), "--image-cache-dir", filepath.Join(dir, "cache"),
+		"--agent-api-url", fmt.Sprintf("https://127.0.0.1:%d", apiPort),
+		"--image-service-url", "https://127.0.0.1:1", "--image-service-http-url", "http://127.0.0.1:1",
+		"--ca-bundle-file", filepath.Join(dir, "ca.crt"), "--agent-binary", filepath.Join(bin, "agent"),
+		"--agent-api-addr", fmt.Sprintf("127.0.0.1:%d", apiPort), "--agent-api-tls-cert-file", cert, "--agent-api-tls-key-file", key,
+		"--agent-poll-interval", poll.String())
+	mgrLog, _ := os.Create(filepath.Join(dir, "manager.log"))
+	mgr.Stdout, mgr.Stderr = mgrLog, mgrLog
+	mgr.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := mgr.Start(); err != nil {
+		return err
+	}
+	defer func() { _ = mgr.Process.Signal(os.Interrupt); _ = mgr.Wait() }()
+
+	ie, token, err := infraEnv(ctx, c)
+	if err != nil {
+		return fmt.Errorf("%w (manager log: %s)", err, tail(filepath.Join(dir, "manager.log")))
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: n, MaxIdleConns: n, IdleConnTimeout: 5 * time.Minute,
+	}}
+	base := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	if err := waitAPI(hc, base); err != nil {
+		return err
+	}
+
+	fmt.Printf("agentboot bench-agents (%s, %d CPUs): %d simulated hosts starting over %s, heartbeat every %s\n\n", time.Now().UTC().Format(time.RFC3339), numCPU(), n, ramp, poll)
+	var (
+		lat      = make([]time.Duration, n)
+		failures atomic.Int64
+		done     atomic.Int64
+	)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(int64(ramp) * int64(i) / int64(n)))
+			h := &host{c: hc, base: base, i: i}
+			d, err := h.register(runCtx, ie, token)
+			if err != nil {
+				failures.Add(1)
+				fmt.Fprintf(os.Stderr, "host %d: %v\n", i, err)
+				return
+			}
+			lat[i] = d
+			done.Add(1)
+			h.live(runCtx, poll)
+		}()
+	}
+	// Everyone registered and every Agent known: the pool is settled.
+	settle := time.Now().Add(ramp + 5*time.Minute)
+	for time.Now().Before(settle) && (done.Load()+failures.Load() < int64(n) || known(ctx, c, ie.Namespace) < int(done.Load())) {
+		time.Sleep(time.Second)
+	}
+	settled := time.Since(start)
+	// Let the registration burst's writes drain before measuring.
+	time.Sleep(poll)
+
+	w0, err := apiserverWrites(env.Config)
+	if err != nil {
+		return err
+	}
+	r0, _ := apiserverWritesByResource(env.Config)
+	cpu0, t0 := cpuTicks(mgr.Process.Pid), time.Now()
+	peak := int64(0)
+	for time.Since(t0) < window {
+		if r := rss(mgr.Process.Pid); r > peak {
+			peak = r
+		}
+		time.Sleep(time.Second)
+	}
+	elapsed := time.Since(t0).Seconds()
+	w1, err := apiserverWrites(env.Config)
+	if err != nil {
+		return err
+	}
+	r1, _ := apiserverWritesByResource(env.Config)
+	cpu1 := cpuTicks(mgr.Process.Pid)
+	stop()
+	wg.Wait()
+
+	ok := lat[:0]
+	for _, d := range lat {
+		if d > 0 {
+			ok = append(ok, d)
+		}
+	}
+	sort.Slice(ok, func(a, b int) bool { return ok[a] < ok[b] })
+	p := func(q int) time.Duration {
+		if len(ok) == 0 {
+			return 0
+		}
+		return ok[(len(ok)-1)*q/100].Round(time.Millisecond)
+	}
+	writesPerSec := float64(w1-w0) / elapsed
+	fmt.Printf("registered %d of %d hosts (%d failed); all Agents known after %s\n", len(ok), n, failures.Load(), settled.Round(time.Second))
+	fmt.Printf("registration latency: p50 %s, p99 %s, max %s (target p99 < 1s)\n", p(50), p(99), p(100))
+	fmt.Printf("steady state over %.0fs: %.1f apiserver writes/s for %d hosts = N/%.0f (target <= N/40 = %.1f/s)\n",
+		elapsed, writesPerSec, n, float64(n)/max(writesPerSec, 0.001), float64(n)/40)
+	var parts []string
+	for res, v := range r1 {
+		if d := v - r0[res]; d > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.1f/s", res, float64(d)/elapsed))
+		}
+	}
+	sort.Strings(parts)
+	fmt.Printf("  by resource: %s\n", strings.Join(parts, ", "))
+	fmt.Printf("manager: %.1f%% of one CPU, %d MiB resident (peak)\n", float64(cpu1-cpu0)/100/elapsed*100, peak>>20)
+
+	agentBin := filepath.Join(bin, "agent")
+	st, err := os.Stat(agentBin)
+	if err != nil {
+		return err
+	}
+	var runs []time.Duration
+	for i := 0; i < 7; i++ {
+		t := time.Now()
+		if out, err := exec.Command(agentBin, "inventory").CombinedOutput(); err != nil {
+			return fmt.Errorf("agent inventory: %v: %s", err, out)
+		}
+		runs = append(runs, time.Since(t))
+	}
+	sort.Slice(runs, func(a, b int) bool { return runs[a] < runs[b] })
+	fmt.Printf("agent binary: %.1f MB (target <= 15 MB); `agent inventory` takes %s (median of 7)\n", float64(st.Size())/1e6, runs[3].Round(time.Millisecond))
+	return nil
+}
+
+type host struct {
+	c     *http.Client
+	base  string
+	i     int
+	ns    string
+	id    string
+	token string
+}
+
+func (h *host) do(ctx context.Context, method, path, token string, in, out any) error {
+	body, _ := json.Marshal(in)
+	req, err := http.NewRequestWithContext(ctx, method, h.base+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := h.c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	if out != nil {
+		return json.Unmarshal(raw, out)
+	}
+	return nil
+}
+
+func (h *host) register(ctx context.Context, ie *v1beta1.InfraEnv, token string) (time.Duration, error) {
+	req := agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: stack.HostID(h.i + 1), Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(h.i + 1)}}}
+	var resp agentapi.RegisterResponse
+	path := "/api/v1/infraenvs/" + ie.Namespace + "/" + ie.Name + "/hosts"
+	for attempt := 0; ; attempt++ {
+		start := time.Now()
+		err := h.do(ctx, http.MethodPost, path, token, req, &resp)
+		if err == nil {
+			h.ns, h.id, h.token = resp.Namespace, resp.HostID, resp.AgentToken
+			inv := stack.FakeInventory(fmt.Sprintf("host-%d", h.i+1), stack.MAC(h.i+1))
+			return time.Since(start), h.do(ctx, http.MethodPut, "/api/v1/namespaces/"+h.ns+"/agents/"+h.id+"/inventory", h.token, inv, nil)
+		}
+		if !strings.Contains(err.Error(), " 429 ") || attempt > 20 {
+			return 0, err
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func (h *host) live(ctx context.Context, poll time.Duration) {
+	path := "/api/v1/namespaces/" + h.ns + "/agents/" + h.id + "/instructions"
+	// Spread the first heartbeat over the interval, as real hosts are.
+	t := time.NewTimer(time.Duration(int64(poll) * int64(h.i%97) / 97))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_ = h.do(ctx, http.MethodPost, path, h.token, agentapi.InstructionsRequest{Time: time.Now()}, nil)
+		t.Reset(poll)
+	}
+}
+
+func infraEnv(ctx context.Context, c client.Client) (*v1beta1.InfraEnv, string, error) {
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
+		return nil, "", err
+	}
+	if err := c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "pull-secret"},
+		Type:       corev1.SecretTypeDockerConfigJson,
+		Data:       map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"quay.io":{"auth":"eDp5"}}}`)},
+	}); err != nil {
+		return nil, "", err
+	}
+	ie := stack.NewInfraEnv("bench", "bench")
+	if err := c.Create(ctx, ie); err != nil {
+		return nil, "", err
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if c.Get(ctx, client.ObjectKeyFromObject(ie), ie) == nil && conditions.IsTrue(ie.Status.Conditions, v1beta1.ImageCreatedCondition) {
+			var s corev1.Secret
+			if err := c.Get(ctx, client.ObjectKey{Namespace: "agentboot-system", Name: signing.SecretName}, &s); err != nil {
+				return nil, "", err
+			}
+			k, err := signing.FromSecret(&s)
+			if err != nil {
+				return nil, "", err
+			}
+			return ie, k.Token(signing.PurposeRegister, string(ie.UID), ""), nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return nil, "", fmt.Errorf("InfraEnv image not created: %+v", ie.Status.Conditions)
+}
+
+func known(ctx context.Context, c client.Client, ns string) int {
+	var list v1beta1.AgentList
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return 0
+	}
+	n := 0
+	for _, a := range list.Items {
+		if a.Status.DebugInfo.State == "known-unbound" {
+			n++
+		}
+	}
+	return n
+}
+
+func waitAPI(hc *http.Client, base string) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if resp, err := hc.Get(base + "/healthz"); err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("the agent API never answered at %s", base)
+}
+
+// apiserverWrites sums the apiserver's mutating requests from its metrics.
+func apiserverWrites(cfg *rest.Config) (int64, error) {
+	byRes, err := apiserverWritesByResource(cfg)
+	total := int64(0)
+	for _, v := range byRes {
+		total += v
+	}
+	return total, err
+}
+
+func apiserverWritesByResource(cfg *rest.Config) (map[string]int64, error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Get(strings.TrimSuffix(cfg.Host, "/") + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]int64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		if !strings.Contains(line, `verb="POST"`) && !strings.Contains(line, `verb="PUT"`) && !strings.Contains(line, `verb="PATCH"`) && !strings.Contains(line, `verb="DELETE"`) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			res := ""
+			if i := strings.Index(line, `resource="`); i >= 0 {
+				res = line[i+10:]
+				res = res[:strings.IndexByte(res, '"')]
+			}
+			if i := strings.Index(line, `subresource="`); i >= 0 {
+				if sub := line[i+13:]; sub[0] != '"' {
+					res += "/" + sub[:strings.IndexByte(sub, '"')]
+				}
+			}
+			if i := strings.Index(line, `code="`); i >= 0 {
+				if code := line[i+6 : i+9]; code[0] != '2' {
+					res += " (" + code + ")"
+				}
+			}
+			out[res] += int64(v)
+		}
+	}
+	return out, sc.Err()
+}
+
+func cpuTicks(pid int) int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	k, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + k
+}
+
+func rss(pid int) int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			kb, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func numCPU() int {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(data), "processor\t:")
+}
+
+func tail(p string) string {
+	data, _ := os.ReadFile(p)
+	if len(data) > 2000 {
+		data = data[len(data)-2000:]
+	}
+	return string(data)
+}

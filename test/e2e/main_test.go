@@ -1,0 +1,155 @@
+//go:build e2e
+
+// Package e2e_test is the VM lab (make e2e, root): real VMs on a bridge in a
+// network namespace, booting what agentboot serves, against the whole stack
+// on a real kube-apiserver.
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/test/e2e/lab"
+	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/vm"
+)
+
+var (
+	theLab *lab.Lab
+	s      *stack.Stack
+)
+
+// bootTimeout is generous: TCG on a loaded two-core machine.
+const bootTimeout = 8 * time.Minute
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "agentboot-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	os.Setenv("AGENTBOOT_TEST_LOGS", filepath.Join(dir, "vms"))
+	theLab, err = lab.New(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "VM lab:", err)
+		return 1
+	}
+	var stop func()
+	cleanup := func() {
+		if stop != nil {
+			stop()
+		}
+		theLab.Close()
+	}
+	// Ctrl-C and kill still tear the lab down.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		fmt.Fprintln(os.Stderr, "interrupted: tearing the VM lab down")
+		cleanup()
+		os.Exit(130)
+	}()
+	defer cleanup()
+
+	s, stop, err = stack.StartMain(stack.Options{AdvertiseHost: lab.HostIP, Listen: theLab.Listen, Dial: theLab.Dial})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "stack:", err)
+		return 1
+	}
+	if err := theLab.DHCP(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	if code == 0 {
+		os.RemoveAll(dir)
+	} else {
+		fmt.Fprintf(os.Stderr, "VM lab logs kept in %s\n", dir)
+	}
+	return code
+}
+
+func infraEnv(t *testing.T, change func(*v1beta1.InfraEnv)) *v1beta1.InfraEnv {
+	t.Helper()
+	ie := stack.NewInfraEnv(s.Namespace(t, "lab"), "hardware-inventory")
+	if change != nil {
+		change(ie)
+	}
+	require.NoError(t, s.Client.Create(context.Background(), ie))
+	return s.WaitImage(t, client.ObjectKeyFromObject(ie))
+}
+
+func download(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := s.HTTP.Get(s.Local(url))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	p := filepath.Join(t.TempDir(), "discovery.iso")
+	f, err := os.Create(p)
+	require.NoError(t, err)
+	_, err = io.Copy(f, resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	return p
+}
+
+// bootVM starts a VM on a new tap of the lab's bridge.
+func bootVM(t *testing.T, o vm.Options) *vm.VM {
+	t.Helper()
+	tap, err := theLab.Tap()
+	require.NoError(t, err)
+	o.Prefix = theLab.Exec()
+	o.Net = "tap,ifname=" + tap + ",script=no,downscript=no"
+	return vm.Start(t, o)
+}
+
+func sparseDisk(t *testing.T, size int64) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "disk.raw")
+	require.NoError(t, os.WriteFile(p, nil, 0o644))
+	require.NoError(t, os.Truncate(p, size))
+	return p
+}
+
+// agents waits until n Agents in ns have reported an inventory.
+func agents(t *testing.T, ns string, n int, v ...*vm.VM) []v1beta1.Agent {
+	t.Helper()
+	var list v1beta1.AgentList
+	deadline := time.Now().Add(bootTimeout)
+	for time.Now().Before(deadline) {
+		list = v1beta1.AgentList{}
+		if s.Client.List(context.Background(), &list, client.InNamespace(ns)) == nil && len(list.Items) == n {
+			ready := true
+			for _, a := range list.Items {
+				ready = ready && a.Status.Inventory.ReportTime != nil && a.Status.DebugInfo.State != ""
+			}
+			if ready {
+				return list.Items
+			}
+		}
+		time.Sleep(2 * time.Second)
+	}
+	for _, m := range v {
+		t.Logf("serial log of %s:\n%s", m.Name, m.Tail(40))
+	}
+	t.Fatalf("%d Agents with inventory never appeared in %s (have %d)", n, ns, len(list.Items))
+	return nil
+}
