@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentboot/agentboot/internal/atomicfile"
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -406,7 +407,7 @@ func (c *Cluster) writeKubeconfig() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(c.KubeconfigPath(), data, 0o600)
+	return atomicfile.Write(c.KubeconfigPath(), data, 0o600)
 }
 
 // ServiceCertificate issues (or reuses) a certificate, signed by the dev CA,

@@ -1,0 +1,420 @@
+// Package dhcp answers DHCP for network boot. In proxy mode it answers PXE,
+// UEFI HTTP boot and iPXE clients with boot information only, never an
+// address, so it lives next to the site's DHCP server; in authoritative mode
+// it also hands out addresses from a pool. It decides the boot file from the
+// client's firmware: option 60 (PXEClient or HTTPClient), option 93 (its
+// architecture) and options 77/175 (iPXE).
+package dhcp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/agentboot/agentboot/pxe/internal/leases"
+)
+
+// Mode of the server.
+type Mode string
+
+// Modes.
+const (
+	Proxy         Mode = "proxy"
+	Authoritative Mode = "authoritative"
+)
+
+// Config of the handler.
+type Config struct {
+	Mode Mode
+	// ServerIP is this server's address on the boot network: server
+	// identifier, next-server (TFTP) and, for HTTP boot, the host in URLs.
+	ServerIP netip.Addr
+	// BootScriptURL is where iPXE fetches its script; the client's MAC is
+	// appended as ?mac=.
+	BootScriptURL string
+	// HTTPBase serves the iPXE binaries for UEFI HTTP boot (http://ip:port).
+	HTTPBase string
+	// Binaries for each firmware.
+	BIOSBinary  string // undionly.kpxe
+	EFIBinary   string // ipxe.efi or snponly.efi
+	ARM64Binary string // empty: arm64 clients are not answered
+	// Authoritative mode.
+	Leases    *leases.DB
+	Netmask   net.IPMask
+	Router    netip.Addr
+	DNS       []netip.Addr
+	LeaseTime time.Duration
+	Log       logr.Logger
+	Now       func() time.Time
+}
+
+// Handler turns requests into replies.
+type Handler struct {
+	cfg      Config
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter
+	others   map[string]time.Time // other DHCP servers seen, for the log
+	metrics  *Metrics
+}
+
+// Metrics count what the handler did.
+type Metrics struct {
+	Packets *prometheus.CounterVec // by message type and outcome
+	Dropped *prometheus.CounterVec // by reason
+	Others  prometheus.Counter
+}
+
+// NewMetrics registers the handler's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Packets: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentboot_dhcp_replies_total", Help: "DHCP replies sent, by type."}, []string{"type"}),
+		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentboot_dhcp_dropped_total", Help: "DHCP packets dropped, by reason."}, []string{"reason"}),
+		Others:  prometheus.NewCounter(prometheus.CounterOpts{Name: "agentboot_dhcp_other_servers_seen_total", Help: "Client requests naming another DHCP server."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Packets, m.Dropped, m.Others)
+	}
+	return m
+}
+
+// New returns a handler.
+func New(cfg Config, m *Metrics) (*Handler, error) {
+	if !cfg.ServerIP.Is4() {
+		return nil, errors.New("DHCP: the server's IPv4 address is required")
+	}
+	if cfg.Mode == Authoritative && cfg.Leases == nil {
+		return nil, errors.New("DHCP: authoritative mode needs a lease database")
+	}
+	if cfg.LeaseTime == 0 {
+		cfg.LeaseTime = 12 * time.Hour
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Handler{cfg: cfg, limiters: map[string]*rate.Limiter{}, others: map[string]time.Time{}, metrics: m}, nil
+}
+
+// Per-MAC limit: real clients retransmit every few seconds; a burst of 10
+// covers a whole DORA exchange with retries.
+const (
+	macRate  = 5
+	macBurst = 10
+)
+
+// firmware is what a client is.
+type firmware struct {
+	ipxe   bool
+	arch   iana.Arch
+	hasArc bool
+	class  string // option 60
+}
+
+func identify(m *dhcpv4.DHCPv4) firmware {
+	f := firmware{class: m.ClassIdentifier()}
+	if archs := m.ClientArch(); len(archs) > 0 {
+		f.arch, f.hasArc = archs[0], true
+	}
+	if len(m.GetOneOption(dhcpv4.GenericOptionCode(175))) > 0 || strings.Contains(string(m.GetOneOption(dhcpv4.OptionUserClassInformation)), "iPXE") {
+		f.ipxe = true
+	}
+	return f
+}
+
+// bootInfo says what a client should boot, or why it gets nothing.
+type bootInfo struct {
+	file       string
+	viaTFTP    bool
+	httpClient bool
+}
+
+func (h *Handler) boot(f firmware, mac string) (bootInfo, string) {
+	if f.ipxe {
+		u := h.cfg.BootScriptURL
+		sep := "?"
+		if strings.Contains(u, "?") {
+			sep = "&"
+		}
+		return bootInfo{file: u + sep + "mac=" + url.QueryEscape(mac)}, ""
+	}
+	pxe := strings.HasPrefix(f.class, "PXEClient")
+	httpBoot := strings.HasPrefix(f.class, "HTTPClient")
+	if !pxe && !httpBoot {
+		return bootInfo{}, "not-pxe"
+	}
+	if !f.hasArc {
+		if httpBoot {
+			return bootInfo{}, "unsupported-arch"
+		}
+		f.arch = iana.INTEL_X86PC // the oldest BIOS PXE ROMs omit option 93
+	}
+	switch f.arch {
+	case iana.INTEL_X86PC:
+		return bootInfo{file: h.cfg.BIOSBinary, viaTFTP: true}, ""
+	case iana.EFI_X86_64, iana.EFI_BC:
+		return bootInfo{file: h.cfg.EFIBinary, viaTFTP: true}, ""
+	case iana.EFI_ARM64:
+		if h.cfg.ARM64Binary == "" {
+			return bootInfo{}, "unsupported-arch"
+		}
+		return bootInfo{file: h.cfg.ARM64Binary, viaTFTP: true}, ""
+	case iana.EFI_X86_64_HTTP:
+		return bootInfo{file: h.cfg.HTTPBase + "/ipxe/" + h.cfg.EFIBinary, httpClient: true}, ""
+	case iana.EFI_ARM64_HTTP:
+		if h.cfg.ARM64Binary == "" {
+			return bootInfo{}, "unsupported-arch"
+		}
+		return bootInfo{file: h.cfg.HTTPBase + "/ipxe/" + h.cfg.ARM64Binary, httpClient: true}, ""
+	}
+	return bootInfo{}, "unsupported-arch"
+}
+
+// Respond returns the reply to req (received on port 67, or 4011 for
+// ProxyDHCP requests), or nil when req gets none.
+func (h *Handler) Respond(req *dhcpv4.DHCPv4, port int) *dhcpv4.DHCPv4 {
+	if req.OpCode != dhcpv4.OpcodeBootRequest || req.HWType != iana.HWTypeEthernet || len(req.ClientHWAddr) != 6 {
+		h.drop("malformed")
+		return nil
+	}
+	mac := req.ClientHWAddr.String()
+	if !h.allow(mac) {
+		h.drop("rate-limited")
+		return nil
+	}
+	h.noticeOtherServer(req)
+	f := identify(req)
+	bi, why := h.boot(f, mac)
+	bootable := why == ""
+
+	if h.cfg.Mode == Authoritative && port != 4011 {
+		return h.authoritative(req, mac, f, bi, bootable)
+	}
+	if !bootable {
+		h.drop(why)
+		return nil
+	}
+	var t dhcpv4.MessageType
+	switch req.MessageType() {
+	case dhcpv4.MessageTypeDiscover:
+		t = dhcpv4.MessageTypeOffer
+	case dhcpv4.MessageTypeRequest, dhcpv4.MessageTypeInform:
+		if port != 4011 {
+			// On port 67 a REQUEST is for the site's DHCP server.
+			return nil
+		}
+		t = dhcpv4.MessageTypeAck
+	default:
+		return nil
+	}
+	reply, err := h.reply(req, t, netip.Addr{}, f, bi)
+	if err != nil {
+		h.drop("reply-error")
+		return nil
+	}
+	return reply
+}
+
+// reply builds a reply with the boot information; ip is the address given
+// (none in proxy mode).
+func (h *Handler) reply(req *dhcpv4.DHCPv4, t dhcpv4.MessageType, ip netip.Addr, f firmware, bi bootInfo) (*dhcpv4.DHCPv4, error) {
+	server := net.IP(h.cfg.ServerIP.AsSlice())
+	mods := []dhcpv4.Modifier{
+		dhcpv4.WithMessageType(t),
+		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(server)),
+	}
+	if ip.IsValid() {
+		mods = append(mods, dhcpv4.WithYourIP(net.IP(ip.AsSlice())))
+	}
+	if bi.file != "" {
+		mods = append(mods, dhcpv4.WithOption(dhcpv4.OptBootFileName(bi.file)))
+		class := "PXEClient"
+		if bi.httpClient {
+			class = "HTTPClient"
+		}
+		// Option 60 marks a ProxyDHCP offer (an offer without an address)
+		// as one firmware, and iPXE, must take boot information from.
+		if !f.ipxe || h.cfg.Mode == Proxy {
+			mods = append(mods, dhcpv4.WithOption(dhcpv4.OptClassIdentifier(class)))
+		}
+		if bi.viaTFTP {
+			mods = append(mods, dhcpv4.WithServerIP(server))
+		}
+		if !f.ipxe && !bi.httpClient {
+			// PXE_DISCOVERY_CONTROL: boot the file named here, no menu or
+			// boot server discovery.
+			mods = append(mods, dhcpv4.WithGeneric(dhcpv4.OptionVendorSpecificInformation, []byte{6, 1, 8, 255}))
+		}
+		if uuid := req.GetOneOption(dhcpv4.OptionClientMachineIdentifier); len(uuid) > 0 {
+			mods = append(mods, dhcpv4.WithGeneric(dhcpv4.OptionClientMachineIdentifier, uuid))
+		}
+	}
+	reply, err := dhcpv4.NewReplyFromRequest(req, mods...)
+	if err != nil {
+		return nil, err
+	}
+	h.metrics.Packets.WithLabelValues(t.String()).Inc()
+	return reply, nil
+}
+
+func (h *Handler) drop(reason string) { h.metrics.Dropped.WithLabelValues(reason).Inc() }
+
+func (h *Handler) allow(mac string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l, ok := h.limiters[mac]
+	if !ok {
+		if len(h.limiters) > 65536 {
+			h.limiters = map[string]*rate.Limiter{} // bound memory under a MAC flood
+		}
+		l = rate.NewLimiter(macRate, macBurst)
+		h.limiters[mac] = l
+	}
+	return l.AllowN(h.cfg.Now(), 1)
+}
+
+// noticeOtherServer logs, once an hour per server, a client request that
+// names another DHCP server: in proxy mode that is the site's DHCP server;
+// in authoritative mode a second server answering on the same segment.
+func (h *Handler) noticeOtherServer(req *dhcpv4.DHCPv4) {
+	id := req.ServerIdentifier()
+	if id == nil || id.Equal(net.IP(h.cfg.ServerIP.AsSlice())) || req.MessageType() != dhcpv4.MessageTypeRequest {
+		return
+	}
+	h.metrics.Others.Inc()
+	h.mu.Lock()
+	last, seen := h.others[id.String()]
+	now := h.cfg.Now()
+	if seen && now.Sub(last) < time.Hour {
+		h.mu.Unlock()
+		return
+	}
+	h.others[id.String()] = now
+	h.mu.Unlock()
+	if h.cfg.Mode == Authoritative {
+		h.cfg.Log.Info("another DHCP server answers on this segment: clients may get addresses from it instead", "server", id.String(), "client", req.ClientHWAddr.String())
+	} else {
+		h.cfg.Log.Info("DHCP server seen on the boot network (proxy mode answers next to it)", "server", id.String())
+	}
+}
+
+func (h *Handler) authoritative(req *dhcpv4.DHCPv4, mac string, f firmware, bi bootInfo, bootable bool) *dhcpv4.DHCPv4 {
+	db := h.cfg.Leases
+	if !bootable {
+		bi = bootInfo{} // addresses for everyone, boot files for network boot clients
+	}
+	requested := addr(req.RequestedIPAddress())
+	if !requested.IsValid() {
+		requested = addr(req.ClientIPAddr)
+	}
+	switch req.MessageType() {
+	case dhcpv4.MessageTypeDiscover:
+		ip, err := db.Offer(mac, requested)
+		if err != nil {
+			h.cfg.Log.Info("no address to offer", "mac", mac, "err", err)
+			h.drop("pool-exhausted")
+			return nil
+		}
+		return h.withLease(req, dhcpv4.MessageTypeOffer, ip, f, bi)
+	case dhcpv4.MessageTypeRequest:
+		if id := req.ServerIdentifier(); id != nil && !id.Equal(net.IP(h.cfg.ServerIP.AsSlice())) {
+			return nil // the client chose another server's offer
+		}
+		if !requested.IsValid() {
+			h.drop("malformed")
+			return nil
+		}
+		if _, err := db.Ack(mac, requested, h.cfg.LeaseTime, req.HostName()); err != nil {
+			h.cfg.Log.Info("refusing a requested address", "mac", mac, "ip", requested.String(), "reason", err.Error())
+			nak, err := dhcpv4.NewReplyFromRequest(req, dhcpv4.WithMessageType(dhcpv4.MessageTypeNak),
+				dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IP(h.cfg.ServerIP.AsSlice()))))
+			if err != nil {
+				return nil
+			}
+			h.metrics.Packets.WithLabelValues(dhcpv4.MessageTypeNak.String()).Inc()
+			return nak
+		}
+		return h.withLease(req, dhcpv4.MessageTypeAck, requested, f, bi)
+	case dhcpv4.MessageTypeRelease:
+		_ = db.Release(mac, addr(req.ClientIPAddr))
+	case dhcpv4.MessageTypeDecline:
+		if requested.IsValid() {
+			_ = db.Decline(mac, requested)
+			h.cfg.Log.Info("client declined an address (in use on the network?)", "mac", mac, "ip", requested.String())
+		}
+	case dhcpv4.MessageTypeInform:
+		return h.withLease(req, dhcpv4.MessageTypeAck, netip.Addr{}, f, bi)
+	}
+	return nil
+}
+
+func (h *Handler) withLease(req *dhcpv4.DHCPv4, t dhcpv4.MessageType, ip netip.Addr, f firmware, bi bootInfo) *dhcpv4.DHCPv4 {
+	reply, err := h.reply(req, t, ip, f, bi)
+	if err != nil {
+		h.drop("reply-error")
+		return nil
+	}
+	if ip.IsValid() {
+		reply.UpdateOption(dhcpv4.OptIPAddressLeaseTime(h.cfg.LeaseTime))
+	}
+	if h.cfg.Netmask != nil {
+		reply.UpdateOption(dhcpv4.OptSubnetMask(h.cfg.Netmask))
+	}
+	if h.cfg.Router.IsValid() {
+		reply.UpdateOption(dhcpv4.OptRouter(net.IP(h.cfg.Router.AsSlice())))
+	}
+	if len(h.cfg.DNS) > 0 {
+		var dns []net.IP
+		for _, d := range h.cfg.DNS {
+			dns = append(dns, net.IP(d.AsSlice()))
+		}
+		reply.UpdateOption(dhcpv4.OptDNS(dns...))
+	}
+	return reply
+}
+
+func addr(ip net.IP) netip.Addr {
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok || a.IsUnspecified() {
+		return netip.Addr{}
+	}
+	return a.Unmap()
+}
+
+// Destination says where a reply to req, received from peer, goes: the
+// client's address when it has one, else broadcast.
+func Destination(req *dhcpv4.DHCPv4, peer *net.UDPAddr, port int) *net.UDPAddr {
+	if gw := req.GatewayIPAddr; gw != nil && !gw.IsUnspecified() {
+		return &net.UDPAddr{IP: gw, Port: dhcpv4.ServerPort} // through the relay agent
+	}
+	if port == 4011 && peer != nil && !peer.IP.IsUnspecified() {
+		return peer // ProxyDHCP: the client already has an address
+	}
+	if ip := req.ClientIPAddr; ip != nil && !ip.IsUnspecified() && req.MessageType() != dhcpv4.MessageTypeDiscover {
+		return &net.UDPAddr{IP: ip, Port: dhcpv4.ClientPort}
+	}
+	return &net.UDPAddr{IP: net.IPv4bcast, Port: dhcpv4.ClientPort}
+}
+
+// String describes the configuration for the log.
+func (c Config) String() string {
+	return fmt.Sprintf("mode=%s server=%s", c.Mode, c.ServerIP)
+}
+
+// Malformed counts a packet that did not parse.
+func (h *Handler) Malformed() { h.drop("malformed") }
+
+// Metrics returns the handler's counters.
+func (h *Handler) Metrics() *Metrics { return h.metrics }

@@ -1,0 +1,187 @@
+package dhcp
+
+import (
+	"net"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agentboot/agentboot/pxe/internal/leases"
+)
+
+var server = netip.MustParseAddr("198.18.0.1")
+
+func newHandler(t *testing.T, mode Mode) *Handler {
+	t.Helper()
+	cfg := Config{
+		Mode: mode, ServerIP: server, BootScriptURL: "http://198.18.0.1:8080/boot.ipxe",
+		HTTPBase: "http://198.18.0.1:8070", BIOSBinary: "undionly.kpxe", EFIBinary: "ipxe.efi",
+		Log: testr.New(t),
+	}
+	if mode == Authoritative {
+		db, err := leases.Open(leases.Config{Pool: leases.Pool{First: netip.MustParseAddr("198.18.0.100"), Last: netip.MustParseAddr("198.18.0.110")}, File: filepath.Join(t.TempDir(), "leases.json")})
+		require.NoError(t, err)
+		cfg.Leases, cfg.Netmask, cfg.Router = db, net.CIDRMask(24, 32), server
+		cfg.DNS = []netip.Addr{server}
+	}
+	h, err := New(cfg, nil)
+	require.NoError(t, err)
+	return h
+}
+
+type client struct {
+	mac   string
+	class string
+	arch  *iana.Arch
+	ipxe  bool
+}
+
+func (c client) packet(t *testing.T, typ dhcpv4.MessageType, mods ...dhcpv4.Modifier) *dhcpv4.DHCPv4 {
+	t.Helper()
+	hw, err := net.ParseMAC(c.mac)
+	require.NoError(t, err)
+	all := []dhcpv4.Modifier{dhcpv4.WithMessageType(typ), dhcpv4.WithHwAddr(hw)}
+	if c.class != "" {
+		all = append(all, dhcpv4.WithOption(dhcpv4.OptClassIdentifier(c.class)))
+	}
+	if c.arch != nil {
+		all = append(all, dhcpv4.WithOption(dhcpv4.OptClientArch(*c.arch)))
+	}
+	if c.ipxe {
+		all = append(all, dhcpv4.WithGeneric(dhcpv4.OptionUserClassInformation, []byte("iPXE")), dhcpv4.WithGeneric(dhcpv4.GenericOptionCode(175), []byte{0xb1, 0x05, 0x01, 0x80, 0x86, 0x10, 0x0e}))
+	}
+	p, err := dhcpv4.New(append(all, mods...)...)
+	require.NoError(t, err)
+	// Round-trip through bytes, as the server receives it.
+	p, err = dhcpv4.FromBytes(p.ToBytes())
+	require.NoError(t, err)
+	return p
+}
+
+func arch(a iana.Arch) *iana.Arch { return &a }
+
+func TestProxyFirmwareDetection(t *testing.T) {
+	cases := map[string]struct {
+		c        client
+		file     string
+		class    string
+		siaddr   bool
+		discCtrl bool
+	}{
+		"BIOS PXE":               {client{mac: "52:54:00:00:00:01", class: "PXEClient:Arch:00000:UNDI:002001", arch: arch(iana.INTEL_X86PC)}, "undionly.kpxe", "PXEClient", true, true},
+		"BIOS PXE without 93":    {client{mac: "52:54:00:00:00:02", class: "PXEClient"}, "undionly.kpxe", "PXEClient", true, true},
+		"UEFI x86-64":            {client{mac: "52:54:00:00:00:03", class: "PXEClient:Arch:00007:UNDI:003016", arch: arch(iana.EFI_X86_64)}, "ipxe.efi", "PXEClient", true, true},
+		"UEFI x86-64 (EFI BC)":   {client{mac: "52:54:00:00:00:04", class: "PXEClient:Arch:00009:UNDI:003016", arch: arch(iana.EFI_BC)}, "ipxe.efi", "PXEClient", true, true},
+		"UEFI HTTP boot":         {client{mac: "52:54:00:00:00:05", class: "HTTPClient:Arch:00016:UNDI:003001", arch: arch(iana.EFI_X86_64_HTTP)}, "http://198.18.0.1:8070/ipxe/ipxe.efi", "HTTPClient", false, false},
+		"iPXE":                   {client{mac: "52:54:00:00:00:06", class: "PXEClient:Arch:00000:UNDI:002001", arch: arch(iana.INTEL_X86PC), ipxe: true}, "http://198.18.0.1:8080/boot.ipxe?mac=52%3A54%3A00%3A00%3A00%3A06", "PXEClient", false, false},
+		"iPXE without option 60": {client{mac: "52:54:00:00:00:07", ipxe: true}, "http://198.18.0.1:8080/boot.ipxe?mac=52%3A54%3A00%3A00%3A00%3A07", "PXEClient", false, false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := newHandler(t, Proxy)
+			reply := h.Respond(tc.c.packet(t, dhcpv4.MessageTypeDiscover), 67)
+			require.NotNil(t, reply)
+			require.Equal(t, dhcpv4.MessageTypeOffer, reply.MessageType())
+			require.True(t, reply.YourIPAddr.IsUnspecified(), "ProxyDHCP never gives an address")
+			require.Equal(t, tc.file, reply.BootFileNameOption())
+			require.Equal(t, tc.class, reply.ClassIdentifier())
+			require.Equal(t, server.String(), reply.ServerIdentifier().String())
+			if tc.siaddr {
+				require.Equal(t, server.String(), reply.ServerIPAddr.String())
+			}
+			if tc.discCtrl {
+				require.Equal(t, []byte{6, 1, 8, 255}, reply.GetOneOption(dhcpv4.OptionVendorSpecificInformation))
+			}
+			// The ProxyDHCP request on 4011 gets the same boot information.
+			ack := h.Respond(tc.c.packet(t, dhcpv4.MessageTypeRequest), 4011)
+			require.NotNil(t, ack)
+			require.Equal(t, dhcpv4.MessageTypeAck, ack.MessageType())
+			require.Equal(t, tc.file, ack.BootFileNameOption())
+			// A REQUEST on 67 is for the site's server.
+			require.Nil(t, h.Respond(tc.c.packet(t, dhcpv4.MessageTypeRequest), 67))
+		})
+	}
+}
+
+func TestProxyIgnoresOthers(t *testing.T) {
+	h := newHandler(t, Proxy)
+	require.Nil(t, h.Respond(client{mac: "52:54:00:00:01:01"}.packet(t, dhcpv4.MessageTypeDiscover), 67), "a plain DHCP client")
+	require.Nil(t, h.Respond(client{mac: "52:54:00:00:01:02", class: "PXEClient", arch: arch(iana.EFI_ARM64)}.packet(t, dhcpv4.MessageTypeDiscover), 67), "arm64 without an arm64 binary")
+	require.Nil(t, h.Respond(client{mac: "52:54:00:00:01:03", class: "PXEClient", arch: arch(iana.EFI_IA32)}.packet(t, dhcpv4.MessageTypeDiscover), 67), "32-bit UEFI")
+	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("not-pxe")))
+	require.Equal(t, 2.0, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("unsupported-arch")))
+
+	h.cfg.ARM64Binary = "ipxe-arm64.efi"
+	reply := h.Respond(client{mac: "52:54:00:00:01:04", class: "PXEClient", arch: arch(iana.EFI_ARM64)}.packet(t, dhcpv4.MessageTypeDiscover), 67)
+	require.NotNil(t, reply)
+	require.Equal(t, "ipxe-arm64.efi", reply.BootFileNameOption())
+}
+
+func TestRateLimitPerMAC(t *testing.T) {
+	h := newHandler(t, Proxy)
+	c := client{mac: "52:54:00:00:02:01", class: "PXEClient", arch: arch(iana.INTEL_X86PC)}
+	answered := 0
+	for i := 0; i < 30; i++ {
+		if h.Respond(c.packet(t, dhcpv4.MessageTypeDiscover), 67) != nil {
+			answered++
+		}
+	}
+	require.LessOrEqual(t, answered, macBurst+1)
+	require.Positive(t, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("rate-limited")))
+	// Another MAC is not affected.
+	require.NotNil(t, h.Respond(client{mac: "52:54:00:00:02:02", class: "PXEClient", arch: arch(iana.INTEL_X86PC)}.packet(t, dhcpv4.MessageTypeDiscover), 67))
+}
+
+func TestAuthoritativeDORA(t *testing.T) {
+	h := newHandler(t, Authoritative)
+	c := client{mac: "52:54:00:00:03:01", class: "PXEClient", arch: arch(iana.EFI_X86_64)}
+	offer := h.Respond(c.packet(t, dhcpv4.MessageTypeDiscover), 67)
+	require.NotNil(t, offer)
+	require.Equal(t, "198.18.0.100", offer.YourIPAddr.String())
+	require.Equal(t, "ipxe.efi", offer.BootFileNameOption())
+	require.Equal(t, net.IPMask(net.CIDRMask(24, 32)), offer.SubnetMask())
+	require.Equal(t, 12*time.Hour, offer.IPAddressLeaseTime(0))
+
+	req := c.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(offer.YourIPAddr)), dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IP(server.AsSlice()))))
+	ack := h.Respond(req, 67)
+	require.NotNil(t, ack)
+	require.Equal(t, dhcpv4.MessageTypeAck, ack.MessageType())
+	require.Equal(t, "198.18.0.100", ack.YourIPAddr.String())
+	require.Equal(t, "198.18.0.1", ack.Router()[0].String())
+	require.Equal(t, "198.18.0.1", ack.DNS()[0].String())
+
+	// Another client asking for that address is refused.
+	other := client{mac: "52:54:00:00:03:02"}
+	nak := h.Respond(other.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(offer.YourIPAddr))), 67)
+	require.NotNil(t, nak)
+	require.Equal(t, dhcpv4.MessageTypeNak, nak.MessageType())
+
+	// A plain client gets an address but no boot file.
+	plain := h.Respond(other.packet(t, dhcpv4.MessageTypeDiscover), 67)
+	require.NotNil(t, plain)
+	require.Equal(t, "198.18.0.101", plain.YourIPAddr.String())
+	require.Empty(t, plain.BootFileNameOption())
+
+	// A request naming another server is its business; the server notices.
+	third := client{mac: "52:54:00:00:03:03"}
+	require.Nil(t, h.Respond(third.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(net.ParseIP("198.18.0.200"))), dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.ParseIP("198.18.0.254")))), 67))
+	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.Others))
+}
+
+func TestDestination(t *testing.T) {
+	c := client{mac: "52:54:00:00:04:01"}
+	d := c.packet(t, dhcpv4.MessageTypeDiscover)
+	require.Equal(t, "255.255.255.255:68", Destination(d, &net.UDPAddr{IP: net.IPv4zero, Port: 68}, 67).String())
+	r := c.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithClientIP(net.ParseIP("198.18.0.5")))
+	require.Equal(t, "198.18.0.5:68", Destination(r, &net.UDPAddr{IP: net.ParseIP("198.18.0.5"), Port: 68}, 67).String())
+	require.Equal(t, "198.18.0.5:4011", Destination(r, &net.UDPAddr{IP: net.ParseIP("198.18.0.5"), Port: 4011}, 4011).String())
+	relayed := c.packet(t, dhcpv4.MessageTypeDiscover, dhcpv4.WithGatewayIP(net.ParseIP("198.18.1.1")))
+	require.Equal(t, "198.18.1.1:67", Destination(relayed, nil, 67).String())
+}

@@ -1,0 +1,133 @@
+// Package tftpd serves the iPXE binaries over TFTP, read only, by name from
+// an allowlist: no paths, no directory listing, no uploads.
+package tftpd
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/pin/tftp/v3"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config of the server.
+type Config struct {
+	// Dir holds the files (/usr/lib/ipxe from Debian's ipxe package).
+	Dir string
+	// Files are the names that may be fetched; others get an error packet.
+	Files []string
+	// Timeout per round trip; a transfer whose client stops answering ends.
+	Timeout time.Duration
+	// SinglePort serves every transfer from the listening socket (slower,
+	// but works where new sockets cannot be opened, such as a listener
+	// inside another network namespace).
+	SinglePort bool
+	Log        logr.Logger
+	Registerer prometheus.Registerer
+}
+
+// Server is a TFTP server.
+type Server struct {
+	cfg       Config
+	allowed   map[string]bool
+	srv       *tftp.Server
+	transfers *prometheus.CounterVec
+	bytes     prometheus.Counter
+}
+
+// New checks the configuration.
+func New(cfg Config) (*Server, error) {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	s := &Server{cfg: cfg, allowed: map[string]bool{}}
+	for _, f := range cfg.Files {
+		if f == "" {
+			continue
+		}
+		if f != filepath.Base(f) || strings.HasPrefix(f, ".") {
+			return nil, fmt.Errorf("TFTP: %q is not a plain file name", f)
+		}
+		if _, err := os.Stat(filepath.Join(cfg.Dir, f)); err != nil {
+			return nil, fmt.Errorf("TFTP: %w (install Debian's ipxe package or set the TFTP directory)", err)
+		}
+		s.allowed[f] = true
+	}
+	s.transfers = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentboot_tftp_requests_total", Help: "TFTP read requests, by outcome."}, []string{"result"})
+	s.bytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "agentboot_tftp_bytes_sent_total", Help: "Bytes sent over TFTP."})
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(s.transfers, s.bytes)
+	}
+	s.srv = tftp.NewServer(s.read, nil)
+	s.srv.SetTimeout(cfg.Timeout)
+	s.srv.SetRetries(5)
+	if cfg.SinglePort {
+		s.srv.EnableSinglePort()
+	}
+	return s, nil
+}
+
+// ErrNotAllowed is the answer to a name outside the allowlist.
+var ErrNotAllowed = errors.New("file not found")
+
+// Allowed reports whether a requested name may be served, and the plain name
+// to serve. Clients may ask with a leading slash.
+func (s *Server) Allowed(requested string) (string, bool) {
+	name := strings.TrimPrefix(requested, "/")
+	return name, s.allowed[name]
+}
+
+// read answers one read request.
+func (s *Server) read(requested string, rf io.ReaderFrom) error {
+	name, ok := s.Allowed(requested)
+	if !ok {
+		s.transfers.WithLabelValues("not-found").Inc()
+		s.cfg.Log.V(1).Info("TFTP request refused", "file", sanitize(requested))
+		return ErrNotAllowed
+	}
+	f, err := os.Open(filepath.Join(s.cfg.Dir, name))
+	if err != nil {
+		s.transfers.WithLabelValues("error").Inc()
+		return ErrNotAllowed
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil {
+		if ot, ok := rf.(tftp.OutgoingTransfer); ok {
+			ot.SetSize(st.Size()) // answers tsize
+		}
+	}
+	n, err := rf.ReadFrom(f)
+	s.bytes.Add(float64(n))
+	if err != nil {
+		s.transfers.WithLabelValues("aborted").Inc()
+		return err
+	}
+	s.transfers.WithLabelValues("ok").Inc()
+	return nil
+}
+
+// sanitize keeps logged names printable and short.
+func sanitize(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return '?'
+		}
+		return r
+	}, s)
+}
+
+// Serve serves on conn until Shutdown.
+func (s *Server) Serve(conn net.PacketConn) error { return s.srv.Serve(conn) }
+
+// Shutdown stops the server.
+func (s *Server) Shutdown() { s.srv.Shutdown() }

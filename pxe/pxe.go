@@ -1,0 +1,308 @@
+// Package pxe is agentboot's network boot service: DHCP (ProxyDHCP next to a
+// site's DHCP server, or authoritative on an isolated network) that points
+// each firmware at the right iPXE binary, TFTP and HTTP that serve those
+// binaries, and, for iPXE itself, the image service's boot script URL with
+// the client's MAC. It needs no Kubernetes access: which InfraEnv a MAC boots
+// is decided by the image service's /boot.ipxe.
+//
+// It runs on the host network of the boot segment (ports 67, 4011, 69) and
+// owns only its sockets and, in authoritative mode, its lease file.
+package pxe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/dhcpv4/server4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/agentboot/agentboot/pxe/internal/dhcp"
+	"github.com/agentboot/agentboot/pxe/internal/leases"
+	"github.com/agentboot/agentboot/pxe/internal/tftpd"
+)
+
+// Mode of the DHCP service.
+type Mode = dhcp.Mode
+
+// Modes.
+const (
+	// ProxyDHCP answers network boot clients with boot information only.
+	ProxyDHCP = dhcp.Proxy
+	// Authoritative also hands out addresses, for isolated networks.
+	Authoritative = dhcp.Authoritative
+)
+
+// Config configures the PXE service.
+type Config struct {
+	// Interface is the boot network's interface; DHCP binds to it.
+	Interface string
+	// ServerIP is this host's address on Interface (default: its first
+	// IPv4 address).
+	ServerIP netip.Addr
+	Mode     Mode
+	// BootScriptURL is the image service's /boot.ipxe (plain HTTP).
+	BootScriptURL string
+	// TFTPDir holds the iPXE binaries (default /usr/lib/ipxe).
+	TFTPDir string
+	// TFTPAddr is the TFTP listen address (":69").
+	TFTPAddr string
+	// TFTPSinglePort serves all TFTP transfers from port 69.
+	TFTPSinglePort bool
+	// HTTPAddr serves the iPXE binaries for UEFI HTTP boot, /metrics and
+	// /healthz (":8070").
+	HTTPAddr string
+	// Binaries per firmware.
+	BIOSBinary, EFIBinary, ARM64Binary string
+
+	// Authoritative mode: the pool, its options, reservations by MAC and the
+	// lease file.
+	PoolStart, PoolEnd netip.Addr
+	PrefixLen          int
+	Router             netip.Addr
+	DNS                []netip.Addr
+	LeaseTime          time.Duration
+	Reservations       map[string]netip.Addr
+	LeaseFile          string
+
+	// Socket factories; the defaults open them on this host. Tests open
+	// them inside a network namespace.
+	ListenDHCP   func(iface string, port int) (net.PacketConn, error)
+	ListenPacket func(network, addr string) (net.PacketConn, error)
+	Listen       func(network, addr string) (net.Listener, error)
+	Log          logr.Logger
+}
+
+// Server is the PXE service.
+type Server struct {
+	cfg     Config
+	handler *dhcp.Handler
+	tftp    *tftpd.Server
+	reg     *prometheus.Registry
+}
+
+// New checks the configuration and opens the lease file.
+func New(cfg Config) (*Server, error) {
+	if cfg.Interface == "" {
+		return nil, errors.New("pxe: the boot network interface is required")
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ProxyDHCP
+	}
+	if cfg.Mode != ProxyDHCP && cfg.Mode != Authoritative {
+		return nil, fmt.Errorf("pxe: mode %q: want proxy or authoritative", cfg.Mode)
+	}
+	if cfg.BootScriptURL == "" {
+		return nil, errors.New("pxe: the image service's boot script URL is required")
+	}
+	defaults(&cfg)
+	if !cfg.ServerIP.IsValid() {
+		ip, err := interfaceIPv4(cfg.Interface)
+		if err != nil {
+			return nil, err
+		}
+		cfg.ServerIP = ip
+	}
+	s := &Server{cfg: cfg, reg: prometheus.NewRegistry()}
+	files := []string{cfg.BIOSBinary, cfg.EFIBinary, cfg.ARM64Binary}
+	var err error
+	if s.tftp, err = tftpd.New(tftpd.Config{Dir: cfg.TFTPDir, Files: files, SinglePort: cfg.TFTPSinglePort, Log: cfg.Log.WithName("tftp"), Registerer: s.reg}); err != nil {
+		return nil, err
+	}
+	dcfg := dhcp.Config{
+		Mode: cfg.Mode, ServerIP: cfg.ServerIP, BootScriptURL: cfg.BootScriptURL,
+		HTTPBase:   "http://" + net.JoinHostPort(cfg.ServerIP.String(), port(cfg.HTTPAddr)),
+		BIOSBinary: cfg.BIOSBinary, EFIBinary: cfg.EFIBinary, ARM64Binary: cfg.ARM64Binary,
+		Router: cfg.Router, DNS: cfg.DNS, LeaseTime: cfg.LeaseTime, Log: cfg.Log.WithName("dhcp"),
+	}
+	if cfg.Mode == Authoritative {
+		if !cfg.PoolStart.IsValid() || !cfg.PoolEnd.IsValid() {
+			return nil, errors.New("pxe: authoritative mode needs an address pool")
+		}
+		if cfg.LeaseFile == "" {
+			return nil, errors.New("pxe: authoritative mode needs a lease file, so a restart never hands out an address twice")
+		}
+		if err := os.MkdirAll(filepath.Dir(cfg.LeaseFile), 0o755); err != nil {
+			return nil, err
+		}
+		if dcfg.Leases, err = leases.Open(leases.Config{
+			Pool: leases.Pool{First: cfg.PoolStart, Last: cfg.PoolEnd}, Reservations: cfg.Reservations, File: cfg.LeaseFile,
+		}); err != nil {
+			return nil, err
+		}
+		if cfg.PrefixLen > 0 {
+			dcfg.Netmask = net.CIDRMask(cfg.PrefixLen, 32)
+		}
+	}
+	if s.handler, err = dhcp.New(dcfg, dhcp.NewMetrics(s.reg)); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func defaults(cfg *Config) {
+	if cfg.TFTPDir == "" {
+		cfg.TFTPDir = "/usr/lib/ipxe"
+	}
+	if cfg.TFTPAddr == "" {
+		cfg.TFTPAddr = ":69"
+	}
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = ":8070"
+	}
+	if cfg.BIOSBinary == "" {
+		cfg.BIOSBinary = "undionly.kpxe"
+	}
+	if cfg.EFIBinary == "" {
+		cfg.EFIBinary = "ipxe.efi"
+	}
+	if cfg.ListenDHCP == nil {
+		cfg.ListenDHCP = func(iface string, p int) (net.PacketConn, error) {
+			return server4.NewIPv4UDPConn(iface, &net.UDPAddr{Port: p})
+		}
+	}
+	if cfg.ListenPacket == nil {
+		cfg.ListenPacket = net.ListenPacket
+	}
+	if cfg.Listen == nil {
+		cfg.Listen = net.Listen
+	}
+}
+
+func port(addr string) string {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return p
+}
+
+func interfaceIPv4(name string) (netip.Addr, error) {
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("pxe: interface %s: %w", name, err)
+	}
+	addrs, _ := ifi.Addrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
+			ip, _ := netip.AddrFromSlice(n.IP.To4())
+			return ip, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("pxe: interface %s has no IPv4 address: set the server IP", name)
+}
+
+// Start serves DHCP (and ProxyDHCP on 4011), TFTP and HTTP until ctx ends.
+func (s *Server) Start(ctx context.Context) error {
+	ports := []int{dhcpv4.ServerPort}
+	if s.cfg.Mode == ProxyDHCP {
+		ports = append(ports, 4011)
+	}
+	var closers []func()
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	errs := make(chan error, 4)
+	for _, p := range ports {
+		conn, err := s.cfg.ListenDHCP(s.cfg.Interface, p)
+		if err != nil {
+			return fmt.Errorf("DHCP: listen on %s port %d: %w (the PXE service needs root, or CAP_NET_BIND_SERVICE and CAP_NET_RAW)", s.cfg.Interface, p, err)
+		}
+		closers = append(closers, func() { conn.Close() })
+		go func() { errs <- s.serveDHCP(conn, p) }()
+	}
+	tconn, err := s.cfg.ListenPacket("udp4", s.cfg.TFTPAddr)
+	if err != nil {
+		return fmt.Errorf("TFTP: listen %s: %w", s.cfg.TFTPAddr, err)
+	}
+	closers = append(closers, s.tftp.Shutdown)
+	go func() { errs <- s.tftp.Serve(tconn) }()
+	hl, err := s.cfg.Listen("tcp", s.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("HTTP: listen %s: %w", s.cfg.HTTPAddr, err)
+	}
+	hs := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+	closers = append(closers, func() { _ = hs.Close() })
+	go func() { errs <- hs.Serve(hl) }()
+	s.cfg.Log.Info("PXE service running", "mode", string(s.cfg.Mode), "interface", s.cfg.Interface, "serverIP", s.cfg.ServerIP.String(),
+		"tftp", s.cfg.TFTPAddr, "http", s.cfg.HTTPAddr, "bootScript", s.cfg.BootScriptURL)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errs:
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+}
+
+// serveDHCP reads, answers and counts; a malformed packet is dropped.
+func (s *Server) serveDHCP(conn net.PacketConn, port int) error {
+	buf := make([]byte, 1500)
+	for {
+		n, peer, err := conn.ReadFrom(buf)
+		if err != nil {
+			return err
+		}
+		reply := s.Handle(buf[:n], port)
+		if reply == nil {
+			continue
+		}
+		up, _ := peer.(*net.UDPAddr)
+		dst := dhcp.Destination(reply.req, up, port)
+		if _, err := conn.WriteTo(reply.resp.ToBytes(), dst); err != nil {
+			s.cfg.Log.V(1).Info("send DHCP reply", "to", dst.String(), "err", err.Error())
+		}
+	}
+}
+
+// Reply is a request and its answer.
+type Reply struct {
+	req, resp *dhcpv4.DHCPv4
+}
+
+// Response is the reply's packet.
+func (r *Reply) Response() *dhcpv4.DHCPv4 { return r.resp }
+
+// Handle parses one packet received on port and returns the reply, or nil.
+func (s *Server) Handle(packet []byte, port int) *Reply {
+	req, err := dhcpv4.FromBytes(packet)
+	if err != nil {
+		s.handler.Malformed()
+		return nil
+	}
+	resp := s.handler.Respond(req, port)
+	if resp == nil {
+		return nil
+	}
+	return &Reply{req: req, resp: resp}
+}
+
+// httpHandler serves the iPXE binaries (UEFI HTTP boot), metrics and health.
+func (s *Server) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ipxe/{file}", func(w http.ResponseWriter, r *http.Request) {
+		name, ok := s.tftp.Allowed(r.PathValue("file"))
+		if !ok {
+			http.Error(w, "not found", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/efi")
+		http.ServeFile(w, r, filepath.Join(s.cfg.TFTPDir, name))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	return mux
+}

@@ -1,0 +1,257 @@
+package pxe
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
+	"github.com/pin/tftp/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+)
+
+// binaries makes a TFTP directory with distinct content per file.
+func binaries(t testing.TB) (string, map[string][]byte) {
+	dir := t.TempDir()
+	files := map[string][]byte{}
+	for i, name := range []string{"undionly.kpxe", "ipxe.efi"} {
+		data := bytes.Repeat([]byte{byte('a' + i)}, 70_000+i*33_333) // several blocks, odd sizes
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o644))
+		files[name] = data
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "secret.txt"), []byte("not served"), 0o644))
+	return dir, files
+}
+
+func freeAddr(t testing.TB, network string) string {
+	switch network {
+	case "udp":
+		c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer c.Close()
+		return c.LocalAddr().String()
+	default:
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer l.Close()
+		return l.Addr().String()
+	}
+}
+
+// startTFTPAndHTTP runs the service with DHCP on a throwaway loopback socket
+// (binding port 67 needs root; the VM lab covers it).
+func startServer(t *testing.T, mode Mode) (*Server, string, string) {
+	t.Helper()
+	dir, _ := binaries(t)
+	tftpAddr, httpAddr := freeAddr(t, "udp"), freeAddr(t, "tcp")
+	cfg := Config{
+		Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), Mode: mode,
+		BootScriptURL: "http://127.0.0.1:8080/boot.ipxe", TFTPDir: dir, TFTPAddr: tftpAddr, HTTPAddr: httpAddr,
+		ListenDHCP: func(string, int) (net.PacketConn, error) { return net.ListenPacket("udp4", "127.0.0.1:0") },
+		Log:        testr.New(t),
+	}
+	if mode == Authoritative {
+		cfg.PoolStart, cfg.PoolEnd, cfg.PrefixLen = netip.MustParseAddr("198.18.0.100"), netip.MustParseAddr("198.18.0.110"), 24
+		cfg.LeaseFile = filepath.Join(t.TempDir(), "leases.json")
+	}
+	s, err := New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", httpAddr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond)
+	return s, tftpAddr, httpAddr
+}
+
+func TestTFTP(t *testing.T) {
+	_, addr, _ := startServer(t, ProxyDHCP)
+	_, files := binaries(t)
+	for name, want := range files {
+		for _, blksize := range []int{512, 1468, 8192} {
+			c, err := tftp.NewClient(addr)
+			require.NoError(t, err)
+			c.SetBlockSize(blksize)
+			c.RequestTSize(true)
+			wt, err := c.Receive(name, "octet")
+			require.NoError(t, err)
+			size, ok := wt.(tftp.IncomingTransfer).Size()
+			require.True(t, ok, "tsize answered")
+			require.Equal(t, int64(len(want)), size)
+			var got bytes.Buffer
+			_, err = wt.WriteTo(&got)
+			require.NoError(t, err)
+			require.Equal(t, want, got.Bytes(), "%s with blksize %d", name, blksize)
+		}
+	}
+	for _, bad := range []string{"secret.txt", "../secret.txt", "/etc/passwd", "", "ipxe.efi/..", "."} {
+		c, err := tftp.NewClient(addr)
+		require.NoError(t, err)
+		_, err = c.Receive(bad, "octet")
+		require.Error(t, err, "%q", bad)
+		require.Contains(t, err.Error(), "file not found", "%q gets an error packet", bad)
+	}
+	c, err := tftp.NewClient(addr)
+	require.NoError(t, err)
+	_, err = c.Send("upload.bin", "octet")
+	require.Error(t, err, "read only")
+}
+
+// tftp-hpa, a real client, fetches a binary.
+func TestTFTPWithTFTPHPA(t *testing.T) {
+	if _, err := exec.LookPath("tftp"); err != nil {
+		t.Fatal("tftp (tftp-hpa) not found: install Debian package tftp-hpa (.ci/packages)")
+	}
+	_, addr, _ := startServer(t, ProxyDHCP)
+	_, files := binaries(t)
+	host, port, _ := net.SplitHostPort(addr)
+	dir := t.TempDir()
+	cmd := exec.Command("tftp", "-m", "binary", host, port, "-c", "get", "ipxe.efi")
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, string(out))
+	got, err := os.ReadFile(filepath.Join(dir, "ipxe.efi"))
+	require.NoError(t, err)
+	require.Equal(t, files["ipxe.efi"], got)
+}
+
+func TestHTTPServesBinariesAndMetrics(t *testing.T) {
+	s, _, httpAddr := startServer(t, ProxyDHCP)
+	_, files := binaries(t)
+	resp, err := http.Get("http://" + httpAddr + "/ipxe/ipxe.efi")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, files["ipxe.efi"], body)
+	for _, bad := range []string{"secret.txt", "..%2Fsecret.txt"} {
+		resp, err := http.Get("http://" + httpAddr + "/ipxe/" + bad)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, bad)
+	}
+
+	// A malformed packet is dropped and counted; metrics are served.
+	require.Nil(t, s.Handle([]byte{1, 2, 3}, 67))
+	require.Equal(t, 1.0, testutil.ToFloat64(s.handler.Metrics().Dropped.WithLabelValues("malformed")))
+	resp, err = http.Get("http://" + httpAddr + "/metrics")
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(body), `agentboot_dhcp_dropped_total{reason="malformed"} 1`)
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir, _ := binaries(t)
+	base := Config{Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), BootScriptURL: "http://x/boot.ipxe", TFTPDir: dir}
+	cases := map[string]struct {
+		change func(*Config)
+		want   string
+	}{
+		"no interface":   {func(c *Config) { c.Interface = "" }, "interface is required"},
+		"bad mode":       {func(c *Config) { c.Mode = "rogue" }, `mode "rogue"`},
+		"no boot script": {func(c *Config) { c.BootScriptURL = "" }, "boot script URL is required"},
+		"missing binary": {func(c *Config) { c.EFIBinary = "snponly.efi" }, "snponly.efi"},
+		"path as binary": {func(c *Config) { c.ARM64Binary = "../x.efi" }, "not a plain file name"},
+		"no pool":        {func(c *Config) { c.Mode = Authoritative }, "needs an address pool"},
+		"no lease file": {func(c *Config) {
+			c.Mode = Authoritative
+			c.PoolStart, c.PoolEnd = netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("198.18.0.9")
+		}, "needs a lease file"},
+		"interface without IPv4": {func(c *Config) { c.ServerIP = netip.Addr{}; c.Interface = "no-such-if0" }, "no-such-if0"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := base
+			tc.change(&c)
+			_, err := New(c)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func discover(t testing.TB, mac string, arch iana.Arch, class string) []byte {
+	hw, _ := net.ParseMAC(mac)
+	p, err := dhcpv4.NewDiscovery(hw, dhcpv4.WithOption(dhcpv4.OptClassIdentifier(class)), dhcpv4.WithOption(dhcpv4.OptClientArch(arch)))
+	require.NoError(t, err)
+	return p.ToBytes()
+}
+
+// FuzzDHCP sends arbitrary packets through parsing and both modes'
+// answers: dropped or answered, never a crash.
+func FuzzDHCP(f *testing.F) {
+	seeds, _ := filepath.Glob("testdata/dhcp-*.bin")
+	for _, s := range seeds {
+		data, err := os.ReadFile(s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add(discover(f, "52:54:00:00:00:01", iana.INTEL_X86PC, "PXEClient:Arch:00000:UNDI:002001"))
+	f.Add(discover(f, "52:54:00:00:00:02", iana.EFI_X86_64_HTTP, "HTTPClient"))
+	servers := map[Mode]*Server{}
+	for _, mode := range []Mode{ProxyDHCP, Authoritative} {
+		dir, _ := binaries(f)
+		cfg := Config{Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), Mode: mode, BootScriptURL: "http://127.0.0.1/boot.ipxe", TFTPDir: dir}
+		if mode == Authoritative {
+			cfg.PoolStart, cfg.PoolEnd, cfg.LeaseFile = netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("198.18.0.250"), filepath.Join(f.TempDir(), "l.json")
+		}
+		s, err := New(cfg)
+		if err != nil {
+			f.Fatal(err)
+		}
+		servers[mode] = s
+	}
+	f.Fuzz(func(t *testing.T, packet []byte) {
+		for _, s := range servers {
+			for _, port := range []int{67, 4011} {
+				if r := s.Handle(packet, port); r != nil {
+					require.NotEmpty(t, r.Response().ToBytes())
+				}
+			}
+		}
+	})
+}
+
+// FuzzTFTPName feeds arbitrary requested names through the allowlist.
+func FuzzTFTPName(f *testing.F) {
+	for _, s := range []string{"undionly.kpxe", "/ipxe.efi", "../../etc/passwd", "ipxe.efi\x00.txt", "IPXE.EFI", ""} {
+		f.Add(s)
+	}
+	dir, _ := binaries(f)
+	s, err := New(Config{Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), BootScriptURL: "http://x/", TFTPDir: dir})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		got, ok := s.tftp.Allowed(name)
+		if ok && got != "undionly.kpxe" && got != "ipxe.efi" {
+			t.Fatalf("%q allowed as %q", name, got)
+		}
+		if ok && strings.ContainsAny(got, "/\x00") {
+			t.Fatalf("path in %q", got)
+		}
+	})
+}
