@@ -25,6 +25,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/ipv4"
 
 	"github.com/agentboot/agentboot/pxe/internal/dhcp"
 	"github.com/agentboot/agentboot/pxe/internal/leases"
@@ -105,12 +106,18 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("pxe: the image service's boot script URL is required")
 	}
 	defaults(&cfg)
-	if !cfg.ServerIP.IsValid() {
-		ip, err := interfaceIPv4(cfg.Interface)
+	if !cfg.ServerIP.IsValid() || (cfg.Mode == Authoritative && cfg.PrefixLen == 0) {
+		pfx, err := interfaceIPv4(cfg.Interface, cfg.ServerIP)
 		if err != nil {
 			return nil, err
 		}
-		cfg.ServerIP = ip
+		cfg.ServerIP = pfx.Addr()
+		if cfg.PrefixLen == 0 {
+			cfg.PrefixLen = pfx.Bits()
+		}
+	}
+	if !cfg.ServerIP.Is4() {
+		return nil, fmt.Errorf("pxe: server IP %s is not an IPv4 address", cfg.ServerIP)
 	}
 	s := &Server{cfg: cfg, reg: prometheus.NewRegistry()}
 	files := []string{cfg.BIOSBinary, cfg.EFIBinary, cfg.ARM64Binary}
@@ -128,6 +135,9 @@ func New(cfg Config) (*Server, error) {
 		if !cfg.PoolStart.IsValid() || !cfg.PoolEnd.IsValid() {
 			return nil, errors.New("pxe: authoritative mode needs an address pool")
 		}
+		if err := checkPool(cfg); err != nil {
+			return nil, err
+		}
 		if cfg.LeaseFile == "" {
 			return nil, errors.New("pxe: authoritative mode needs a lease file, so a restart never hands out an address twice")
 		}
@@ -139,9 +149,7 @@ func New(cfg Config) (*Server, error) {
 		}); err != nil {
 			return nil, err
 		}
-		if cfg.PrefixLen > 0 {
-			dcfg.Netmask = net.CIDRMask(cfg.PrefixLen, 32)
-		}
+		dcfg.Netmask = net.CIDRMask(cfg.PrefixLen, 32)
 	}
 	if s.handler, err = dhcp.New(dcfg, dhcp.NewMetrics(s.reg)); err != nil {
 		return nil, err
@@ -186,19 +194,56 @@ func port(addr string) string {
 	return p
 }
 
-func interfaceIPv4(name string) (netip.Addr, error) {
+// interfaceIPv4 returns want's prefix on the interface or, when want is
+// not set, the interface's first IPv4 address.
+func interfaceIPv4(name string, want netip.Addr) (netip.Prefix, error) {
 	ifi, err := net.InterfaceByName(name)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("pxe: interface %s: %w", name, err)
+		return netip.Prefix{}, fmt.Errorf("pxe: interface %s: %w", name, err)
 	}
 	addrs, _ := ifi.Addrs()
 	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
-			ip, _ := netip.AddrFromSlice(n.IP.To4())
-			return ip, nil
+		n, ok := a.(*net.IPNet)
+		if !ok || n.IP.To4() == nil {
+			continue
+		}
+		ip, _ := netip.AddrFromSlice(n.IP.To4())
+		bits, _ := n.Mask.Size()
+		if !want.IsValid() || want == ip {
+			return netip.PrefixFrom(ip, bits), nil
 		}
 	}
-	return netip.Addr{}, fmt.Errorf("pxe: interface %s has no IPv4 address: set the server IP", name)
+	if want.IsValid() {
+		return netip.Prefix{}, fmt.Errorf("pxe: interface %s does not have %s: set the prefix length of the boot network", name, want)
+	}
+	return netip.Prefix{}, fmt.Errorf("pxe: interface %s has no IPv4 address: set the server IP", name)
+}
+
+// checkPool refuses a pool outside the boot network or over the server's
+// own address.
+func checkPool(cfg Config) error {
+	if cfg.PrefixLen < 1 || cfg.PrefixLen > 30 {
+		return fmt.Errorf("pxe: prefix length %d: want 1 to 30", cfg.PrefixLen)
+	}
+	subnet := netip.PrefixFrom(cfg.ServerIP, cfg.PrefixLen).Masked()
+	pool := leases.Pool{First: cfg.PoolStart, Last: cfg.PoolEnd}
+	for _, ip := range []netip.Addr{cfg.PoolStart, cfg.PoolEnd} {
+		if !subnet.Contains(ip) {
+			return fmt.Errorf("pxe: pool address %s is outside the boot network %s", ip, subnet)
+		}
+	}
+	if pool.Contains(cfg.ServerIP) {
+		return fmt.Errorf("pxe: the pool %s-%s contains the server's own address %s", cfg.PoolStart, cfg.PoolEnd, cfg.ServerIP)
+	}
+	if cfg.Router.IsValid() && pool.Contains(cfg.Router) {
+		return fmt.Errorf("pxe: the pool %s-%s contains the router %s", cfg.PoolStart, cfg.PoolEnd, cfg.Router)
+	}
+	for mac, ip := range cfg.Reservations {
+		if !subnet.Contains(ip) {
+			return fmt.Errorf("pxe: reservation %s=%s is outside the boot network %s", mac, ip, subnet)
+		}
+	}
+	return nil
 }
 
 // Start serves DHCP (and ProxyDHCP on 4011), TFTP and HTTP until ctx ends.
@@ -248,22 +293,42 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 }
 
-// serveDHCP reads, answers and counts; a malformed packet is dropped.
+// batch is how many packets one system call reads or writes under load.
+const batch = 64
+
+// serveDHCP reads, answers and counts; a malformed packet is dropped. Under
+// load it reads and writes many packets per system call (recvmmsg and
+// sendmmsg on Linux).
 func (s *Server) serveDHCP(conn net.PacketConn, port int) error {
-	buf := make([]byte, 1500)
+	pc := ipv4.NewPacketConn(conn)
+	in := make([]ipv4.Message, batch)
+	for i := range in {
+		in[i].Buffers = [][]byte{make([]byte, 1500)}
+	}
+	out := make([]ipv4.Message, 0, batch)
 	for {
-		n, peer, err := conn.ReadFrom(buf)
+		n, err := pc.ReadBatch(in, 0)
 		if err != nil {
 			return err
 		}
-		reply := s.Handle(buf[:n], port)
-		if reply == nil {
-			continue
+		out = out[:0]
+		for _, m := range in[:n] {
+			reply := s.Handle(m.Buffers[0][:m.N], port)
+			if reply == nil {
+				continue
+			}
+			up, _ := m.Addr.(*net.UDPAddr)
+			dst := dhcp.Destination(reply.req, up, port)
+			out = append(out, ipv4.Message{Buffers: [][]byte{reply.resp.ToBytes()}, Addr: dst})
 		}
-		up, _ := peer.(*net.UDPAddr)
-		dst := dhcp.Destination(reply.req, up, port)
-		if _, err := conn.WriteTo(reply.resp.ToBytes(), dst); err != nil {
-			s.cfg.Log.V(1).Info("send DHCP reply", "to", dst.String(), "err", err.Error())
+		for off := 0; off < len(out); {
+			sent, err := pc.WriteBatch(out[off:], 0)
+			if err != nil {
+				// One bad destination must not stop the others.
+				s.cfg.Log.V(1).Info("send DHCP reply", "to", out[off].Addr.String(), "err", err.Error())
+				sent = max(sent, 1)
+			}
+			off += sent
 		}
 	}
 }

@@ -63,7 +63,8 @@ func startServer(t *testing.T, mode Mode) (*Server, string, string) {
 		Log:        testr.New(t),
 	}
 	if mode == Authoritative {
-		cfg.PoolStart, cfg.PoolEnd, cfg.PrefixLen = netip.MustParseAddr("198.18.0.100"), netip.MustParseAddr("198.18.0.110"), 24
+		cfg.ServerIP, cfg.PrefixLen = netip.MustParseAddr("198.18.0.1"), 24
+		cfg.PoolStart, cfg.PoolEnd = netip.MustParseAddr("198.18.0.100"), netip.MustParseAddr("198.18.0.110")
 		cfg.LeaseFile = filepath.Join(t.TempDir(), "leases.json")
 	}
 	s, err := New(cfg)
@@ -176,9 +177,31 @@ func TestConfigErrors(t *testing.T) {
 		"path as binary": {func(c *Config) { c.ARM64Binary = "../x.efi" }, "not a plain file name"},
 		"no pool":        {func(c *Config) { c.Mode = Authoritative }, "needs an address pool"},
 		"no lease file": {func(c *Config) {
-			c.Mode = Authoritative
-			c.PoolStart, c.PoolEnd = netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("198.18.0.9")
+			authoritative(c, "198.18.0.2", "198.18.0.9")
 		}, "needs a lease file"},
+		"pool outside the network": {func(c *Config) {
+			authoritative(c, "198.18.0.2", "198.18.1.9")
+		}, "198.18.1.9 is outside the boot network 198.18.0.0/24"},
+		"pool over the server": {func(c *Config) {
+			authoritative(c, "198.18.0.1", "198.18.0.9")
+		}, "contains the server's own address 198.18.0.1"},
+		"pool over the router": {func(c *Config) {
+			authoritative(c, "198.18.0.2", "198.18.0.9")
+			c.Router = netip.MustParseAddr("198.18.0.3")
+		}, "contains the router 198.18.0.3"},
+		"reservation outside": {func(c *Config) {
+			authoritative(c, "198.18.0.2", "198.18.0.9")
+			c.Reservations = map[string]netip.Addr{"52:54:00:00:00:01": netip.MustParseAddr("10.0.0.1")}
+		}, "reservation 52:54:00:00:00:01=10.0.0.1 is outside"},
+		"prefix length": {func(c *Config) {
+			authoritative(c, "198.18.0.2", "198.18.0.9")
+			c.PrefixLen = 31
+		}, "prefix length 31"},
+		"server IP not on the interface": {func(c *Config) {
+			authoritative(c, "198.18.0.2", "198.18.0.9")
+			c.PrefixLen = 0
+		}, "interface lo does not have 198.18.0.1"},
+		"IPv6 server":            {func(c *Config) { c.ServerIP = netip.MustParseAddr("::1") }, "not an IPv4 address"},
 		"interface without IPv4": {func(c *Config) { c.ServerIP = netip.Addr{}; c.Interface = "no-such-if0" }, "no-such-if0"},
 	}
 	for name, tc := range cases {
@@ -189,6 +212,14 @@ func TestConfigErrors(t *testing.T) {
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
+}
+
+// authoritative turns c into an authoritative configuration on
+// 198.18.0.0/24.
+func authoritative(c *Config, first, last string) {
+	c.Mode = Authoritative
+	c.ServerIP, c.PrefixLen = netip.MustParseAddr("198.18.0.1"), 24
+	c.PoolStart, c.PoolEnd = netip.MustParseAddr(first), netip.MustParseAddr(last)
 }
 
 func discover(t testing.TB, mac string, arch iana.Arch, class string) []byte {
@@ -216,7 +247,8 @@ func FuzzDHCP(f *testing.F) {
 		dir, _ := binaries(f)
 		cfg := Config{Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), Mode: mode, BootScriptURL: "http://127.0.0.1/boot.ipxe", TFTPDir: dir}
 		if mode == Authoritative {
-			cfg.PoolStart, cfg.PoolEnd, cfg.LeaseFile = netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("198.18.0.250"), filepath.Join(f.TempDir(), "l.json")
+			authoritative(&cfg, "198.18.0.2", "198.18.0.250")
+			cfg.LeaseFile = filepath.Join(f.TempDir(), "l.json")
 		}
 		s, err := New(cfg)
 		if err != nil {

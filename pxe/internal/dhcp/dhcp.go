@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -148,7 +147,7 @@ func (h *Handler) boot(f firmware, mac string) (bootInfo, string) {
 		if strings.Contains(u, "?") {
 			sep = "&"
 		}
-		return bootInfo{file: u + sep + "mac=" + url.QueryEscape(mac)}, ""
+		return bootInfo{file: u + sep + "mac=" + mac}, "" // colons need no escaping in a query
 	}
 	pxe := strings.HasPrefix(f.class, "PXEClient")
 	httpBoot := strings.HasPrefix(f.class, "HTTPClient")
@@ -240,6 +239,10 @@ func (h *Handler) reply(req *dhcpv4.DHCPv4, t dhcpv4.MessageType, ip netip.Addr,
 	}
 	if bi.file != "" {
 		mods = append(mods, dhcpv4.WithOption(dhcpv4.OptBootFileName(bi.file)))
+		if len(bi.file) < 128 {
+			// Many PXE ROMs read only the BOOTP file field.
+			mods = append(mods, func(d *dhcpv4.DHCPv4) { d.BootFileName = bi.file })
+		}
 		class := "PXEClient"
 		if bi.httpClient {
 			class = "HTTPClient"
@@ -249,9 +252,10 @@ func (h *Handler) reply(req *dhcpv4.DHCPv4, t dhcpv4.MessageType, ip netip.Addr,
 		if !f.ipxe || h.cfg.Mode == Proxy {
 			mods = append(mods, dhcpv4.WithOption(dhcpv4.OptClassIdentifier(class)))
 		}
-		if bi.viaTFTP {
-			mods = append(mods, dhcpv4.WithServerIP(server))
-		}
+		// Next-server: the TFTP server, and for iPXE, which drops a
+		// ProxyDHCP answer without next-server and file name, this
+		// server.
+		mods = append(mods, dhcpv4.WithServerIP(server))
 		if !f.ipxe && !bi.httpClient {
 			// PXE_DISCOVERY_CONTROL: boot the file named here, no menu or
 			// boot server discovery.
@@ -266,10 +270,20 @@ func (h *Handler) reply(req *dhcpv4.DHCPv4, t dhcpv4.MessageType, ip netip.Addr,
 		return nil, err
 	}
 	h.metrics.Packets.WithLabelValues(t.String()).Inc()
+	if log := h.cfg.Log.V(1); log.Enabled() {
+		given := "none"
+		if ip.IsValid() {
+			given = ip.String()
+		}
+		log.Info("reply", "type", t.String(), "mac", req.ClientHWAddr.String(), "ipxe", f.ipxe, "arch", f.arch.String(), "address", given, "file", bi.file)
+	}
 	return reply, nil
 }
 
-func (h *Handler) drop(reason string) { h.metrics.Dropped.WithLabelValues(reason).Inc() }
+func (h *Handler) drop(reason string) {
+	h.metrics.Dropped.WithLabelValues(reason).Inc()
+	h.cfg.Log.V(2).Info("dropped a DHCP packet", "reason", reason)
+}
 
 func (h *Handler) allow(mac string) bool {
 	h.mu.Lock()

@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"net"
 	"net/netip"
 	"os"
 	"sort"
@@ -35,6 +37,18 @@ func (p Pool) Contains(ip netip.Addr) bool {
 	return p.First.Compare(ip) <= 0 && ip.Compare(p.Last) <= 0
 }
 
+func (p Pool) size() uint32 { return u32(p.Last) - u32(p.First) + 1 }
+
+func (p Pool) at(i uint32) netip.Addr {
+	v := u32(p.First) + i
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func u32(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
 // Config of a DB.
 type Config struct {
 	Pool Pool
@@ -54,9 +68,18 @@ type Config struct {
 type DB struct {
 	cfg      Config
 	mu       sync.Mutex
-	acked    map[string]Lease // by MAC
-	offered  map[string]Lease // by MAC
+	acked    map[string]Lease     // by MAC
+	offered  map[string]Lease     // by MAC
+	owner    map[netip.Addr]owner // who holds each acked or offered address
+	reserved map[netip.Addr]string
 	declined map[netip.Addr]time.Time
+	// sweepAt is the number of offers at which expired ones are dropped.
+	sweepAt int
+}
+
+// owner is the MAC an address is acked or offered to.
+type owner struct {
+	acked, offered string
 }
 
 // ErrPoolExhausted is returned when no address is free.
@@ -76,7 +99,16 @@ func Open(cfg Config) (*DB, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	db := &DB{cfg: cfg, acked: map[string]Lease{}, offered: map[string]Lease{}, declined: map[netip.Addr]time.Time{}}
+	db := &DB{
+		cfg: cfg, acked: map[string]Lease{}, offered: map[string]Lease{}, owner: map[netip.Addr]owner{},
+		reserved: map[netip.Addr]string{}, declined: map[netip.Addr]time.Time{}, sweepAt: 1024,
+	}
+	for mac, ip := range cfg.Reservations {
+		if other, dup := db.reserved[ip]; dup {
+			return nil, fmt.Errorf("%s is reserved for both %s and %s", ip, other, mac)
+		}
+		db.reserved[ip] = mac
+	}
 	if cfg.File == "" {
 		return db, nil
 	}
@@ -91,36 +123,68 @@ func Open(cfg Config) (*DB, error) {
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return nil, fmt.Errorf("lease file %s: %w", cfg.File, err)
 	}
-	for _, l := range list {
+	for i, l := range list {
+		hw, err := net.ParseMAC(l.MAC)
+		if err != nil || len(hw) != 6 || hw.String() != l.MAC || !l.IP.Is4() {
+			return nil, fmt.Errorf("lease file %s: entry %d (%q, %s) is not a MAC and an IPv4 address", cfg.File, i, l.MAC, l.IP)
+		}
+		if o := db.owner[l.IP]; o.acked != "" {
+			return nil, fmt.Errorf("lease file %s: %s is leased to both %s and %s", cfg.File, l.IP, o.acked, l.MAC)
+		}
+		if prev, dup := db.acked[l.MAC]; dup {
+			db.unown(prev.IP, func(o *owner) { o.acked = "" })
+		}
 		db.acked[l.MAC] = l
+		db.own(l.IP, func(o *owner) { o.acked = l.MAC })
 	}
 	return db, nil
+}
+
+func (db *DB) own(ip netip.Addr, set func(*owner)) {
+	o := db.owner[ip]
+	set(&o)
+	db.owner[ip] = o
+}
+
+func (db *DB) unown(ip netip.Addr, clear func(*owner)) {
+	o, ok := db.owner[ip]
+	if !ok {
+		return
+	}
+	clear(&o)
+	if o == (owner{}) {
+		delete(db.owner, ip)
+	} else {
+		db.owner[ip] = o
+	}
 }
 
 // inUse reports whether ip is bound to a MAC other than mac.
 func (db *DB) inUse(ip netip.Addr, mac string) bool {
 	now := db.cfg.Now()
-	if until, ok := db.declined[ip]; ok && now.Before(until) {
-		return true
-	}
-	for m, r := range db.cfg.Reservations {
-		if r == ip && m != mac {
+	if until, ok := db.declined[ip]; ok {
+		if now.Before(until) {
 			return true
 		}
+		delete(db.declined, ip)
 	}
-	for _, set := range []map[string]Lease{db.acked, db.offered} {
-		for m, l := range set {
-			if l.IP == ip && m != mac && now.Before(l.Expiry) {
-				return true
-			}
-		}
+	if m, ok := db.reserved[ip]; ok && m != mac {
+		return true
 	}
-	return false
+	o, ok := db.owner[ip]
+	if !ok {
+		return false
+	}
+	if o.acked != "" && o.acked != mac && now.Before(db.acked[o.acked].Expiry) {
+		return true
+	}
+	return o.offered != "" && o.offered != mac && now.Before(db.offered[o.offered].Expiry)
 }
 
-// Offer picks an address for mac: its reservation, its current lease, the
-// address it asks for if free, else the lowest free one; it holds the
-// address for the client until OfferHold passes.
+// Offer picks an address for mac: its reservation, its current (or last)
+// lease, the address it asks for if free, else a free one found from a
+// position given by its MAC, so a client tends to get the same address even
+// without its lease; it holds the address for the client for OfferHold.
 func (db *DB) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
 	db.mu.Lock()
 	defer db.mu.Unlock()
@@ -131,19 +195,58 @@ func (db *DB) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
 			ip, ok = l.IP, true
 		}
 	}
+	if !ok {
+		if l, had := db.offered[mac]; had && !db.inUse(l.IP, mac) {
+			ip, ok = l.IP, true
+		}
+	}
 	if !ok && requested.IsValid() && db.cfg.Pool.Contains(requested) && !db.inUse(requested, mac) {
 		ip, ok = requested, true
 	}
-	for a := db.cfg.Pool.First; !ok && a.Compare(db.cfg.Pool.Last) <= 0; a = a.Next() {
-		if !db.inUse(a, mac) {
-			ip, ok = a, true
+	if !ok {
+		h := fnv.New32a()
+		h.Write([]byte(mac))
+		size := db.cfg.Pool.size()
+		start := h.Sum32() % size
+		for i := uint32(0); i < size; i++ {
+			if a := db.cfg.Pool.at((start + i) % size); !db.inUse(a, mac) {
+				ip, ok = a, true
+				break
+			}
 		}
 	}
 	if !ok {
 		return netip.Addr{}, ErrPoolExhausted
 	}
+	db.dropOffer(mac)
 	db.offered[mac] = Lease{MAC: mac, IP: ip, Expiry: now.Add(db.cfg.OfferHold)}
+	db.own(ip, func(o *owner) { o.offered = mac })
+	if len(db.offered) >= db.sweepAt {
+		db.sweepOffers(now)
+	}
 	return ip, nil
+}
+
+func (db *DB) dropOffer(mac string) {
+	if l, ok := db.offered[mac]; ok {
+		delete(db.offered, mac)
+		db.unown(l.IP, func(o *owner) {
+			if o.offered == mac {
+				o.offered = ""
+			}
+		})
+	}
+}
+
+// sweepOffers drops expired offers; it runs each time the offers double,
+// so a flood of DISCOVERs from ever new MACs costs constant time each.
+func (db *DB) sweepOffers(now time.Time) {
+	for mac, l := range db.offered {
+		if !now.Before(l.Expiry) {
+			db.dropOffer(mac)
+		}
+	}
+	db.sweepAt = max(1024, 2*len(db.offered))
 }
 
 // Ack binds ip to mac for d when the address may be its: reserved for it,
@@ -163,17 +266,41 @@ func (db *DB) Ack(mac string, ip netip.Addr, d time.Duration, hostname string) (
 	}
 	l := Lease{MAC: mac, IP: ip, Expiry: db.cfg.Now().Add(d), Hostname: hostname}
 	prev, had := db.acked[mac]
-	db.acked[mac] = l
-	delete(db.offered, mac)
+	displaced, wasDisplaced := db.acked[db.owner[ip].acked]
+	db.setAcked(mac, l)
 	if err := db.persist(); err != nil {
+		db.removeAcked(mac)
 		if had {
-			db.acked[mac] = prev
-		} else {
-			delete(db.acked, mac)
+			db.setAcked(mac, prev)
+		}
+		if wasDisplaced && displaced.MAC != mac {
+			db.setAcked(displaced.MAC, displaced)
 		}
 		return Lease{}, err
 	}
+	db.dropOffer(mac)
 	return l, nil
+}
+
+func (db *DB) setAcked(mac string, l Lease) {
+	db.removeAcked(mac)
+	if o := db.owner[l.IP]; o.acked != "" && o.acked != mac {
+		// Another client's expired lease of this address ends here.
+		delete(db.acked, o.acked)
+	}
+	db.acked[mac] = l
+	db.own(l.IP, func(o *owner) { o.acked = mac })
+}
+
+func (db *DB) removeAcked(mac string) {
+	if l, ok := db.acked[mac]; ok {
+		delete(db.acked, mac)
+		db.unown(l.IP, func(o *owner) {
+			if o.acked == mac {
+				o.acked = ""
+			}
+		})
+	}
 }
 
 // Release frees mac's address.
@@ -181,8 +308,11 @@ func (db *DB) Release(mac string, ip netip.Addr) error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	if l, ok := db.acked[mac]; ok && l.IP == ip {
-		delete(db.acked, mac)
-		return db.persist()
+		db.removeAcked(mac)
+		if err := db.persist(); err != nil {
+			db.setAcked(mac, l)
+			return err
+		}
 	}
 	return nil
 }
@@ -193,10 +323,13 @@ func (db *DB) Decline(mac string, ip netip.Addr) error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	db.declined[ip] = db.cfg.Now().Add(db.cfg.DeclineHold)
-	delete(db.offered, mac)
+	db.dropOffer(mac)
 	if l, ok := db.acked[mac]; ok && l.IP == ip {
-		delete(db.acked, mac)
-		return db.persist()
+		db.removeAcked(mac)
+		if err := db.persist(); err != nil {
+			db.setAcked(mac, l)
+			return err
+		}
 	}
 	return nil
 }
@@ -213,8 +346,9 @@ func (db *DB) Leases() []Lease {
 	return out
 }
 
-// persist writes the acknowledged leases (expired ones included: an address
-// is only reused once its lease has run out) atomically and durably.
+// persist writes the acknowledged leases (expired ones included: a
+// returning client gets its address back while nobody else took it)
+// atomically and durably.
 func (db *DB) persist() error {
 	if db.cfg.File == "" {
 		return nil

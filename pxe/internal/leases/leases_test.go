@@ -1,7 +1,9 @@
 package leases
 
 import (
+	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -9,26 +11,38 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestLeases(t *testing.T) {
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := func() time.Time { return now }
-	file := filepath.Join(t.TempDir(), "leases.json")
-	a := netip.MustParseAddr
+var a = netip.MustParseAddr
+
+type clock struct{ now time.Time }
+
+func (c *clock) Now() time.Time { return c.now }
+
+func open(t *testing.T, cfg Config) *DB {
+	t.Helper()
+	db, err := Open(cfg)
+	require.NoError(t, err)
+	return db
+}
+
+func TestOfferAckRestart(t *testing.T) {
+	c := &clock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	cfg := Config{
 		Pool:         Pool{First: a("198.18.0.100"), Last: a("198.18.0.102")},
 		Reservations: map[string]netip.Addr{"52:54:00:00:00:99": a("198.18.0.50")},
-		File:         file,
-		Now:          clock,
+		File:         filepath.Join(t.TempDir(), "leases.json"),
+		Now:          c.Now,
 	}
-	db, err := Open(cfg)
-	require.NoError(t, err)
+	db := open(t, cfg)
 
 	ip, err := db.Offer("52:54:00:00:00:01", netip.Addr{})
 	require.NoError(t, err)
-	require.Equal(t, a("198.18.0.100"), ip)
-	ip2, err := db.Offer("52:54:00:00:00:02", a("198.18.0.100"))
+	require.True(t, cfg.Pool.Contains(ip))
+	again, err := db.Offer("52:54:00:00:00:01", netip.Addr{})
 	require.NoError(t, err)
-	require.Equal(t, a("198.18.0.101"), ip2, "an offered address is held for its client")
+	require.Equal(t, ip, again, "a retransmitted DISCOVER gets the same offer")
+	ip2, err := db.Offer("52:54:00:00:00:02", ip)
+	require.NoError(t, err)
+	require.NotEqual(t, ip, ip2, "an offered address is held for its client")
 	res, err := db.Offer("52:54:00:00:00:99", netip.Addr{})
 	require.NoError(t, err)
 	require.Equal(t, a("198.18.0.50"), res, "reservations win")
@@ -39,37 +53,102 @@ func TestLeases(t *testing.T) {
 	require.ErrorContains(t, err, "leased to another client")
 	_, err = db.Ack("52:54:00:00:00:02", a("198.18.1.1"), time.Hour, "two")
 	require.ErrorContains(t, err, "outside the pool")
-	_, err = db.Ack("52:54:00:00:00:99", a("198.18.0.101"), time.Hour, "")
+	_, err = db.Ack("52:54:00:00:00:99", ip2, time.Hour, "")
 	require.ErrorContains(t, err, "reserved")
+	_, err = db.Ack("52:54:00:00:00:99", a("198.18.0.50"), time.Hour, "")
+	require.NoError(t, err, "a reservation may lie outside the pool")
 
-	// A restart keeps the acknowledged lease: nobody else gets the address.
-	db, err = Open(cfg)
+	// A restart keeps the acknowledged leases: nobody else gets the address.
+	db = open(t, cfg)
+	require.Len(t, db.Leases(), 2)
+	for i := range 3 {
+		other, err := db.Offer(fmt.Sprintf("52:54:00:00:01:%02x", i), ip)
+		if err == nil {
+			require.NotEqual(t, ip, other)
+		}
+	}
+	back, err := db.Offer("52:54:00:00:00:01", netip.Addr{})
 	require.NoError(t, err)
+	require.Equal(t, ip, back, "a returning client gets its address back")
+
+	// Release frees it, on disk too.
+	require.NoError(t, db.Release("52:54:00:00:00:01", ip))
+	db = open(t, cfg)
 	require.Len(t, db.Leases(), 1)
-	other, err := db.Offer("52:54:00:00:00:03", a("198.18.0.100"))
-	require.NoError(t, err)
-	require.NotEqual(t, a("198.18.0.100"), other)
-	again, err := db.Offer("52:54:00:00:00:01", netip.Addr{})
-	require.NoError(t, err)
-	require.Equal(t, a("198.18.0.100"), again, "a returning client gets its address back")
+}
 
-	// Declined addresses stay out of the pool for a while.
-	require.NoError(t, db.Decline("52:54:00:00:00:03", other))
-	_, err = db.Offer("52:54:00:00:00:04", netip.Addr{})
+func TestDeclineExhaustionExpiry(t *testing.T) {
+	c := &clock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	db := open(t, Config{Pool: Pool{First: a("198.18.0.100"), Last: a("198.18.0.101")}, Now: c.Now})
+	one, err := db.Offer("52:54:00:00:00:01", netip.Addr{})
 	require.NoError(t, err)
-	_, err = db.Offer("52:54:00:00:00:05", netip.Addr{})
+	require.NoError(t, db.Decline("52:54:00:00:00:01", one))
+	two, err := db.Offer("52:54:00:00:00:02", netip.Addr{})
+	require.NoError(t, err)
+	require.NotEqual(t, one, two, "a declined address stays out of the pool")
+	_, err = db.Offer("52:54:00:00:00:03", netip.Addr{})
 	require.ErrorIs(t, err, ErrPoolExhausted)
 
-	// Expired leases and offers free their addresses.
-	now = now.Add(2 * time.Hour)
-	_, err = db.Offer("52:54:00:00:00:05", netip.Addr{})
+	// Offers and declines run out; an expired lease's address goes to
+	// another client, whose lease then replaces it.
+	_, err = db.Ack("52:54:00:00:00:02", two, time.Hour, "")
 	require.NoError(t, err)
+	c.now = c.now.Add(2 * time.Hour)
+	got := map[netip.Addr]bool{}
+	for _, mac := range []string{"52:54:00:00:00:03", "52:54:00:00:00:04"} {
+		ip, err := db.Offer(mac, netip.Addr{})
+		require.NoError(t, err)
+		got[ip] = true
+		_, err = db.Ack(mac, ip, time.Hour, "")
+		require.NoError(t, err)
+	}
+	require.Len(t, got, 2)
+	require.Len(t, db.Leases(), 2, "the expired lease of 52:54:00:00:00:02 was replaced")
+}
 
-	require.NoError(t, db.Release("52:54:00:00:00:01", a("198.18.0.100")))
-	db, err = Open(cfg)
+// Offers are spread by MAC and stay cheap in a large pool full of offers.
+func TestLargePool(t *testing.T) {
+	db := open(t, Config{Pool: Pool{First: a("198.18.0.1"), Last: a("198.18.255.254")}})
+	seen := map[netip.Addr]string{}
+	for i := range 50000 {
+		mac := fmt.Sprintf("02:00:00:%02x:%02x:%02x", i>>16, (i>>8)&0xff, i&0xff)
+		ip, err := db.Offer(mac, netip.Addr{})
+		require.NoError(t, err)
+		if prev, dup := seen[ip]; dup {
+			t.Fatalf("%s offered to %s and %s", ip, prev, mac)
+		}
+		seen[ip] = mac
+	}
+	fresh := open(t, Config{Pool: Pool{First: a("198.18.0.1"), Last: a("198.18.255.254")}})
+	ip, err := fresh.Offer("02:00:00:00:00:00", netip.Addr{})
 	require.NoError(t, err)
-	require.Empty(t, db.Leases())
+	require.Equal(t, "02:00:00:00:00:00", seen[ip], "the same MAC lands on the same address")
+}
 
-	_, err = Open(Config{Pool: Pool{First: a("198.18.0.9"), Last: a("198.18.0.1")}})
+func TestBadInput(t *testing.T) {
+	dir := t.TempDir()
+	pool := Pool{First: a("198.18.0.1"), Last: a("198.18.0.9")}
+	_, err := Open(Config{Pool: Pool{First: a("198.18.0.9"), Last: a("198.18.0.1")}})
+	require.ErrorContains(t, err, "is not an IPv4 range")
+	_, err = Open(Config{Pool: pool, Reservations: map[string]netip.Addr{"52:54:00:00:00:01": a("198.18.0.5"), "52:54:00:00:00:02": a("198.18.0.5")}})
+	require.ErrorContains(t, err, "198.18.0.5 is reserved for both")
+	for name, content := range map[string]string{
+		"garbage":   `not json`,
+		"bad MAC":   `[{"mac":"zz","ip":"198.18.0.2","expiry":"2026-01-01T00:00:00Z"}]`,
+		"IPv6":      `[{"mac":"52:54:00:00:00:01","ip":"2001:db8::1","expiry":"2026-01-01T00:00:00Z"}]`,
+		"duplicate": `[{"mac":"52:54:00:00:00:01","ip":"198.18.0.2","expiry":"2026-01-01T00:00:00Z"},{"mac":"52:54:00:00:00:02","ip":"198.18.0.2","expiry":"2026-01-01T00:00:00Z"}]`,
+	} {
+		f := filepath.Join(dir, name+".json")
+		require.NoError(t, os.WriteFile(f, []byte(content), 0o644))
+		_, err := Open(Config{Pool: pool, File: f})
+		require.ErrorContains(t, err, f, name)
+	}
+	// A lease file that cannot be written fails the ACK, and the lease is
+	// not granted (a directory in its place stops even root).
+	file := filepath.Join(dir, "leases.json")
+	db := open(t, Config{Pool: pool, File: file})
+	require.NoError(t, os.Mkdir(file, 0o755))
+	_, err = db.Ack("52:54:00:00:00:01", a("198.18.0.2"), time.Hour, "")
 	require.Error(t, err)
+	require.Empty(t, db.Leases())
 }

@@ -3,6 +3,7 @@
 package tftpd
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -40,6 +42,19 @@ type Server struct {
 	srv       *tftp.Server
 	transfers *prometheus.CounterVec
 	bytes     prometheus.Counter
+
+	// The binaries are small (tens of KiB to a few MiB) and sent block by
+	// block: serving them from memory saves a read per block.
+	mu    sync.Mutex
+	cache map[string]cached
+}
+
+// cached is a file's content as of its size and modification time; an
+// upgraded ipxe package is picked up at the next transfer.
+type cached struct {
+	data    []byte
+	size    int64
+	modTime time.Time
 }
 
 // New checks the configuration.
@@ -47,7 +62,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	s := &Server{cfg: cfg, allowed: map[string]bool{}}
+	s := &Server{cfg: cfg, allowed: map[string]bool{}, cache: map[string]cached{}}
 	for _, f := range cfg.Files {
 		if f == "" {
 			continue
@@ -92,18 +107,16 @@ func (s *Server) read(requested string, rf io.ReaderFrom) error {
 		s.cfg.Log.V(1).Info("TFTP request refused", "file", sanitize(requested))
 		return ErrNotAllowed
 	}
-	f, err := os.Open(filepath.Join(s.cfg.Dir, name))
+	data, err := s.content(name)
 	if err != nil {
 		s.transfers.WithLabelValues("error").Inc()
+		s.cfg.Log.Error(err, "TFTP: reading a served file")
 		return ErrNotAllowed
 	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil {
-		if ot, ok := rf.(tftp.OutgoingTransfer); ok {
-			ot.SetSize(st.Size()) // answers tsize
-		}
+	if ot, ok := rf.(tftp.OutgoingTransfer); ok {
+		ot.SetSize(int64(len(data))) // answers tsize
 	}
-	n, err := rf.ReadFrom(f)
+	n, err := rf.ReadFrom(bytes.NewReader(data))
 	s.bytes.Add(float64(n))
 	if err != nil {
 		s.transfers.WithLabelValues("aborted").Inc()
@@ -111,6 +124,30 @@ func (s *Server) read(requested string, rf io.ReaderFrom) error {
 	}
 	s.transfers.WithLabelValues("ok").Inc()
 	return nil
+}
+
+// content returns name's current content, from memory unless the file
+// changed.
+func (s *Server) content(name string) ([]byte, error) {
+	path := filepath.Join(s.cfg.Dir, name)
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	c, ok := s.cache[name]
+	s.mu.Unlock()
+	if ok && c.size == st.Size() && c.modTime.Equal(st.ModTime()) {
+		return c.data, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.cache[name] = cached{data: data, size: int64(len(data)), modTime: st.ModTime()}
+	s.mu.Unlock()
+	return data, nil
 }
 
 // sanitize keeps logged names printable and short.
