@@ -20,6 +20,7 @@ import (
 	"github.com/agentboot/agentboot/internal/devcluster"
 	"github.com/agentboot/agentboot/internal/hostaddr"
 	"github.com/agentboot/agentboot/internal/kubeapply"
+	"github.com/agentboot/agentboot/pxe"
 )
 
 // devFlags are the settings of `agentboot dev`.
@@ -41,6 +42,7 @@ func runDev(ctx context.Context, args []string) error {
 		disc      discoveryFlags
 		img       imageServiceFlags
 		ag        agentFlags
+		px        pxeFlags
 		logLevel  = fs.String("log-level", "info", "debug, info, warn or error")
 		logFormat = fs.String("log-format", "text", "text or json")
 	)
@@ -55,6 +57,7 @@ func runDev(ctx context.Context, args []string) error {
 	disc.register(fs)
 	img.register(fs)
 	ag.register(fs)
+	px.register(fs, "pxe-")
 	// In dev the manager is alone, on loopback, and restarts often.
 	if err := fs.Set("leader-elect", "false"); err != nil {
 		return err
@@ -69,6 +72,9 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	if err := fs.Set("image-cache-dir", ".agentboot/cache"); err != nil {
+		return err
+	}
+	if err := fs.Set("pxe-lease-file", ".agentboot/dev/pxe-leases.json"); err != nil {
 		return err
 	}
 	if err := fs.Parse(args); err != nil {
@@ -130,6 +136,20 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	var pxeServer *pxe.Server
+	if px.iface != "" {
+		// Network boot on a lab segment: needs root for ports 67 and 69.
+		if px.bootScriptURL == "" {
+			px.bootScriptURL = disc.imageHTTPURL + "/boot.ipxe"
+		}
+		pcfg, err := px.config("pxe-", log.WithName("pxe"))
+		if err != nil {
+			return err
+		}
+		if pxeServer, err = pxe.New(pcfg); err != nil {
+			return err
+		}
+	}
 	img.cfg.AgentBinary = disc.agentBinary
 	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &img.cfg, AgentService: ag.config()}, log); err != nil {
 		return err
@@ -138,11 +158,18 @@ func runDev(ctx context.Context, args []string) error {
 	fmt.Fprintf(os.Stderr, "\nagentboot dev is up. In another terminal:\n\n  export KUBECONFIG=%s\n  %s/kubectl get infraenvs,agents -A\n\n"+
 		"Hosts reach agentboot at %s: image service %s and %s, agent API %s.\nCtrl-C stops everything.\n\n",
 		cluster.KubeconfigPath(), d.binDir, advertise, disc.imageURL, disc.imageHTTPURL, disc.agentAPIURL)
+	if pxeServer != nil {
+		fmt.Fprintf(os.Stderr, "Network boot (%s mode) answers on %s; iPXE fetches %s?mac=<MAC>.\n\n", px.mode, px.iface, px.bootScriptURL)
+	}
 
 	mgrCtx, stopMgr := context.WithCancel(ctx)
 	defer stopMgr()
 	mgrDone := make(chan error, 1)
 	go func() { mgrDone <- mgr.Start(mgrCtx) }()
+	pxeDone := make(chan error, 1)
+	if pxeServer != nil {
+		go func() { pxeDone <- pxeServer.Start(mgrCtx) }()
+	}
 	select {
 	case <-ctx.Done():
 		log.Info("stopping")
@@ -157,6 +184,10 @@ func runDev(ctx context.Context, args []string) error {
 		stopMgr()
 		<-mgrDone
 		return err
+	case err := <-pxeDone:
+		stopMgr()
+		<-mgrDone
+		return fmt.Errorf("PXE service: %w", err)
 	}
 }
 

@@ -1,6 +1,7 @@
 // Command agentboot runs agentboot's server components: `manager` (the
 // controllers and the agent API), `dev` (all of it on a local control plane),
-// and, as they land, `image-service` and `pxe`.
+// `image-service` (discovery images, for scaling apart from the manager) and
+// `pxe` (DHCP, TFTP and HTTP for network boot, on the boot network).
 package main
 
 import (
@@ -24,6 +25,7 @@ type command struct {
 var commands = []command{
 	{"manager", "run the controllers and the agent API against a cluster", runManager},
 	{"image-service", "serve discovery ISOs, PXE artifacts and Ignition configs", runImageService},
+	{"pxe", "answer network boot (ProxyDHCP or DHCP, TFTP, HTTP) on the boot network", runPXE},
 	{"dev", "run a local control plane with everything agentboot serves (make run)", runDev},
 	{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
 }

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/agentboot/agentboot/pxe"
+)
+
+// pxeFlags are the PXE service's settings. `agentboot pxe` registers them
+// as they are; `agentboot dev` with a "pxe-" prefix.
+type pxeFlags struct {
+	iface, serverIP, mode, bootScriptURL string
+	tftpDir, tftpAddr, httpAddr          string
+	tftpSinglePort                       bool
+	biosBinary, efiBinary, arm64Binary   string
+	pool, router, dns, leaseFile         string
+	prefixLen                            int
+	leaseTime                            time.Duration
+	reservations                         stringList
+}
+
+func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&p.iface, prefix+"interface", "", "the boot network's interface (required)")
+	fs.StringVar(&p.serverIP, prefix+"server-ip", "", "this host's IPv4 address on the boot network (default: the interface's first)")
+	fs.StringVar(&p.mode, prefix+"mode", "proxy", "proxy: answer network boot clients next to the site's DHCP server, never with an address; authoritative: also hand out addresses (isolated networks)")
+	fs.StringVar(&p.bootScriptURL, prefix+"boot-script-url", "", "the image service's plain-HTTP boot script, e.g. http://images.example:8080/boot.ipxe (iPXE gets it with ?mac=)")
+	fs.StringVar(&p.tftpDir, prefix+"tftp-dir", "/usr/lib/ipxe", "directory with the iPXE binaries (Debian's ipxe package)")
+	fs.StringVar(&p.tftpAddr, prefix+"tftp-addr", ":69", "TFTP listen address")
+	fs.BoolVar(&p.tftpSinglePort, prefix+"tftp-single-port", false, "serve every TFTP transfer from the listen port, about ten times slower (only for firewalls and NAT that pass nothing but port 69)")
+	fs.StringVar(&p.httpAddr, prefix+"http-addr", ":8070", "HTTP listen address: iPXE binaries for UEFI HTTP boot under /ipxe/, /metrics, /healthz")
+	fs.StringVar(&p.biosBinary, prefix+"bios-binary", "undionly.kpxe", "iPXE binary for BIOS PXE clients")
+	fs.StringVar(&p.efiBinary, prefix+"efi-binary", "ipxe.efi", "iPXE binary for x86-64 UEFI clients (ipxe.efi, or snponly.efi to use the firmware's network driver)")
+	fs.StringVar(&p.arm64Binary, prefix+"arm64-binary", "", "iPXE binary for arm64 UEFI clients, in the TFTP directory (empty: arm64 clients are not answered)")
+	fs.StringVar(&p.pool, prefix+"pool", "", "authoritative mode: the address range handed out, first-last, e.g. 198.18.0.100-198.18.0.200")
+	fs.IntVar(&p.prefixLen, prefix+"prefix-length", 0, "authoritative mode: the boot network's prefix length (default: the interface address's)")
+	fs.StringVar(&p.router, prefix+"router", "", "authoritative mode: default gateway given to clients")
+	fs.StringVar(&p.dns, prefix+"dns", "", "authoritative mode: comma-separated DNS servers given to clients")
+	fs.DurationVar(&p.leaseTime, prefix+"lease-time", 12*time.Hour, "authoritative mode: lease duration")
+	fs.Var(&p.reservations, prefix+"reservation", "authoritative mode: MAC=IP, always give this MAC this address (repeatable)")
+	fs.StringVar(&p.leaseFile, prefix+"lease-file", "/var/lib/agentboot/pxe-leases.json", "authoritative mode: where leases are kept, written before each acknowledgement")
+}
+
+// config turns the flags into the service's configuration; prefix names the
+// flags in errors.
+func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
+	flagErr := func(name, format string, args ...any) error {
+		return fmt.Errorf("--%s%s: %s", prefix, name, fmt.Sprintf(format, args...))
+	}
+	cfg := pxe.Config{
+		Interface: p.iface, Mode: pxe.Mode(p.mode), BootScriptURL: p.bootScriptURL,
+		TFTPDir: p.tftpDir, TFTPAddr: p.tftpAddr, TFTPSinglePort: p.tftpSinglePort, HTTPAddr: p.httpAddr,
+		BIOSBinary: p.biosBinary, EFIBinary: p.efiBinary, ARM64Binary: p.arm64Binary,
+		PrefixLen: p.prefixLen, LeaseTime: p.leaseTime, LeaseFile: p.leaseFile, Log: log,
+	}
+	if p.iface == "" {
+		return cfg, flagErr("interface", "required: the interface on the boot network")
+	}
+	if p.bootScriptURL == "" {
+		return cfg, flagErr("boot-script-url", "required: the image service's plain-HTTP /boot.ipxe")
+	}
+	if u, err := url.Parse(p.bootScriptURL); err != nil || u.Scheme != "http" || u.Host == "" {
+		// Stock iPXE builds have no HTTPS, or no trust for a private CA.
+		return cfg, flagErr("boot-script-url", "%q is not a plain http:// URL (stock iPXE cannot verify HTTPS)", p.bootScriptURL)
+	}
+	var err error
+	if p.serverIP != "" {
+		if cfg.ServerIP, err = parseIPv4(p.serverIP); err != nil {
+			return cfg, flagErr("server-ip", "%v", err)
+		}
+	}
+	if cfg.Mode != pxe.Authoritative {
+		for _, f := range []struct{ name, value string }{{"pool", p.pool}, {"router", p.router}, {"dns", p.dns}} {
+			if f.value != "" {
+				return cfg, flagErr(f.name, "only applies in authoritative mode")
+			}
+		}
+		if len(p.reservations) > 0 {
+			return cfg, flagErr("reservation", "only applies in authoritative mode")
+		}
+		return cfg, nil
+	}
+	if p.pool == "" {
+		return cfg, flagErr("pool", "required in authoritative mode, e.g. 198.18.0.100-198.18.0.200")
+	}
+	first, last, ok := strings.Cut(p.pool, "-")
+	if !ok {
+		return cfg, flagErr("pool", "%q: want first-last", p.pool)
+	}
+	if cfg.PoolStart, err = parseIPv4(first); err != nil {
+		return cfg, flagErr("pool", "%v", err)
+	}
+	if cfg.PoolEnd, err = parseIPv4(last); err != nil {
+		return cfg, flagErr("pool", "%v", err)
+	}
+	if cfg.PoolEnd.Less(cfg.PoolStart) {
+		return cfg, flagErr("pool", "%q ends before it starts", p.pool)
+	}
+	if p.router != "" {
+		if cfg.Router, err = parseIPv4(p.router); err != nil {
+			return cfg, flagErr("router", "%v", err)
+		}
+	}
+	if p.dns != "" {
+		for _, s := range strings.Split(p.dns, ",") {
+			a, err := parseIPv4(strings.TrimSpace(s))
+			if err != nil {
+				return cfg, flagErr("dns", "%v", err)
+			}
+			cfg.DNS = append(cfg.DNS, a)
+		}
+	}
+	if p.leaseTime < time.Minute {
+		return cfg, flagErr("lease-time", "%s is shorter than a minute", p.leaseTime)
+	}
+	cfg.Reservations = map[string]netip.Addr{}
+	for _, r := range p.reservations {
+		mac, ip, ok := strings.Cut(r, "=")
+		if !ok {
+			return cfg, flagErr("reservation", "%q: want MAC=IP", r)
+		}
+		hw, err := net.ParseMAC(mac)
+		if err != nil || len(hw) != 6 {
+			return cfg, flagErr("reservation", "%q: %q is not an Ethernet MAC address", r, mac)
+		}
+		a, err := parseIPv4(ip)
+		if err != nil {
+			return cfg, flagErr("reservation", "%q: %v", r, err)
+		}
+		key := hw.String()
+		if prev, dup := cfg.Reservations[key]; dup {
+			return cfg, flagErr("reservation", "%s is reserved twice (%s and %s)", key, prev, a)
+		}
+		for m, other := range cfg.Reservations {
+			if other == a {
+				return cfg, flagErr("reservation", "%s is reserved for both %s and %s", a, m, key)
+			}
+		}
+		cfg.Reservations[key] = a
+	}
+	return cfg, nil
+}
+
+func parseIPv4(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil || !a.Is4() {
+		return netip.Addr{}, fmt.Errorf("%q is not an IPv4 address", s)
+	}
+	return a, nil
+}
+
+func runPXE(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("pxe", flag.ContinueOnError)
+	var (
+		p         pxeFlags
+		logLevel  = fs.String("log-level", "info", "debug, info, warn or error")
+		logFormat = fs.String("log-format", "json", "text or json")
+	)
+	p.register(fs, "")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	log, err := newLogger(os.Stderr, *logLevel, *logFormat)
+	if err != nil {
+		return err
+	}
+	cfg, err := p.config("", log.WithName("pxe"))
+	if err != nil {
+		return err
+	}
+	srv, err := pxe.New(cfg)
+	if err != nil {
+		return err
+	}
+	log.Info("starting PXE service", "version", version)
+	if err := srv.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
