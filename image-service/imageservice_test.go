@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/iso9660"
 	"github.com/agentboot/agentboot/internal/liveiso"
 	"github.com/agentboot/agentboot/internal/testenv"
@@ -381,4 +382,128 @@ func TestAgentBinary(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, want, r.body)
 	require.Equal(t, http.StatusNotFound, get(t, s, s.Settings.ImageServiceURL+"/agent/"+strings.Repeat("0", 64), nil).code)
+}
+
+// TestBootScriptByMAC walks /boot.ipxe?mac= through every way a MAC resolves.
+func TestBootScriptByMAC(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ctx := context.Background()
+	byMAC := func(mac string) response {
+		t.Helper()
+		return get(t, s, s.Settings.ImageServiceHTTPURL+"/boot.ipxe?mac="+url.QueryEscape(mac), nil)
+	}
+	script := func(mac string) string {
+		t.Helper()
+		r := byMAC(mac)
+		require.Equal(t, http.StatusOK, r.code, string(r.body))
+		require.True(t, strings.HasPrefix(string(r.body), "#!ipxe\n"), string(r.body))
+		return string(r.body)
+	}
+	requireExit := func(mac, why string) {
+		t.Helper()
+		body := script(mac)
+		require.Contains(t, body, why)
+		require.True(t, strings.HasSuffix(body, "\nexit\n"), body)
+		require.NotContains(t, body, "kernel ")
+	}
+
+	for _, bad := range []string{"/boot.ipxe", "/boot.ipxe?mac=zz", "/boot.ipxe?mac=52:54:00:00:00:01&mac=52:54:00:00:00:02",
+		"/boot.ipxe?mac=52:54:00:00:00:01&x=1", "/boot.ipxe?mac=52:54:00:00:00:01:02"} {
+		r := get(t, s, s.Settings.ImageServiceHTTPURL+bad, nil)
+		require.Equal(t, http.StatusBadRequest, r.code, bad)
+	}
+	requireExit("52:54:00:00:00:01", "no BareMetalHost has boot MAC 52:54:00:00:00:01 and no InfraEnv is labelled agentboot.io/pxe-default=true")
+
+	// The PXE default catches every unclaimed MAC, over HTTP and HTTPS.
+	def := setup(t, s, func(ie *v1beta1.InfraEnv) { ie.Labels = map[string]string{v1beta1.PXEDefaultLabel: "true"} })
+	want := string(get(t, s, def.Status.BootArtifacts.IpxeScriptURL, nil).body)
+	require.Contains(t, want, "kernel ")
+	require.Equal(t, want, script("52:54:00:00:00:01"))
+	require.Equal(t, want, script("52-54-00-00-00-01"), "hyphens and upper case are the same MAC")
+	r := get(t, s, s.Settings.ImageServiceURL+"/boot.ipxe?mac=52:54:00:00:00:01", nil)
+	require.Equal(t, want, string(r.body))
+
+	ns := def.Namespace
+	other := stack.NewInfraEnv(ns, "second-default")
+	other.Labels = map[string]string{v1beta1.PXEDefaultLabel: "true"}
+	require.NoError(t, s.Client.Create(ctx, other))
+	require.Eventually(t, func() bool {
+		return strings.Contains(string(byMAC("52:54:00:00:00:01").body), "InfraEnvs "+ns+"/hardware-inventory, "+ns+"/second-default are all labelled")
+	}, 10*time.Second, 100*time.Millisecond, "two defaults: the host is told, and boots on")
+	patch := client.MergeFrom(other.DeepCopy())
+	other.Labels = nil
+	require.NoError(t, s.Client.Patch(ctx, other, patch))
+	other = s.WaitImage(t, client.ObjectKeyFromObject(other))
+	wantOther := string(get(t, s, other.Status.BootArtifacts.IpxeScriptURL, nil).body)
+	require.NotEqual(t, want, wantOther)
+
+	// A BareMetalHost claims its boot MAC for the InfraEnv it is labelled with.
+	bmc := metal3.BMCDetails{Address: "ipmi://198.18.0.9", CredentialsName: "bmc-secret"}
+	bmh := func(name, mac, infraEnv string) *metal3.BareMetalHost {
+		h := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: bmc}}
+		if infraEnv != "" {
+			h.Labels = map[string]string{v1beta1.InfraEnvNameLabel: infraEnv}
+		}
+		require.NoError(t, s.Client.Create(ctx, h))
+		return h
+	}
+	bmh("worker-0", "52:54:00:AA:00:01", "second-default")
+	require.Eventually(t, func() bool { return string(byMAC("52:54:00:aa:00:01").body) == wantOther }, 10*time.Second, 100*time.Millisecond)
+	require.Equal(t, want, script("52:54:00:00:00:01"), "other MACs still boot the default")
+
+	bmh("worker-1", "52:54:00:aa:00:02", "")
+	require.Eventually(t, func() bool {
+		return strings.Contains(string(byMAC("52:54:00:aa:00:02").body), "BareMetalHost "+ns+"/worker-1 has no infraenvs.agent-install.openshift.io label")
+	}, 10*time.Second, 100*time.Millisecond)
+	requireExit("52:54:00:aa:00:02", "has no infraenvs.agent-install.openshift.io label")
+
+	bmh("worker-2", "52:54:00:aa:00:03", "gone")
+	require.Eventually(t, func() bool {
+		return strings.Contains(string(byMAC("52:54:00:aa:00:03").body), "names InfraEnv gone, which does not exist")
+	}, 10*time.Second, 100*time.Millisecond)
+
+	external := bmh("worker-4", "52:54:00:aa:00:05", "second-default")
+	patch = client.MergeFrom(external.DeepCopy())
+	external.Spec.ExternallyProvisioned = true
+	require.NoError(t, s.Client.Patch(ctx, external, patch))
+	require.Eventually(t, func() bool {
+		return strings.Contains(string(byMAC("52:54:00:aa:00:05").body), "BareMetalHost "+ns+"/worker-4 is externally provisioned")
+	}, 10*time.Second, 100*time.Millisecond)
+
+	otherNS := s.Namespace(t, "elsewhere")
+	twin := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: otherNS, Name: "twin"}, Spec: metal3.BareMetalHostSpec{BootMACAddress: "52:54:00:aa:00:01", BMC: bmc}}
+	require.NoError(t, s.Client.Create(ctx, twin))
+	require.Eventually(t, func() bool {
+		return strings.Contains(string(byMAC("52:54:00:aa:00:01").body), "BareMetalHosts "+otherNS+"/twin, "+ns+"/worker-0 all have boot MAC 52:54:00:aa:00:01")
+	}, 10*time.Second, 100*time.Millisecond)
+	requireExit("52:54:00:aa:00:01", "all have boot MAC")
+	require.NoError(t, s.Client.Delete(ctx, twin))
+
+	// An installed host goes to its disk.
+	agent := &v1beta1.Agent{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "d9a4d1e0-0000-4000-8000-000000000002", Labels: map[string]string{v1beta1.InfraEnvNameLabel: "second-default"}},
+		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true},
+	}
+	require.NoError(t, s.Client.Create(ctx, agent))
+	patch = client.MergeFrom(agent.DeepCopy())
+	agent.Status.Inventory.Interfaces = []v1beta1.HostInterface{{Name: "eth0", MacAddress: "52:54:00:aa:00:01", IPV4Addresses: []string{}, IPV6Addresses: []string{}, Flags: []string{}}}
+	agent.Status.Progress.CurrentStage = v1beta1.StageDone
+	require.NoError(t, s.Client.Status().Patch(ctx, agent, patch))
+	require.Eventually(t, func() bool {
+		return strings.Contains(string(byMAC("52:54:00:aa:00:01").body), "this host is installed; booting from disk")
+	}, 10*time.Second, 100*time.Millisecond)
+	requireExit("52:54:00:aa:00:01", "booting from disk")
+
+	// An InfraEnv that is not ready keeps the host waiting and asking.
+	broken := stack.NewInfraEnv(ns, "broken")
+	broken.Spec.PullSecretRef.Name = "missing"
+	require.NoError(t, s.Client.Create(ctx, broken))
+	s.WaitCondition(t, client.ObjectKeyFromObject(broken), corev1.ConditionFalse, nil)
+	bmh("worker-3", "52:54:00:aa:00:04", "broken")
+	require.Eventually(t, func() bool {
+		return strings.Contains(string(byMAC("52:54:00:aa:00:04").body), "InfraEnv "+ns+"/broken is not ready")
+	}, 10*time.Second, 100*time.Millisecond)
+	body := script("52:54:00:aa:00:04")
+	require.Contains(t, body, "missing")
+	require.True(t, strings.HasSuffix(body, "\nsleep 30\nchain --replace --autofree http://"+s.HTTPAddr+"/boot.ipxe?mac=52:54:00:aa:00:04\n"), body)
 }

@@ -9,6 +9,11 @@ import (
 // registered through; an InfraEnv's status.agentLabelSelector selects on it.
 const InfraEnvNameLabel = "infraenvs.agent-install.openshift.io"
 
+// PXEDefaultLabel ("true") marks the InfraEnv that network-booting hosts
+// no BareMetalHost claims boot into (an agentboot extension). At most one
+// InfraEnv in the cluster may carry it.
+const PXEDefaultLabel = "agentboot.io/pxe-default"
+
 // ImageCreatedCondition reports whether the discovery image can be served.
 const ImageCreatedCondition ConditionType = "ImageCreated"
 

@@ -48,7 +48,7 @@ func AgentMACs(o client.Object) []string {
 
 // Options configure a Handler.
 type Options struct {
-	Reader      client.Reader // an informer cache with UIDIndex and MACIndex
+	Reader      client.Reader // an informer cache with UIDIndex, MACIndex and BootMACIndex
 	Catalog     *osimage.Catalog
 	Keys        *signing.Keeper
 	Settings    discovery.Settings
@@ -84,7 +84,7 @@ var (
 
 // NewHandler opens the agent binary and prepares the handler.
 func NewHandler(opts Options) (*Handler, error) {
-	registerOnce.Do(func() { metrics.Registry.MustRegister(requests, inFlight, bytesSent) })
+	registerOnce.Do(func() { metrics.Registry.MustRegister(requests, inFlight, bytesSent, bootScripts) })
 	f, err := os.Open(opts.AgentBinary)
 	if err != nil {
 		return nil, err
@@ -112,6 +112,7 @@ func (h *Handler) routes(secure bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /images/{uid}/{version}/{file}", h.serveImage(secure))
 	mux.HandleFunc("GET /boot-artifacts/{arch}/{version}/{file}", h.serveArtifact)
+	mux.HandleFunc("GET /boot.ipxe", h.serveBootScript)
 	if secure {
 		mux.HandleFunc("GET /agent/{sha256}", h.serveAgent)
 	}
@@ -142,6 +143,8 @@ func fileLabel(p string) string {
 	switch {
 	case strings.HasPrefix(p, "/images/"):
 		return p[strings.LastIndexByte(p, '/')+1:]
+	case p == "/boot.ipxe":
+		return "boot.ipxe-by-mac"
 	case strings.HasPrefix(p, "/agent/"):
 		return "agent"
 	case strings.HasPrefix(p, "/boot-artifacts/"):

@@ -1,0 +1,217 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/discovery"
+)
+
+// BootMACIndex indexes BareMetalHosts by spec.bootMACAddress, lowercased.
+const BootMACIndex = "agentboot.spec.bootMACAddress"
+
+// BMHBootMAC is the BootMACIndex function.
+func BMHBootMAC(o client.Object) []string {
+	h, ok := o.(*metal3.BareMetalHost)
+	if !ok || h.Spec.BootMACAddress == "" {
+		return nil
+	}
+	return []string{strings.ToLower(h.Spec.BootMACAddress)}
+}
+
+// Outcomes of a boot script request, for the metric and the tests.
+const (
+	BootDiscovery = "discovery"   // the InfraEnv's discovery boot script
+	BootDisk      = "disk"        // the host is installed: exit to local boot
+	BootUnknown   = "unknown"     // nothing claims the MAC: exit
+	BootAmbiguous = "ambiguous"   // more than one claim: exit, fix the objects
+	BootNotReady  = "not-ready"   // the InfraEnv's image is not ready: wait, ask again
+	BootBadMAC    = "bad-request" // no or malformed mac
+)
+
+var bootScripts = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "agentboot_boot_script_requests_total",
+	Help: "Boot script requests by MAC, by outcome.",
+}, []string{"outcome"})
+
+// retrySeconds is how long iPXE waits before asking again for a host whose
+// InfraEnv is not ready.
+const retrySeconds = 30
+
+// serveBootScript answers /boot.ipxe?mac=: iPXE, sent here by the PXE
+// service or by a site's PXE server, learns what this host boots. The MAC
+// maps to an InfraEnv through the BareMetalHost that names it as its boot
+// MAC, else to the InfraEnv labelled as the PXE default. Anything else gets
+// a script that says why and exits, so the firmware moves on to the disk.
+func (h *Handler) serveBootScript(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	macs, ok := q["mac"]
+	if !ok || len(macs) != 1 || len(q) != 1 {
+		bootScripts.WithLabelValues(BootBadMAC).Inc()
+		http.Error(w, "want exactly one query parameter, mac, e.g. /boot.ipxe?mac=${net0/mac}", http.StatusBadRequest)
+		return
+	}
+	mac := strings.ToLower(strings.ReplaceAll(macs[0], "-", ":"))
+	if !macPattern.MatchString(mac) {
+		bootScripts.WithLabelValues(BootBadMAC).Inc()
+		http.Error(w, fmt.Sprintf("malformed mac %q: want six hexadecimal bytes separated by colons", macs[0]), http.StatusBadRequest)
+		return
+	}
+	outcome, script, err := h.bootScriptFor(r.Context(), mac, r)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	bootScripts.WithLabelValues(outcome).Inc()
+	if outcome != BootDiscovery {
+		h.opts.Log.Info("boot script", "mac", mac, "outcome", outcome, "remote", r.RemoteAddr)
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write([]byte(script))
+}
+
+func (h *Handler) bootScriptFor(ctx context.Context, mac string, r *http.Request) (string, string, error) {
+	ie, outcome, why, err := h.infraEnvForMAC(ctx, mac)
+	if err != nil || ie == nil {
+		return outcome, exitScript(why), err
+	}
+	var agents v1beta1.AgentList
+	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(ie.Namespace), client.MatchingFields{MACIndex: mac}); err != nil {
+		return "", "", err
+	}
+	for i := range agents.Items {
+		if discovery.BootsFromDisk(&agents.Items[i]) {
+			return BootDisk, discovery.IPXEExitScript, nil
+		}
+	}
+	name := ie.Namespace + "/" + ie.Name
+	if c := conditions.Find(ie.Status.Conditions, v1beta1.ImageCreatedCondition); c == nil || c.Status != "True" {
+		msg := "its image is being prepared"
+		if c != nil && c.Message != "" {
+			msg = c.Message
+		}
+		return BootNotReady, retryScript(fmt.Sprintf("InfraEnv %s is not ready: %s", name, msg), mac, r), nil
+	}
+	key, err := h.opts.Keys.Key()
+	if err != nil {
+		return BootNotReady, retryScript("the image service is starting", mac, r), nil
+	}
+	out, _, err := h.render(ctx, ie, key)
+	if err != nil {
+		// An OS image still downloading, or an InfraEnv the operator
+		// still has to fix: either way the host waits and asks again.
+		return BootNotReady, retryScript(fmt.Sprintf("InfraEnv %s: %s", name, err), mac, r), nil
+	}
+	return BootDiscovery, out.IPXEScript(), nil
+}
+
+// infraEnvForMAC finds the InfraEnv mac boots into. With none, it returns
+// the outcome and why.
+func (h *Handler) infraEnvForMAC(ctx context.Context, mac string) (*v1beta1.InfraEnv, string, string, error) {
+	var hosts metal3.BareMetalHostList
+	if err := h.opts.Reader.List(ctx, &hosts, client.MatchingFields{BootMACIndex: mac}); err != nil {
+		return nil, "", "", err
+	}
+	var claims []string
+	for _, bmh := range hosts.Items {
+		if bmh.DeletionTimestamp.IsZero() {
+			claims = append(claims, bmh.Namespace+"/"+bmh.Name)
+		}
+	}
+	sort.Strings(claims)
+	switch {
+	case len(claims) > 1:
+		return nil, BootAmbiguous, fmt.Sprintf("BareMetalHosts %s all have boot MAC %s", strings.Join(claims, ", "), mac), nil
+	case len(claims) == 1:
+		for _, bmh := range hosts.Items {
+			if !bmh.DeletionTimestamp.IsZero() {
+				continue
+			}
+			if bmh.Spec.ExternallyProvisioned {
+				return nil, BootUnknown, fmt.Sprintf("BareMetalHost %s/%s is externally provisioned: agentboot does not boot it into discovery", bmh.Namespace, bmh.Name), nil
+			}
+			name := bmh.Labels[v1beta1.InfraEnvNameLabel]
+			if name == "" {
+				return nil, BootUnknown, fmt.Sprintf("BareMetalHost %s/%s has no %s label naming an InfraEnv", bmh.Namespace, bmh.Name, v1beta1.InfraEnvNameLabel), nil
+			}
+			var ie v1beta1.InfraEnv
+			err := h.opts.Reader.Get(ctx, client.ObjectKey{Namespace: bmh.Namespace, Name: name}, &ie)
+			if apierrors.IsNotFound(err) || (err == nil && !ie.DeletionTimestamp.IsZero()) {
+				return nil, BootUnknown, fmt.Sprintf("BareMetalHost %s/%s names InfraEnv %s, which does not exist", bmh.Namespace, bmh.Name, name), nil
+			}
+			if err != nil {
+				return nil, "", "", err
+			}
+			return &ie, "", "", nil
+		}
+	}
+	var envs v1beta1.InfraEnvList
+	if err := h.opts.Reader.List(ctx, &envs, client.MatchingLabels{v1beta1.PXEDefaultLabel: "true"}); err != nil {
+		return nil, "", "", err
+	}
+	var defaults []string
+	var found *v1beta1.InfraEnv
+	for i := range envs.Items {
+		if envs.Items[i].DeletionTimestamp.IsZero() {
+			defaults = append(defaults, envs.Items[i].Namespace+"/"+envs.Items[i].Name)
+			found = &envs.Items[i]
+		}
+	}
+	sort.Strings(defaults)
+	switch len(defaults) {
+	case 0:
+		return nil, BootUnknown, fmt.Sprintf("no BareMetalHost has boot MAC %s and no InfraEnv is labelled %s=true", mac, v1beta1.PXEDefaultLabel), nil
+	case 1:
+		return found, "", "", nil
+	}
+	return nil, BootAmbiguous, fmt.Sprintf("InfraEnvs %s are all labelled %s=true", strings.Join(defaults, ", "), v1beta1.PXEDefaultLabel), nil
+}
+
+// exitScript says why and gives the host back to its firmware's next boot
+// device.
+func exitScript(why string) string {
+	return "#!ipxe\necho agentboot: " + ipxeText(why) + "\necho agentboot: not booting discovery; trying the next boot device\nexit\n"
+}
+
+// retryScript says why, waits, and asks again.
+func retryScript(why, mac string, r *http.Request) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	self := scheme + "://" + r.Host + r.URL.Path + "?mac=" + mac
+	return fmt.Sprintf("#!ipxe\necho agentboot: %s\necho agentboot: asking again in %d seconds\nsleep %d\nchain --replace --autofree %s\n",
+		ipxeText(why), retrySeconds, retrySeconds, ipxeText(self))
+}
+
+// ipxeText keeps text from objects out of iPXE's syntax: no settings
+// expansion (${...}), no line breaks, bounded length.
+func ipxeText(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if b.Len() >= 300 {
+			b.WriteString("...")
+			break
+		}
+		switch {
+		case c == '$' || c == '{' || c == '}' || c == '\\' || c == '"' || c == '\'':
+			b.WriteByte('_')
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte(' ')
+		default:
+			b.WriteRune(c)
+		}
+	}
+	return b.String()
+}
