@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/e2e/lab"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/vm"
@@ -29,6 +31,8 @@ import (
 var (
 	theLab *lab.Lab
 	s      *stack.Stack
+	// agentbootBin is this tree's agentboot command, for `agentboot pxe`.
+	agentbootBin string
 )
 
 // bootTimeout is generous: TCG on a loaded two-core machine.
@@ -77,6 +81,13 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	agentbootBin = filepath.Join(dir, "agentboot")
+	build := exec.Command("go", "build", "-o", agentbootBin, "./cmd/agentboot")
+	build.Dir = testenv.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build agentboot: %v\n%s", err, out)
+		return 1
+	}
 	code := m.Run()
 	if code == 0 {
 		os.RemoveAll(dir)
@@ -111,10 +122,16 @@ func download(t *testing.T, url string) string {
 	return p
 }
 
-// bootVM starts a VM on a new tap of the lab's bridge.
+// bootVM starts a VM on a new tap of the lab's main bridge.
 func bootVM(t *testing.T, o vm.Options) *vm.VM {
 	t.Helper()
-	tap, err := theLab.Tap()
+	return bootVMOn(t, "br0", o)
+}
+
+// bootVMOn starts a VM on a new tap of bridge.
+func bootVMOn(t *testing.T, bridge string, o vm.Options) *vm.VM {
+	t.Helper()
+	tap, err := theLab.TapOn(bridge)
 	require.NoError(t, err)
 	o.Prefix = theLab.Exec()
 	o.Net = "tap,ifname=" + tap + ",script=no,downscript=no"

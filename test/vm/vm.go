@@ -46,6 +46,9 @@ type Options struct {
 	MAC string
 	// UEFI boots with OVMF instead of SeaBIOS.
 	UEFI bool
+	// NoNICROM leaves out qemu's iPXE option ROM, so the firmware's own
+	// network stack boots (OVMF's PXE, like most servers' UEFI), not iPXE.
+	NoNICROM bool
 	// Prefix runs qemu through another command (`ip netns exec <ns>`).
 	Prefix []string
 	// Extra qemu arguments.
@@ -166,7 +169,9 @@ func Start(t testing.TB, o Options) *VM {
 	if o.Kernel != "" {
 		args = append(args, "-kernel", o.Kernel, "-initrd", o.Initrd, "-append", o.Append)
 	}
-	if o.Boot != "" {
+	// OVMF follows bootindex, not -boot, to boot from the network first.
+	netFirst := o.UEFI && strings.HasPrefix(o.Boot, "n")
+	if o.Boot != "" && !netFirst {
 		args = append(args, "-boot", o.Boot)
 	}
 	if o.Net != "" {
@@ -174,6 +179,12 @@ func Start(t testing.TB, o Options) *VM {
 		dev := "virtio-net-pci,netdev=n0"
 		if o.MAC != "" {
 			dev += ",mac=" + o.MAC
+		}
+		if o.NoNICROM {
+			dev += ",romfile="
+		}
+		if netFirst {
+			dev += ",bootindex=1"
 		}
 		args = append(args, "-device", dev)
 	} else {

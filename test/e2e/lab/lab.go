@@ -6,20 +6,17 @@
 package lab
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/agentboot/agentboot/test/netns"
 )
 
 // Addresses inside the lab: only 198.18.0.0/15, only inside the namespace.
@@ -34,9 +31,8 @@ const (
 
 // Lab is one network namespace with its bridge.
 type Lab struct {
-	Name   string
-	Dir    string
-	nsFile *os.File
+	*netns.NS
+	Dir string
 
 	mu      sync.Mutex
 	taps    int
@@ -55,13 +51,13 @@ func New(dir string) (*Lab, error) {
 		}
 	}
 	RemoveStale()
-	l := &Lab{Name: Prefix + strconv.Itoa(os.Getpid()), Dir: dir}
-	if err := run("ip", "netns", "add", l.Name); err != nil {
+	ns, err := netns.New(Prefix + strconv.Itoa(os.Getpid()))
+	if err != nil {
 		return nil, err
 	}
-	l.cleanup = append(l.cleanup, func() { _ = run("ip", "netns", "delete", l.Name) })
+	l := &Lab{NS: ns, Dir: dir}
+	l.cleanup = append(l.cleanup, ns.Close)
 	for _, cmd := range [][]string{
-		{"link", "set", "lo", "up"},
 		{"link", "add", bridgeName, "type", "bridge"},
 		{"addr", "add", HostIP + "/24", "dev", bridgeName},
 		{"link", "set", bridgeName, "up"},
@@ -71,43 +67,11 @@ func New(dir string) (*Lab, error) {
 			return nil, err
 		}
 	}
-	f, err := os.Open(filepath.Join("/run/netns", l.Name))
-	if err != nil {
-		l.Close()
-		return nil, err
-	}
-	l.nsFile = f
-	l.cleanup = append(l.cleanup, func() { f.Close() })
 	return l, nil
 }
 
 // RemoveStale deletes lab namespaces whose test process no longer runs.
-func RemoveStale() {
-	out, _ := exec.Command("ip", "netns", "list").Output()
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		name := f[0]
-		pid, ok := strings.CutPrefix(name, Prefix)
-		if !ok {
-			continue
-		}
-		if n, err := strconv.Atoi(pid); err == nil && syscall.Kill(n, 0) == nil && n != os.Getpid() {
-			continue // still running
-		}
-		// Processes left in it (qemu, dnsmasq) go first.
-		if pids, err := exec.Command("ip", "netns", "pids", name).Output(); err == nil {
-			for _, p := range strings.Fields(string(pids)) {
-				if n, err := strconv.Atoi(p); err == nil {
-					_ = syscall.Kill(n, syscall.SIGKILL)
-				}
-			}
-		}
-		_ = run("ip", "netns", "delete", name)
-	}
-}
+func RemoveStale() { netns.RemoveStale(Prefix) }
 
 // Close stops everything the lab started and deletes the namespace.
 func (l *Lab) Close() {
@@ -119,28 +83,43 @@ func (l *Lab) Close() {
 	l.cleanup = nil
 }
 
-func run(name string, args ...string) error {
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+// Segment is one more boot network in the lab: a bridge with
+// 198.18.<n>.1/24. The namespace owns every segment's address, so VMs on
+// any segment reach agentboot's services on HostIP through their router.
+type Segment struct {
+	Bridge string
+	HostIP string // 198.18.<n>.1
+	Prefix string // 198.18.<n>
+}
+
+// Segment creates bridge br<n> with 198.18.<n>.1/24 (n from 1 to 255).
+func (l *Lab) Segment(n int) (Segment, error) {
+	seg := Segment{Bridge: fmt.Sprintf("br%d", n), Prefix: fmt.Sprintf("198.18.%d", n)}
+	seg.HostIP = seg.Prefix + ".1"
+	for _, cmd := range [][]string{
+		{"link", "add", seg.Bridge, "type", "bridge"},
+		{"addr", "add", seg.HostIP + "/24", "dev", seg.Bridge},
+		{"link", "set", seg.Bridge, "up"},
+	} {
+		if err := l.IP(cmd...); err != nil {
+			return seg, err
+		}
 	}
-	return nil
+	return seg, nil
 }
 
-// IP runs `ip` inside the namespace.
-func (l *Lab) IP(args ...string) error {
-	return run("ip", append([]string{"-n", l.Name}, args...)...)
-}
+// Tap creates a tap device on the main bridge and returns its name.
+func (l *Lab) Tap() (string, error) { return l.TapOn(bridgeName) }
 
-// Tap creates a tap device on the bridge and returns its name.
-func (l *Lab) Tap() (string, error) {
+// TapOn creates a tap device on bridge and returns its name.
+func (l *Lab) TapOn(bridge string) (string, error) {
 	l.mu.Lock()
 	l.taps++
 	name := fmt.Sprintf("tap%d", l.taps)
 	l.mu.Unlock()
 	for _, cmd := range [][]string{
 		{"tuntap", "add", name, "mode", "tap"},
-		{"link", "set", name, "master", bridgeName},
+		{"link", "set", name, "master", bridge},
 		{"link", "set", name, "up"},
 	} {
 		if err := l.IP(cmd...); err != nil {
@@ -150,92 +129,72 @@ func (l *Lab) Tap() (string, error) {
 	return name, nil
 }
 
-// Exec is the command prefix that runs a program inside the namespace.
-func (l *Lab) Exec() []string { return []string{"ip", "netns", "exec", l.Name} }
-
-// DHCP runs dnsmasq on the bridge, handing out addresses only (extra adds
-// dnsmasq options).
+// DHCP runs dnsmasq on the main bridge, handing out addresses only (extra
+// adds dnsmasq options).
 func (l *Lab) DHCP(extra ...string) error {
-	log := filepath.Join(l.Dir, "dnsmasq.log")
-	args := append(l.Exec(), "dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0",
-		"--interface="+bridgeName, "--bind-interfaces", "--except-interface=lo",
-		"--dhcp-range="+DHCPFirst+","+DHCPLast+",255.255.255.0,12h",
-		"--dhcp-leasefile="+filepath.Join(l.Dir, "dnsmasq.leases"),
-		"--dhcp-option=option:router,"+HostIP, "--log-dhcp", "--log-facility="+log)
-	args = append(args, extra...)
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if out, err := os.Create(filepath.Join(l.Dir, "dnsmasq.out")); err == nil {
-		cmd.Stdout, cmd.Stderr = out, out
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("dnsmasq: %w", err)
-	}
-	l.mu.Lock()
-	l.cleanup = append(l.cleanup, func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	l.mu.Unlock()
-	return nil
+	return l.Dnsmasq("dnsmasq", bridgeName, HostIP, "198.18.0", extra...)
 }
 
-// inNamespace runs fn on an OS thread switched into the lab's namespace;
-// sockets fn creates stay in it.
-func (l *Lab) inNamespace(fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	if err := unix.Setns(int(l.nsFile.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("setns %s: %w", l.Name, err)
-	}
-	ferr := fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// The thread stays locked and dies with its goroutine.
-		return fmt.Errorf("setns back: %w", err)
-	}
-	runtime.UnlockOSThread()
-	return ferr
+// Dnsmasq runs dnsmasq on bridge with addresses <prefix>.100-199, router
+// router, and the extra options; its log is <name>.log in the lab's
+// directory.
+func (l *Lab) Dnsmasq(name, bridge, router, prefix string, extra ...string) error {
+	args := []string{"dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0",
+		"--interface=" + bridge, "--bind-interfaces", "--except-interface=lo",
+		"--dhcp-range=" + prefix + ".100," + prefix + ".199,255.255.255.0,12h",
+		"--dhcp-leasefile=" + filepath.Join(l.Dir, name+".leases"),
+		"--dhcp-option=option:router," + router, "--log-dhcp", "--log-facility=" + filepath.Join(l.Dir, name+".log")}
+	return l.Start(name, append(args, extra...)...)
 }
 
-// Listen opens a listener inside the namespace.
-func (l *Lab) Listen(network, addr string) (net.Listener, error) {
-	var ln net.Listener
-	err := l.inNamespace(func() error {
-		var err error
-		ln, err = net.Listen(network, addr)
-		return err
-	})
-	return ln, err
-}
-
-// ListenPacket opens a packet socket inside the namespace.
-func (l *Lab) ListenPacket(network, addr string) (net.PacketConn, error) {
-	var pc net.PacketConn
-	err := l.inNamespace(func() error {
-		var err error
-		pc, err = net.ListenPacket(network, addr)
-		return err
-	})
-	return pc, err
-}
-
-// Dial connects from inside the namespace.
-func (l *Lab) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := l.inNamespace(func() error {
-		var err error
-		d := net.Dialer{Timeout: 10 * time.Second}
-		c, err = d.DialContext(ctx, network, addr)
-		return err
-	})
-	return c, err
-}
-
-// Run runs a command inside the namespace.
-func (l *Lab) Run(ctx context.Context, args ...string) ([]byte, error) {
+// Start runs a long-lived program inside the namespace until the lab
+// closes; its output goes to <name>.out in the lab's directory.
+func (l *Lab) Start(name string, args ...string) error {
 	full := append(l.Exec(), args...)
-	return exec.CommandContext(ctx, full[0], full[1:]...).CombinedOutput()
+	cmd := exec.Command(full[0], full[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := os.Create(filepath.Join(l.Dir, name+".out"))
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		out.Close()
+		close(exited)
+	}()
+	l.mu.Lock()
+	l.cleanup = append(l.cleanup, func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	l.mu.Unlock()
+	// A program that cannot start (a taken port, a bad option) exits at
+	// once: say so here, with its output.
+	select {
+	case <-exited:
+		data, _ := os.ReadFile(out.Name())
+		return fmt.Errorf("%s exited at once: %s", name, strings.TrimSpace(string(data)))
+	case <-time.After(500 * time.Millisecond):
+		return nil
+	}
+}
+
+// Log returns a file of the lab's directory, for a test's failure message.
+func (l *Lab) Log(name string) string {
+	data, err := os.ReadFile(filepath.Join(l.Dir, name))
+	if err != nil {
+		return err.Error()
+	}
+	return string(data)
 }

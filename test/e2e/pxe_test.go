@@ -1,0 +1,259 @@
+//go:build e2e
+
+package e2e_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/e2e/lab"
+	"github.com/agentboot/agentboot/test/vm"
+)
+
+// bootScriptURL is the image service's boot script by MAC, as the PXE
+// service hands it to iPXE.
+func bootScriptURL() string { return s.Settings.ImageServiceHTTPURL + "/boot.ipxe" }
+
+// startPXE runs `agentboot pxe` in the lab on one segment.
+func startPXE(t *testing.T, name, bridge, hostIP string, extra ...string) {
+	t.Helper()
+	args := append([]string{agentbootBin, "pxe", "--log-format", "text", "--log-level", "debug",
+		"--interface", bridge, "--boot-script-url", bootScriptURL(),
+		"--tftp-addr", hostIP + ":69", "--http-addr", hostIP + ":8070"}, extra...)
+	require.NoError(t, theLab.Start(name, args...))
+}
+
+// agentWithMAC waits until an Agent in ns reports an inventory with mac.
+func agentWithMAC(t *testing.T, ns, mac string, v *vm.VM) v1beta1.Agent {
+	t.Helper()
+	deadline := time.Now().Add(bootTimeout)
+	for time.Now().Before(deadline) {
+		var list v1beta1.AgentList
+		if s.Client.List(context.Background(), &list, client.InNamespace(ns)) == nil {
+			for _, a := range list.Items {
+				for _, i := range a.Status.Inventory.Interfaces {
+					if i.MacAddress == mac && a.Status.Inventory.ReportTime != nil {
+						return a
+					}
+				}
+			}
+		}
+		if v.Exited() {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	t.Fatalf("no Agent with MAC %s registered in %s; serial log of %s:\n%s", mac, ns, v.Name, v.Tail(60))
+	return v1beta1.Agent{}
+}
+
+// requireSerial checks that the VM's console showed each pattern.
+func requireSerial(t *testing.T, v *vm.VM, patterns ...string) {
+	t.Helper()
+	log := v.Log()
+	for _, p := range patterns {
+		require.Contains(t, log, p, "serial log of %s", v.Name)
+	}
+}
+
+// (a) The site's DHCP server (dnsmasq) hands out addresses only; agentboot's
+// ProxyDHCP and TFTP boot the hosts: UEFI firmware's own PXE loads
+// ipxe.efi over TFTP, iPXE (also the BIOS NIC's iPXE ROM) is sent to the
+// boot script for its MAC, which boots the InfraEnv labelled as the PXE
+// default. (d) A host whose Agent is installed is sent on to its disk.
+func TestLabPXEProxy(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) { ie.Labels = map[string]string{v1beta1.PXEDefaultLabel: "true"} })
+	t.Cleanup(func() {
+		// Other tests' hosts must not boot this InfraEnv.
+		var cur v1beta1.InfraEnv
+		if s.Client.Get(ctx, client.ObjectKeyFromObject(ie), &cur) == nil {
+			patch := client.MergeFrom(cur.DeepCopy())
+			delete(cur.Labels, v1beta1.PXEDefaultLabel)
+			_ = s.Client.Patch(ctx, &cur, patch)
+		}
+	})
+	startPXE(t, "pxe-proxy", "br0", lab.HostIP)
+	script := regexp.QuoteMeta(bootScriptURL())
+
+	t.Run("uefi-firmware-pxe", func(t *testing.T) {
+		t.Parallel()
+		const mac = "52:54:00:2a:00:01"
+		v := bootVMOn(t, "br0", vm.Options{Name: "pxe-uefi", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})
+		agentWithMAC(t, ie.Namespace, mac, v)
+		requireSerial(t, v, "NBP filename is ipxe.efi", "Filename: "+bootScriptURL()+"?mac="+mac)
+	})
+	t.Run("bios-ipxe-rom", func(t *testing.T) {
+		t.Parallel()
+		const mac = "52:54:00:2a:00:02"
+		v := bootVMOn(t, "br0", vm.Options{Name: "pxe-bios", Boot: "n", MAC: mac, MemoryMB: 1536})
+		agentWithMAC(t, ie.Namespace, mac, v)
+		require.Regexp(t, "Filename: "+script+`\?mac=`+mac, v.Log())
+	})
+	t.Run("installed-host-boots-disk", func(t *testing.T) {
+		t.Parallel()
+		const mac = "52:54:00:2a:00:03"
+		installedAgent(t, ie, mac)
+		disk := bootSectorDisk(t)
+		v := bootVMOn(t, "br0", vm.Options{Name: "pxe-installed", Boot: "order=nc", MAC: mac, Disks: []string{disk}})
+		_, err := v.WaitFor(ctx, regexp.MustCompile(diskMessage), bootTimeout)
+		require.NoError(t, err, "serial log:\n%s", v.Tail(40))
+		requireSerial(t, v, "Filename: "+bootScriptURL()+"?mac="+mac, "agentboot: this host is installed; booting from disk")
+	})
+}
+
+// installedAgent creates an Agent for mac whose installation is done, as
+// the Agent controller would have left it.
+func installedAgent(t *testing.T, ie *v1beta1.InfraEnv, mac string) {
+	t.Helper()
+	ctx := context.Background()
+	a := &v1beta1.Agent{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "0c7e4b52-1d7a-4f51-9b0e-6d3c2a1f0e03", Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name}},
+		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true},
+	}
+	require.NoError(t, s.Client.Create(ctx, a))
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Status.Inventory.Interfaces = []v1beta1.HostInterface{{Name: "eth0", MacAddress: mac, IPV4Addresses: []string{}, IPV6Addresses: []string{}, Flags: []string{}}}
+	a.Status.Progress.CurrentStage = v1beta1.StageDone
+	require.NoError(t, s.Client.Status().Patch(ctx, a, patch))
+}
+
+// diskMessage is what the boot sector of bootSectorDisk prints.
+const diskMessage = "agentboot-test: booted from disk"
+
+// bootSectorDisk is a disk whose MBR boot code writes diskMessage to the
+// first serial port and halts: proof that the firmware fell through to the
+// disk.
+func bootSectorDisk(t *testing.T) string {
+	t.Helper()
+	code := []byte{
+		0x31, 0xc0, // xor ax, ax
+		0x8e, 0xd8, // mov ds, ax
+		0xfc,             // cld
+		0xbe, 0x17, 0x7c, // mov si, 0x7c17 (the message)
+		0xba, 0xf8, 0x03, // mov dx, 0x3f8 (COM1)
+		0xac,       // next: lodsb
+		0x84, 0xc0, // test al, al
+		0x74, 0x03, // jz done
+		0xee,       // out dx, al
+		0xeb, 0xf8, // jmp next
+		0xfa,       // done: cli
+		0xf4,       // hlt
+		0xeb, 0xfd, // jmp hlt
+	}
+	mbr := make([]byte, 1<<20)
+	copy(mbr, code)
+	copy(mbr[len(code):], diskMessage+"\r\n\x00")
+	mbr[510], mbr[511] = 0x55, 0xaa
+	p := filepath.Join(t.TempDir(), "disk.raw")
+	require.NoError(t, os.WriteFile(p, mbr, 0o644))
+	return p
+}
+
+// (b) The site's PXE server stays in charge and chainloads the InfraEnv's
+// published iPXE script (status.bootArtifacts.ipxeScript), with the
+// README's recipes: dnsmasq, and ISC dhcpd with a TFTP server.
+func TestLabPXEChainload(t *testing.T) {
+	ie := infraEnv(t, nil)
+	url := ie.Status.BootArtifacts.IpxeScriptURL
+	require.NotEmpty(t, url)
+
+	t.Run("dnsmasq", func(t *testing.T) {
+		t.Parallel()
+		seg, err := theLab.Segment(1)
+		require.NoError(t, err)
+		// The README's dnsmasq recipe, next to the site's own DHCP range.
+		conf := recipe(t, "dnsmasq-chainload.conf", map[string]string{"IPXE_SCRIPT_URL": url})
+		require.NoError(t, theLab.Dnsmasq("chain-dnsmasq", seg.Bridge, seg.HostIP, seg.Prefix, "--conf-file="+conf))
+		const mac = "52:54:00:2b:00:01"
+		v := bootVMOn(t, seg.Bridge, vm.Options{Name: "chain-dnsmasq", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})
+		agentWithMAC(t, ie.Namespace, mac, v)
+		requireSerial(t, v, "NBP filename is ipxe.efi")
+	})
+	t.Run("isc-dhcpd", func(t *testing.T) {
+		t.Parallel()
+		if _, err := os.Stat("/usr/sbin/dhcpd"); err != nil {
+			t.Fatal("ISC dhcpd not found: install Debian package isc-dhcp-server (.ci/packages)")
+		}
+		seg, err := theLab.Segment(3)
+		require.NoError(t, err)
+		conf := recipe(t, "dhcpd-chainload.conf", map[string]string{
+			"IPXE_SCRIPT_URL": url, "SUBNET": seg.Prefix + ".0", "RANGE_FIRST": seg.Prefix + ".100", "RANGE_LAST": seg.Prefix + ".199",
+			"ROUTER": seg.HostIP, "TFTP_SERVER": seg.HostIP,
+		})
+		leases := filepath.Join(theLab.Dir, "dhcpd.leases")
+		require.NoError(t, os.WriteFile(leases, nil, 0o644))
+		require.NoError(t, theLab.Start("chain-dhcpd", "/usr/sbin/dhcpd", "-4", "-f", "-d", "-cf", conf, "-lf", leases,
+			"-pf", filepath.Join(theLab.Dir, "dhcpd.pid"), seg.Bridge))
+		// The site's TFTP server, serving Debian's iPXE binaries.
+		require.NoError(t, theLab.Start("chain-tftp", "dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0",
+			"--interface="+seg.Bridge, "--bind-interfaces", "--enable-tftp", "--tftp-root=/usr/lib/ipxe"))
+		const mac = "52:54:00:2b:00:02"
+		v := bootVMOn(t, seg.Bridge, vm.Options{Name: "chain-dhcpd", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})
+		agentWithMAC(t, ie.Namespace, mac, v)
+		requireSerial(t, v, "NBP filename is ipxe.efi")
+	})
+}
+
+// recipe fills in a chainloading recipe of docs/recipes (the README shows
+// the same text) and returns the file.
+func recipe(t *testing.T, name string, values map[string]string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "recipes", name))
+	require.NoError(t, err)
+	text := string(data)
+	for k, v := range values {
+		require.Contains(t, text, k)
+		text = strings.ReplaceAll(text, k, v)
+	}
+	p := filepath.Join(theLab.Dir, name)
+	require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+	return p
+}
+
+// (c) On an isolated network agentboot is the only DHCP server: it gives
+// the host its reserved address, boots it, and keeps the lease on disk. The
+// host's BareMetalHost names the InfraEnv it boots.
+func TestLabPXEAuthoritative(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	seg, err := theLab.Segment(2)
+	require.NoError(t, err)
+	const mac = "52:54:00:2c:00:01"
+	reserved := seg.Prefix + ".20"
+	bmh := &metal3.BareMetalHost{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "isolated-0", Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name}},
+		Spec:       metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: metal3.BMCDetails{Address: "ipmi://" + seg.Prefix + ".9", CredentialsName: "isolated-0-bmc"}},
+	}
+	require.NoError(t, s.Client.Create(ctx, bmh))
+	leases := filepath.Join(theLab.Dir, "pxe-authoritative-leases.json")
+	startPXE(t, "pxe-authoritative", seg.Bridge, seg.HostIP, "--mode", "authoritative", "--pool", seg.Prefix+".100-"+seg.Prefix+".150",
+		"--router", seg.HostIP, "--reservation", mac+"="+reserved, "--lease-file", leases)
+	v := bootVMOn(t, seg.Bridge, vm.Options{Name: "pxe-isolated", Boot: "n", MAC: mac, MemoryMB: 1536})
+	a := agentWithMAC(t, ie.Namespace, mac, v)
+	var addrs []string
+	for _, i := range a.Status.Inventory.Interfaces {
+		if i.MacAddress == mac {
+			addrs = i.IPV4Addresses
+		}
+	}
+	require.Contains(t, addrs, reserved+"/24", "the reserved address")
+	data, err := os.ReadFile(leases)
+	require.NoError(t, err)
+	require.Contains(t, string(data), `"mac": "`+mac+`"`)
+	require.Contains(t, string(data), `"ip": "`+reserved+`"`)
+	require.Contains(t, theLab.Log("pxe-authoritative.out"), "type=ACK mac="+mac)
+}
