@@ -71,6 +71,17 @@ help:
 bench-images: testbin dev-image build ## customised-ISO throughput vs http.ServeFile, first byte, memory per download
 	go run ./test/bench/images
 
+AGENTS ?= 2000
+
+.PHONY: bench-agents
+bench-agents: testbin build ## AGENTS simulated hosts (2000) against the agent API: registration latency, apiserver writes
+	go run ./test/bench/agents -agents $(AGENTS)
+
+.PHONY: bench-pxe
+bench-pxe: build ## DHCP offers/s and TFTP throughput vs dnsmasq in network namespaces (root)
+	@[ "$$(id -u)" = 0 ] || { echo "make bench-pxe needs root (network namespaces)"; exit 1; }
+	go run ./test/bench/pxe $(ARGS)
+
 .PHONY: e2e
 e2e: testbin tools dev-image build ## the VM lab: real VMs in a network namespace (root)
 	@[ "$$(id -u)" = 0 ] || { echo "make e2e needs root (network namespaces, taps)"; exit 1; }
