@@ -26,9 +26,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/image-service/internal/server"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/macindex"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -90,10 +90,7 @@ func (s *Service) SetupWithManager(mgr manager.Manager) error {
 	}); err != nil {
 		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1beta1.Agent{}, server.MACIndex, server.AgentMACs); err != nil {
-		return err
-	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &metal3.BareMetalHost{}, server.BootMACIndex, server.BMHBootMAC); err != nil {
+	if err := macindex.Register(mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
 	h, err := server.NewHandler(server.Options{

@@ -439,8 +439,10 @@ func TestBootScriptByMAC(t *testing.T) {
 
 	// A BareMetalHost claims its boot MAC for the InfraEnv it is labelled with.
 	bmc := metal3.BMCDetails{Address: "ipmi://198.18.0.9", CredentialsName: "bmc-secret"}
+	// No BMC answers there: the BareMetalHost controller must leave them be.
+	detached := map[string]string{"baremetalhost.metal3.io/detached": ""}
 	bmh := func(name, mac, infraEnv string) *metal3.BareMetalHost {
-		h := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: bmc}}
+		h := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: detached}, Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: bmc}}
 		if infraEnv != "" {
 			h.Labels = map[string]string{v1beta1.InfraEnvNameLabel: infraEnv}
 		}
@@ -471,7 +473,7 @@ func TestBootScriptByMAC(t *testing.T) {
 	}, 10*time.Second, 100*time.Millisecond)
 
 	otherNS := s.Namespace(t, "elsewhere")
-	twin := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: otherNS, Name: "twin"}, Spec: metal3.BareMetalHostSpec{BootMACAddress: "52:54:00:aa:00:01", BMC: bmc}}
+	twin := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: otherNS, Name: "twin", Annotations: detached}, Spec: metal3.BareMetalHostSpec{BootMACAddress: "52:54:00:aa:00:01", BMC: bmc}}
 	require.NoError(t, s.Client.Create(ctx, twin))
 	require.Eventually(t, func() bool {
 		return strings.Contains(string(byMAC("52:54:00:aa:00:01").body), "BareMetalHosts "+otherNS+"/twin, "+ns+"/worker-0 all have boot MAC 52:54:00:aa:00:01")

@@ -15,19 +15,8 @@ import (
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/macindex"
 )
-
-// BootMACIndex indexes BareMetalHosts by spec.bootMACAddress, lowercased.
-const BootMACIndex = "agentboot.spec.bootMACAddress"
-
-// BMHBootMAC is the BootMACIndex function.
-func BMHBootMAC(o client.Object) []string {
-	h, ok := o.(*metal3.BareMetalHost)
-	if !ok || h.Spec.BootMACAddress == "" {
-		return nil
-	}
-	return []string{strings.ToLower(h.Spec.BootMACAddress)}
-}
 
 // Outcomes of a boot script request, for the metric and the tests.
 const (
@@ -87,7 +76,7 @@ func (h *Handler) bootScriptFor(ctx context.Context, mac string, r *http.Request
 		return outcome, exitScript(why), err
 	}
 	var agents v1beta1.AgentList
-	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(ie.Namespace), client.MatchingFields{MACIndex: mac}); err != nil {
+	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(ie.Namespace), client.MatchingFields{macindex.AgentMAC: mac}); err != nil {
 		return "", "", err
 	}
 	for i := range agents.Items {
@@ -120,7 +109,7 @@ func (h *Handler) bootScriptFor(ctx context.Context, mac string, r *http.Request
 // the outcome and why.
 func (h *Handler) infraEnvForMAC(ctx context.Context, mac string) (*v1beta1.InfraEnv, string, string, error) {
 	var hosts metal3.BareMetalHostList
-	if err := h.opts.Reader.List(ctx, &hosts, client.MatchingFields{BootMACIndex: mac}); err != nil {
+	if err := h.opts.Reader.List(ctx, &hosts, client.MatchingFields{macindex.BootMAC: mac}); err != nil {
 		return nil, "", "", err
 	}
 	var claims []string

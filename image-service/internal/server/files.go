@@ -17,6 +17,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/initramfs"
+	"github.com/agentboot/agentboot/internal/macindex"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/overlay"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -301,7 +302,7 @@ func (h *Handler) ipxeScript(ctx context.Context, ie *v1beta1.InfraEnv, out *dis
 		return out.IPXEChainScript()
 	}
 	var agents v1beta1.AgentList
-	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(ie.Namespace), client.MatchingFields{MACIndex: mac}); err == nil {
+	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(ie.Namespace), client.MatchingFields{macindex.AgentMAC: mac}); err == nil {
 		for i := range agents.Items {
 			if agents.Items[i].Labels[v1beta1.InfraEnvNameLabel] == ie.Name && discovery.BootsFromDisk(&agents.Items[i]) {
 				return discovery.IPXEExitScript

@@ -28,27 +28,11 @@ import (
 // Cache indexes.
 const (
 	UIDIndex = "metadata.uid"
-	MACIndex = "agentboot.status.inventory.macAddresses"
 )
-
-// AgentMACs indexes an Agent by the MAC addresses of its interfaces.
-func AgentMACs(o client.Object) []string {
-	a, ok := o.(*v1beta1.Agent)
-	if !ok {
-		return nil
-	}
-	var macs []string
-	for _, i := range a.Status.Inventory.Interfaces {
-		if i.MacAddress != "" {
-			macs = append(macs, strings.ToLower(i.MacAddress))
-		}
-	}
-	return macs
-}
 
 // Options configure a Handler.
 type Options struct {
-	Reader      client.Reader // an informer cache with UIDIndex, MACIndex and BootMACIndex
+	Reader      client.Reader // an informer cache with UIDIndex and the macindex indexes
 	Catalog     *osimage.Catalog
 	Keys        *signing.Keeper
 	Settings    discovery.Settings
