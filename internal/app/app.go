@@ -21,6 +21,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	agentservice "github.com/agentboot/agentboot/agent/service"
+	"github.com/agentboot/agentboot/bmc"
 	imageservice "github.com/agentboot/agentboot/image-service"
 	infraenvcontroller "github.com/agentboot/agentboot/infraenv-controller"
 	"github.com/agentboot/agentboot/internal/discovery"
@@ -111,6 +112,8 @@ type Components struct {
 	// InfraEnvPullSecretRecheck overrides how often a failing pull secret is
 	// read again (tests).
 	InfraEnvPullSecretRecheck time.Duration
+	// BMC tunes the BareMetalHost controller (with Controllers).
+	BMC bmc.Config
 }
 
 // Add adds the catalog, the signing key and the chosen components to mgr.
@@ -140,6 +143,9 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 			return err
 		}
 		if err := agentservice.SetupController(mgr, agentCfg); err != nil {
+			return err
+		}
+		if err := bmc.SetupWithManager(mgr, c.BMC); err != nil {
 			return err
 		}
 	}

@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentservice "github.com/agentboot/agentboot/agent/service"
+	"github.com/agentboot/agentboot/bmc"
 	imageservice "github.com/agentboot/agentboot/image-service"
 	"github.com/agentboot/agentboot/internal/app"
 	"github.com/agentboot/agentboot/internal/discovery"
@@ -55,6 +56,8 @@ type Options struct {
 	Images []osimage.Entry
 	// Quiet drops component logs (benchmarks).
 	Quiet bool
+	// BMC tunes the BareMetalHost controller (tests shorten its timing).
+	BMC bmc.Config
 	// Agent service timing, for tests that cannot wait minutes.
 	AgentPollInterval       time.Duration
 	AgentLeaseRenewInterval time.Duration
@@ -230,6 +233,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 			PollInterval: opts.AgentPollInterval, LeaseRenewInterval: opts.AgentLeaseRenewInterval, DisconnectAfter: opts.AgentDisconnectAfter,
 		},
 		InfraEnvPullSecretRecheck: time.Second,
+		BMC:                       opts.BMC,
 	}
 	processes := []struct {
 		cfg *rest.Config

@@ -1,0 +1,51 @@
+package bmc
+
+import (
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/agentboot/agentboot/bmc/internal/driver"
+	"github.com/agentboot/agentboot/bmc/internal/reconciler"
+)
+
+// Config tunes the BareMetalHost controller; zero values are the
+// documented defaults (docs/bmc.md).
+type Config struct {
+	// MaxConcurrent bounds the BMCs talked to at once (8).
+	MaxConcurrent int
+	// CallTimeout bounds each power or boot call (30s); MediaTimeout each
+	// virtual media call (2m).
+	CallTimeout, MediaTimeout time.Duration
+	// PowerPoll is how often a pending power change is checked (5s), and
+	// PowerTimeout how long it may take before it is sent again (2m).
+	PowerPoll, PowerTimeout time.Duration
+	// Resync re-reads every host's credentials and power state this often
+	// (1m, as Ironic syncs power state).
+	Resync time.Duration
+	// BackoffBase and BackoffCap shape retries after errors (5s, 3m).
+	BackoffBase, BackoffCap time.Duration
+	// IPMITool is the ipmitool binary (ipmitool on PATH).
+	IPMITool string
+}
+
+// SetupWithManager adds the BareMetalHost controller to mgr (it runs on
+// the leader).
+func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
+	return (&reconciler.Reconciler{
+		Client:  mgr.GetClient(),
+		Secrets: mgr.GetAPIReader(),
+		Events:  mgr.GetEventRecorder("agentboot-baremetalhost-controller"),
+		Driver: driver.Options{
+			CallTimeout:  cfg.CallTimeout,
+			MediaTimeout: cfg.MediaTimeout,
+			IPMITool:     cfg.IPMITool,
+		},
+		MaxConcurrent: cfg.MaxConcurrent,
+		PowerPoll:     cfg.PowerPoll,
+		PowerTimeout:  cfg.PowerTimeout,
+		Resync:        cfg.Resync,
+		BackoffBase:   cfg.BackoffBase,
+		BackoffCap:    cfg.BackoffCap,
+	}).SetupWithManager(mgr)
+}

@@ -1,0 +1,378 @@
+package bmc_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/bmc"
+	"github.com/agentboot/agentboot/test/bmcsim"
+	"github.com/agentboot/agentboot/test/stack"
+)
+
+const password = "s3cret-Pa55"
+
+// fast keeps the controller's timing short enough for tests; the shape
+// (backoff, polling, re-sends) is the production one.
+var fast = bmc.Config{
+	CallTimeout: 3 * time.Second, MediaTimeout: 3 * time.Second,
+	PowerPoll: 200 * time.Millisecond, PowerTimeout: 3 * time.Second, Resync: 2 * time.Second,
+	BackoffBase: 200 * time.Millisecond, BackoffCap: 2 * time.Second,
+}
+
+type env struct {
+	*stack.Stack
+	t  *testing.T
+	ns string
+	ie *v1beta1.InfraEnv
+}
+
+func start(t *testing.T) *env {
+	s := stack.Start(t, stack.Options{BMC: fast, ISOOverHTTP: true})
+	e := &env{Stack: s, t: t, ns: s.Namespace(t, "bmc")}
+	e.ie = stack.NewInfraEnv(e.ns, "lab")
+	require.NoError(t, s.Client.Create(context.Background(), e.ie))
+	e.ie = s.WaitImage(t, client.ObjectKeyFromObject(e.ie))
+	e.secret("bmc-secret", "admin", password)
+	return e
+}
+
+func (e *env) secret(name, user, pass string) {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name},
+		StringData: map[string]string{"username": user, "password": pass}}
+	require.NoError(e.t, e.Client.Create(context.Background(), s))
+}
+
+func (e *env) host(name, addr string, n int, mutate ...func(*metal3.BareMetalHost)) *metal3.BareMetalHost {
+	h := &metal3.BareMetalHost{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: map[string]string{v1beta1.InfraEnvNameLabel: e.ie.Name}},
+		Spec: metal3.BareMetalHostSpec{Online: true, BootMACAddress: strings.ToUpper(stack.MAC(n)),
+			BMC: metal3.BMCDetails{Address: addr, CredentialsName: "bmc-secret"}},
+	}
+	for _, m := range mutate {
+		m(h)
+	}
+	require.NoError(e.t, e.Client.Create(context.Background(), h))
+	return h
+}
+
+// wait polls the host until ok holds, and fails with its last status.
+func (e *env) wait(h *metal3.BareMetalHost, what string, ok func(*metal3.BareMetalHost) bool) *metal3.BareMetalHost {
+	e.t.Helper()
+	got := &metal3.BareMetalHost{}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := e.Client.Get(context.Background(), client.ObjectKeyFromObject(h), got); err == nil && ok(got) {
+			return got
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.t.Fatalf("BareMetalHost %s never %s; status: %+v", h.Name, what, got.Status)
+	return nil
+}
+
+func state(s metal3.ProvisioningState) func(*metal3.BareMetalHost) bool {
+	return func(h *metal3.BareMetalHost) bool {
+		return h.Status.Provisioning.State == s && h.Status.ErrorType == ""
+	}
+}
+
+func errorContains(t metal3.ErrorType, sub string) func(*metal3.BareMetalHost) bool {
+	return func(h *metal3.BareMetalHost) bool {
+		return h.Status.OperationalStatus == metal3.OperationalStatusError && h.Status.ErrorType == t && strings.Contains(h.Status.ErrorMessage, sub)
+	}
+}
+
+func redfish(t *testing.T) (*bmcsim.Redfish, *bmcsim.MemMachine, string) {
+	m := &bmcsim.MemMachine{}
+	r := &bmcsim.Redfish{User: "admin", Password: password, Machine: m}
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	return r, m, strings.TrimPrefix(srv.URL, "http://")
+}
+
+func waitEvents(t *testing.T, events func() []string, want ...string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		got := events()
+		i := 0
+		for _, g := range got {
+			if i < len(want) && g == want[i] {
+				i++
+			}
+		}
+		return i == len(want)
+	}, 30*time.Second, 100*time.Millisecond, "want events %q in order", want)
+}
+
+func TestRedfishVirtualMediaLifecycle(t *testing.T) {
+	e := start(t)
+	ctx := context.Background()
+	sim, m, hostport := redfish(t)
+	h := e.host("vm1", "redfish-virtualmedia+http://"+hostport+"/redfish/v1/Systems/1", 1, func(h *metal3.BareMetalHost) {
+		h.Annotations = map[string]string{metal3.HostnameAnnotation: "worker-1.example", metal3.RoleAnnotation: "worker"}
+		h.Spec.RootDeviceHints = &metal3.RootDeviceHints{MinSizeGigabytes: 100, Rotational: new(false)}
+	})
+
+	// Registered, then the ISO is mounted, a one-time CD boot set and the
+	// host powered on.
+	got := e.wait(h, "provisioned", state(metal3.StateProvisioned))
+	require.Equal(t, e.ie.Status.ISODownloadURL, got.Status.Provisioning.Image.URL)
+	require.Equal(t, metal3.OperationalStatusOK, got.Status.OperationalStatus)
+	waitEvents(t, sim.Events, "insert "+e.ie.Status.ISODownloadURL, "boot-override Cd Once", "power on cdrom")
+	require.Equal(t, e.ie.Status.ISODownloadURL, sim.Image())
+	require.True(t, m.On())
+	e.wait(h, "powered on", func(h *metal3.BareMetalHost) bool { return h.Status.PoweredOn })
+
+	// The host registers from its boot MAC: its Agent is approved with the
+	// host's hostname, role and disk, and the host gets a hardware summary.
+	e.Register(t, e.ie, 1)
+	var agent v1beta1.Agent
+	require.Eventually(t, func() bool {
+		var agents v1beta1.AgentList
+		if err := e.Client.List(ctx, &agents, client.InNamespace(e.ns), client.MatchingLabels{v1beta1.BMHLabel: "vm1"}); err != nil || len(agents.Items) != 1 {
+			return false
+		}
+		agent = agents.Items[0]
+		return agent.Spec.Approved
+	}, 30*time.Second, 100*time.Millisecond)
+	require.Equal(t, "worker-1.example", agent.Spec.Hostname)
+	require.Equal(t, v1beta1.AgentRoleWorker, agent.Spec.Role)
+	require.Equal(t, "/dev/disk/by-id/virtio-disk0", agent.Spec.InstallationDiskID)
+	got = e.wait(h, "given hardware details", func(h *metal3.BareMetalHost) bool { return h.Status.HardwareDetails != nil })
+	require.Equal(t, 16384, got.Status.HardwareDetails.RAMMebibytes)
+	require.Equal(t, 4, got.Status.HardwareDetails.CPU.Count)
+	require.Equal(t, stack.MAC(1), got.Status.HardwareDetails.NIC[0].MAC)
+
+	// Installed: the CD is ejected and the next boot is the disk.
+	agent.Status.Progress.CurrentStage = v1beta1.StageRebooting
+	require.NoError(t, e.Client.Status().Update(ctx, &agent))
+	waitEvents(t, sim.Events, "eject", "boot-override Hdd Once")
+	e.wait(h, "cleared its image", func(h *metal3.BareMetalHost) bool { return h.Status.Provisioning.Image.URL == "" })
+	require.Empty(t, sim.Image())
+
+	// online: false powers it off, and it stays off.
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKeyFromObject(h), got))
+	got.Spec.Online = false
+	require.NoError(t, e.Client.Update(ctx, got))
+	e.wait(h, "powered off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn })
+	require.False(t, m.On())
+	require.Equal(t, metal3.StateProvisioned, got.Status.Provisioning.State)
+}
+
+func TestChangedImageReboots(t *testing.T) {
+	e := start(t)
+	ctx := context.Background()
+	sim, _, hostport := redfish(t)
+	h := e.host("vm2", "redfish-virtualmedia+http://"+hostport, 2)
+	e.wait(h, "provisioned", state(metal3.StateProvisioned))
+	first := e.ie.Status.ISODownloadURL
+
+	// A new SSH key is a new image: the host gets it and reboots.
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKeyFromObject(e.ie), e.ie))
+	e.ie.Spec.SSHAuthorizedKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB7QqAcYC1t0VkqXnqL0gbqA4RUmlcXHc3B0tTK0UX7T new@example"
+	require.NoError(t, e.Client.Update(ctx, e.ie))
+	got := e.wait(h, "given the new image", func(h *metal3.BareMetalHost) bool {
+		return h.Status.Provisioning.Image.URL != "" && h.Status.Provisioning.Image.URL != first
+	})
+	waitEvents(t, sim.Events, "insert "+first, "power on cdrom", "insert "+got.Status.Provisioning.Image.URL, "boot-override Cd Once", "power off", "power on cdrom")
+}
+
+func TestIPMIBootsFromNetwork(t *testing.T) {
+	e := start(t)
+	m := &bmcsim.MemMachine{}
+	port := freeUDPPort(t)
+	sim := bmcsim.StartIPMI(t, bmcsim.IPMIOptions{User: "admin", Password: password, Port: port, Machine: m})
+	h := e.host("ipmi1", fmt.Sprintf("ipmi://127.0.0.1:%d", port), 3)
+	e.wait(h, "provisioned", state(metal3.StateProvisioned))
+	waitEvents(t, sim.Events, "boot pxe", "power on pxe")
+	e.wait(h, "powered on", func(h *metal3.BareMetalHost) bool { return h.Status.PoweredOn })
+
+	// An outage of the BMC is an error while it lasts, then forgotten.
+	sim.Stop()
+	ctx := context.Background()
+	got := &metal3.BareMetalHost{}
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKeyFromObject(h), got))
+	got.Spec.Online = false
+	require.NoError(t, e.Client.Update(ctx, got))
+	e.wait(h, "reporting the outage", errorContains(metal3.PowerManagementError, "127.0.0.1"))
+	require.NoError(t, sim.Start())
+	e.wait(h, "powered off after the outage", func(h *metal3.BareMetalHost) bool {
+		return !h.Status.PoweredOn && h.Status.ErrorType == "" && h.Status.Provisioning.State == metal3.StateProvisioned
+	})
+	require.False(t, m.On())
+}
+
+func TestRedfishFaultsRecover(t *testing.T) {
+	e := start(t)
+	sim, m, hostport := redfish(t)
+	sim.SetFaults(bmcsim.Faults{DropBootOverride: true})
+	h := e.host("flaky", "redfish-virtualmedia+http://"+hostport, 4)
+	e.wait(h, "reporting the dropped override", errorContains(metal3.ProvisioningError, "kept"))
+	require.False(t, m.On(), "a host whose boot override was dropped must not be booted")
+
+	sim.SetFaults(bmcsim.Faults{ServerErrors: true})
+	e.wait(h, "reporting the 500s", errorContains(metal3.PowerManagementError, "simulated internal error"))
+	sim.SetFaults(bmcsim.Faults{Delay: 5 * time.Second})
+	e.wait(h, "reporting the timeout", func(h *metal3.BareMetalHost) bool {
+		return h.Status.ErrorType != "" && (strings.Contains(h.Status.ErrorMessage, "deadline") || strings.Contains(h.Status.ErrorMessage, "Timeout"))
+	})
+	sim.SetFaults(bmcsim.Faults{Unreachable: true})
+	e.wait(h, "reporting the unreachable BMC", func(h *metal3.BareMetalHost) bool {
+		return h.Status.ErrorType != "" && strings.Contains(h.Status.ErrorMessage, "EOF")
+	})
+	sim.SetFaults(bmcsim.Faults{})
+	e.wait(h, "provisioned", state(metal3.StateProvisioned))
+	require.True(t, m.On())
+}
+
+func TestBadInput(t *testing.T) {
+	e := start(t)
+	_, _, hostport := redfish(t)
+	e.secret("wrong", "admin", "not-the-password")
+	e.secret("partial", "admin", "")
+	closed := closedPort(t)
+	ipmiPort := freeUDPPort(t)
+	bmcsim.StartIPMI(t, bmcsim.IPMIOptions{User: "admin", Password: password, Port: ipmiPort, Machine: &bmcsim.MemMachine{}})
+	for i, tc := range []struct {
+		name, addr, secret string
+		errType            metal3.ErrorType
+		want               string
+	}{
+		{"scheme", "libvirt://10.0.0.1", "bmc-secret", metal3.RegistrationError, `unknown BMC address scheme "libvirt"`},
+		{"address", "redfish://bmc:99999", "bmc-secret", metal3.RegistrationError, `port "99999" is not 1-65535`},
+		{"secret", "redfish+http://" + hostport, "missing", metal3.RegistrationError, "credentials Secret " + e.ns + "/missing not found"},
+		{"keys", "redfish+http://" + hostport, "partial", metal3.RegistrationError, "needs non-empty keys username and password"},
+		{"password", "redfish+http://" + hostport, "wrong", metal3.RegistrationError, "the BMC rejected the username or password"},
+		{"ipmi-password", fmt.Sprintf("ipmi://127.0.0.1:%d", ipmiPort), "wrong", metal3.RegistrationError, "no IPMI session"},
+		{"unreachable", "redfish+http://" + closed, "bmc-secret", metal3.RegistrationError, "connection refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := e.host("bad-"+tc.name, tc.addr, 10+i, func(h *metal3.BareMetalHost) { h.Spec.BMC.CredentialsName = tc.secret })
+			got := e.wait(h, "reporting "+tc.name, errorContains(tc.errType, tc.want))
+			require.NotContains(t, got.Status.ErrorMessage, password)
+			require.NotContains(t, got.Status.ErrorMessage, "not-the-password")
+			require.Equal(t, metal3.StateRegistering, got.Status.Provisioning.State)
+			// Retried with backoff, not in a hot loop: with a 200ms base
+			// and a 2s cap, 4s allow at most a handful of attempts.
+			before := got.Status.ErrorCount
+			time.Sleep(4 * time.Second)
+			got = e.wait(h, "still failing", errorContains(tc.errType, tc.want))
+			require.LessOrEqual(t, got.Status.ErrorCount-before, 8, "retries: %d in 4s", got.Status.ErrorCount-before)
+			require.Greater(t, got.Status.ErrorCount, 0)
+			requireEvent(t, e, h.Name, tc.want)
+		})
+	}
+}
+
+func TestDeletion(t *testing.T) {
+	e := start(t)
+	ctx := context.Background()
+	_, keep, addrKeep := redfish(t)
+	_, off, addrOff := redfish(t)
+	hKeep := e.host("keep", "redfish+http://"+addrKeep, 30)
+	hOff := e.host("off", "redfish+http://"+addrOff, 31, func(h *metal3.BareMetalHost) {
+		h.Annotations = map[string]string{"agentboot.io/power-off-on-delete": "true"}
+	})
+	e.wait(hKeep, "provisioned", state(metal3.StateProvisioned))
+	e.wait(hOff, "provisioned", state(metal3.StateProvisioned))
+	require.True(t, keep.On())
+	require.True(t, off.On())
+	for _, h := range []*metal3.BareMetalHost{hKeep, hOff} {
+		require.NoError(t, e.Client.Delete(ctx, h))
+		require.Eventually(t, func() bool {
+			return apierrors.IsNotFound(e.Client.Get(ctx, client.ObjectKeyFromObject(h), &metal3.BareMetalHost{}))
+		}, 30*time.Second, 100*time.Millisecond, "%s not deleted", h.Name)
+	}
+	require.True(t, keep.On(), "deleting a BareMetalHost powered the server off without being asked to")
+	require.False(t, off.On())
+}
+
+func TestDetachedAndPaused(t *testing.T) {
+	e := start(t)
+	_, m, hostport := redfish(t)
+	h := e.host("detached", "redfish+http://"+hostport, 40, func(h *metal3.BareMetalHost) {
+		h.Annotations = map[string]string{"baremetalhost.metal3.io/detached": ""}
+	})
+	e.wait(h, "detached", func(h *metal3.BareMetalHost) bool {
+		return h.Status.OperationalStatus == metal3.OperationalStatusDetached
+	})
+	time.Sleep(time.Second)
+	require.False(t, m.On(), "a detached host was powered on")
+}
+
+func requireEvent(t *testing.T, e *env, name, sub string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var evs eventsv1.EventList
+		if err := e.Client.List(context.Background(), &evs, client.InNamespace(e.ns)); err != nil {
+			return false
+		}
+		return slices.ContainsFunc(evs.Items, func(ev eventsv1.Event) bool {
+			return ev.Regarding.Name == name && ev.Type == corev1.EventTypeWarning && strings.Contains(ev.Note, sub)
+		})
+	}, 10*time.Second, 100*time.Millisecond, "no warning event on %s mentioning %q", name, sub)
+}
+
+func freeUDPPort(t *testing.T) int {
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port
+}
+
+func closedPort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func TestOutageDuringEnrollment(t *testing.T) {
+	e := start(t)
+	sim, m, hostport := redfish(t)
+	var once sync.Once
+	sim.Hook = func(ev string) {
+		if strings.HasPrefix(ev, "insert ") {
+			once.Do(func() {
+				sim.SetFaults(bmcsim.Faults{Unreachable: true})
+				time.Sleep(3 * time.Second)
+				sim.SetFaults(bmcsim.Faults{})
+			})
+		}
+	}
+	h := e.host("outage", "redfish-virtualmedia+http://"+hostport, 50)
+	e.wait(h, "reporting the outage", func(h *metal3.BareMetalHost) bool { return h.Status.ErrorType != "" })
+	got := e.wait(h, "provisioned", state(metal3.StateProvisioned))
+	require.Equal(t, metal3.OperationalStatusOK, got.Status.OperationalStatus)
+	require.True(t, m.On())
+	waitEvents(t, sim.Events, "insert "+e.ie.Status.ISODownloadURL, "eject", "insert "+e.ie.Status.ISODownloadURL, "boot-override Cd Once", "power on cdrom")
+}
+
+func TestTLSVerification(t *testing.T) {
+	e := start(t)
+	sim := &bmcsim.Redfish{User: "admin", Password: password, Machine: &bmcsim.MemMachine{}}
+	srv := httptest.NewTLSServer(sim)
+	t.Cleanup(srv.Close)
+	addr := "redfish-virtualmedia://" + strings.TrimPrefix(srv.URL, "https://")
+	verified := e.host("tls-verified", addr, 60)
+	e.wait(verified, "refusing the self-signed certificate", errorContains(metal3.RegistrationError, "certificate"))
+	insecure := e.host("tls-insecure", addr, 61, func(h *metal3.BareMetalHost) { h.Spec.BMC.DisableCertificateVerification = true })
+	e.wait(insecure, "provisioned", state(metal3.StateProvisioned))
+}

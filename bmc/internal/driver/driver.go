@@ -1,0 +1,272 @@
+// Package driver talks to BMCs through bmclib: IPMI through its ipmitool
+// provider, Redfish (power, boot override, virtual media) through its gofish
+// provider. It puts a deadline on every call, normalises what BMCs answer and
+// keeps the password out of every error it returns.
+package driver
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	bmclib "github.com/bmc-toolbox/bmclib/v2"
+	"github.com/go-logr/logr"
+
+	"github.com/agentboot/agentboot/bmc/internal/address"
+)
+
+// Credentials log in to a BMC.
+type Credentials struct {
+	Username string
+	Password string
+}
+
+// Options tune how a BMC is driven.
+type Options struct {
+	// InsecureTLS skips verification of a Redfish BMC's certificate
+	// (spec.bmc.disableCertificateVerification).
+	InsecureTLS bool
+	// RootCAs verify Redfish BMCs; nil means the system pool.
+	RootCAs *x509.CertPool
+	// CallTimeout bounds each power and boot call (30s by default).
+	CallTimeout time.Duration
+	// MediaTimeout bounds each virtual media call (2m by default: the BMC
+	// may fetch the image's first blocks before answering).
+	MediaTimeout time.Duration
+	// IPMITool is the ipmitool binary ("ipmitool" on PATH by default).
+	IPMITool string
+}
+
+func (o *Options) defaults() {
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = 30 * time.Second
+	}
+	if o.MediaTimeout <= 0 {
+		o.MediaTimeout = 2 * time.Minute
+	}
+	if o.IPMITool == "" {
+		o.IPMITool = "ipmitool"
+	}
+}
+
+// Device is a one-time boot target.
+type Device string
+
+// Boot targets, as bmclib names them.
+const (
+	PXE   Device = "pxe"
+	CDROM Device = "cdrom"
+	Disk  Device = "disk"
+)
+
+// BMC is an open session with one BMC. It is not safe for concurrent use:
+// the caller serialises operations per BMC.
+type BMC interface {
+	// PowerState reports whether the host is on.
+	PowerState(ctx context.Context) (on bool, err error)
+	// PowerOn turns the host on.
+	PowerOn(ctx context.Context) error
+	// PowerOff turns the host off, asking the OS first when soft.
+	PowerOff(ctx context.Context, soft bool) error
+	// Reset restarts a host that is on.
+	Reset(ctx context.Context) error
+	// SetOneTimeBoot makes the next boot use dev.
+	SetOneTimeBoot(ctx context.Context, dev Device, efi bool) error
+	// BootOverride reads the pending boot override; ok is false when the
+	// BMC cannot report it (IPMI).
+	BootOverride(ctx context.Context) (dev Device, ok bool, err error)
+	// InsertMedia mounts the ISO at url as a virtual CD (ejecting first).
+	InsertMedia(ctx context.Context, url string) error
+	// EjectMedia unmounts the virtual CD.
+	EjectMedia(ctx context.Context) error
+	// Close ends the session.
+	Close()
+}
+
+// Open connects to the BMC at a.
+func Open(ctx context.Context, a address.Address, c Credentials, o Options) (BMC, error) {
+	o.defaults()
+	if c.Username == "" || c.Password == "" {
+		return nil, errors.New("the credentials Secret needs both username and password")
+	}
+	var opts = []bmclib.Option{
+		bmclib.WithLogger(logr.Discard()), // bmclib logs requests; nothing of it may reach our logs
+		bmclib.WithPerProviderTimeout(o.CallTimeout),
+	}
+	provider := "gofish"
+	host := a.Host
+	switch a.Protocol {
+	case address.IPMI:
+		path, err := exec.LookPath(o.IPMITool)
+		if err != nil {
+			return nil, fmt.Errorf("ipmi:// needs ipmitool, which is not installed (%s not found)", o.IPMITool)
+		}
+		provider = "ipmitool"
+		opts = append(opts, bmclib.WithIpmitoolPort(fmt.Sprint(a.Port)), bmclib.WithIpmitoolPath(path))
+	case address.Redfish:
+		host = a.BaseURL()
+		// Basic auth: stateless, so no Redfish session to leak or exhaust
+		// when a call times out; every Redfish service must accept it.
+		opts = append(opts, bmclib.WithRedfishPort(fmt.Sprint(a.Port)), bmclib.WithRedfishUseBasicAuth(true))
+		if !o.InsecureTLS {
+			opts = append(opts, bmclib.WithSecureTLS(o.RootCAs))
+		}
+	default:
+		return nil, fmt.Errorf("unsupported BMC protocol %q", a.Protocol)
+	}
+	cl := bmclib.NewClient(host, c.Username, c.Password, opts...)
+	cl.Registry.Drivers = cl.Registry.For(provider)
+	if len(cl.Registry.Drivers) == 0 {
+		return nil, fmt.Errorf("bmclib has no %s provider", provider)
+	}
+	b := &session{c: cl, secret: c.Password, o: o, redfish: a.Protocol == address.Redfish}
+	ctx, cancel := context.WithTimeout(ctx, o.CallTimeout)
+	defer cancel()
+	if err := cl.Open(ctx); err != nil {
+		return nil, b.fail("connect", err)
+	}
+	return b, nil
+}
+
+type session struct {
+	c       *bmclib.Client
+	secret  string
+	o       Options
+	redfish bool
+}
+
+func (s *session) PowerState(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.o.CallTimeout)
+	defer cancel()
+	raw, err := s.c.GetPowerState(ctx)
+	if err != nil {
+		return false, s.fail("read power state", err)
+	}
+	return ParsePowerState(raw)
+}
+
+func (s *session) PowerOn(ctx context.Context) error { return s.power(ctx, "on") }
+
+func (s *session) PowerOff(ctx context.Context, soft bool) error {
+	if soft {
+		return s.power(ctx, "soft")
+	}
+	return s.power(ctx, "off")
+}
+
+// Reset uses "reset", not "cycle": Redfish BMCs refuse a cycle of a host
+// that is off, and the caller only resets hosts that are on.
+func (s *session) Reset(ctx context.Context) error { return s.power(ctx, "reset") }
+
+func (s *session) power(ctx context.Context, state string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.o.CallTimeout)
+	defer cancel()
+	ok, err := s.c.SetPowerState(ctx, state)
+	return s.result("set power "+state, ok, err)
+}
+
+func (s *session) SetOneTimeBoot(ctx context.Context, dev Device, efi bool) error {
+	ctx, cancel := context.WithTimeout(ctx, s.o.CallTimeout)
+	defer cancel()
+	ok, err := s.c.SetBootDevice(ctx, string(dev), false, efi)
+	return s.result("set one-time boot to "+string(dev), ok, err)
+}
+
+func (s *session) BootOverride(ctx context.Context) (Device, bool, error) {
+	if !s.redfish {
+		return "", false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.o.CallTimeout)
+	defer cancel()
+	ov, err := s.c.GetBootDeviceOverride(ctx)
+	if err != nil {
+		return "", false, s.fail("read boot override", err)
+	}
+	return Device(ov.Device), true, nil
+}
+
+func (s *session) InsertMedia(ctx context.Context, url string) error {
+	if !s.redfish {
+		return errors.New("virtual media needs a Redfish BMC")
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.o.MediaTimeout)
+	defer cancel()
+	ok, err := s.c.SetVirtualMedia(ctx, "CD", url)
+	return s.result("insert virtual media", ok, err)
+}
+
+func (s *session) EjectMedia(ctx context.Context) error {
+	if !s.redfish {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.o.MediaTimeout)
+	defer cancel()
+	ok, err := s.c.SetVirtualMedia(ctx, "CD", "")
+	return s.result("eject virtual media", ok, err)
+}
+
+func (s *session) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.CallTimeout)
+	defer cancel()
+	_ = s.c.Close(ctx) // basic auth and ipmitool hold no session; nothing to report
+}
+
+func (s *session) result(op string, ok bool, err error) error {
+	if err != nil {
+		return s.fail(op, err)
+	}
+	if !ok {
+		return fmt.Errorf("%s: the BMC did not confirm it", op)
+	}
+	return nil
+}
+
+// fail flattens bmclib's multi-line provider errors into one line and
+// removes the password wherever a provider echoed it.
+func (s *session) fail(op string, err error) error {
+	msg := Scrub(err.Error(), s.secret)
+	switch {
+	case strings.Contains(msg, "401") || strings.Contains(strings.ToLower(msg), "unauthorized"):
+		return fmt.Errorf("%s: the BMC rejected the username or password: %s", op, msg)
+	case strings.Contains(msg, "Unable to establish IPMI v2"):
+		// ipmitool says the same for a wrong password and for silence.
+		return fmt.Errorf("%s: no IPMI session (a wrong username or password, a BMC that is down, or UDP blocked): %s", op, msg)
+	}
+	return fmt.Errorf("%s: %s", op, msg)
+}
+
+// Scrub makes a BMC error fit for a status message: one line, the secret
+// replaced.
+func Scrub(msg, secret string) string {
+	if secret != "" {
+		msg = strings.ReplaceAll(msg, secret, "***")
+	}
+	var parts []string
+	for _, l := range strings.Split(msg, "\n") {
+		if l = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "*")); l != "" {
+			parts = append(parts, l)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// ParsePowerState normalises the power state BMCs report: ipmitool prints
+// "Chassis Power is on", Redfish says On, Off, PoweringOn or PoweringOff.
+// A host powering off still counts as on until it is off.
+func ParsePowerState(raw string) (bool, error) {
+	f := strings.Fields(strings.ToLower(raw))
+	if len(f) == 0 {
+		return false, errors.New("the BMC reported an empty power state")
+	}
+	switch f[len(f)-1] {
+	case "on", "poweringoff":
+		return true, nil
+	case "off", "poweringon":
+		return false, nil
+	}
+	return false, fmt.Errorf("the BMC reported an unknown power state %q", strings.TrimSpace(raw))
+}

@@ -1,0 +1,188 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/macindex"
+)
+
+// matchAgent finds the Agent that registered from the host's boot MAC,
+// labels it, and, when the host enrolled it into the Agent's InfraEnv,
+// approves it with the host's hostname, role and installation disk. It
+// fills the host's hardware summary from the Agent's inventory.
+func (r *Reconciler) matchAgent(ctx context.Context, host *metal3.BareMetalHost) (*v1beta1.Agent, error) {
+	mac := strings.ToLower(host.Spec.BootMACAddress)
+	if mac == "" {
+		return nil, nil
+	}
+	var agents v1beta1.AgentList
+	if err := r.Client.List(ctx, &agents, client.InNamespace(host.Namespace), client.MatchingFields{macindex.AgentMAC: mac}); err != nil {
+		return nil, err
+	}
+	if len(agents.Items) != 1 {
+		if len(agents.Items) > 1 {
+			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AmbiguousAgent", "MatchAgent",
+				"%d Agents report boot MAC %s; none is matched until only one does", len(agents.Items), mac)
+		}
+		return nil, nil
+	}
+	agent := &agents.Items[0]
+	want := agent.DeepCopy()
+	if want.Labels == nil {
+		want.Labels = map[string]string{}
+	}
+	want.Labels[v1beta1.BMHLabel] = host.Name
+	enrolled := host.Labels[v1beta1.InfraEnvNameLabel] != "" && host.Labels[v1beta1.InfraEnvNameLabel] == agent.Labels[v1beta1.InfraEnvNameLabel]
+	if enrolled && !agent.Spec.Approved {
+		if err := r.approve(host, want); err != nil {
+			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AgentNotApproved", "MatchAgent", "Agent %s: %v", agent.Name, err)
+		}
+	}
+	if !equalAgent(agent, want) {
+		if err := r.Client.Update(ctx, want); err != nil {
+			return nil, fmt.Errorf("update Agent %s matched to BareMetalHost %s: %w", agent.Name, host.Name, err)
+		}
+		if want.Spec.Approved && !agent.Spec.Approved {
+			r.Events.Eventf(host, nil, corev1.EventTypeNormal, "AgentApproved", "MatchAgent", "Agent %s registered from %s and was approved", agent.Name, mac)
+		}
+	}
+	if hw := hardware(want); hw != nil {
+		host.Status.HardwareDetails = hw
+	}
+	return want, nil
+}
+
+func equalAgent(a, b *v1beta1.Agent) bool {
+	return a.Labels[v1beta1.BMHLabel] == b.Labels[v1beta1.BMHLabel] && a.Spec.Approved == b.Spec.Approved &&
+		a.Spec.Hostname == b.Spec.Hostname && a.Spec.Role == b.Spec.Role && a.Spec.InstallationDiskID == b.Spec.InstallationDiskID
+}
+
+// approve copies the host's hostname, role and root device hints onto the
+// Agent and approves it. With hints it waits for an inventory, and a host
+// whose hints match no disk stays unapproved: installing to a disk the
+// administrator did not choose would be worse.
+func (r *Reconciler) approve(host *metal3.BareMetalHost, a *v1beta1.Agent) error {
+	if hints := host.Spec.RootDeviceHints; hints != nil && *hints != (metal3.RootDeviceHints{}) {
+		if len(a.Status.Inventory.Disks) == 0 {
+			return fmt.Errorf("waiting for the inventory to choose a disk by rootDeviceHints")
+		}
+		id := chooseDisk(a.Status.Inventory.Disks, hints)
+		if id == "" {
+			return fmt.Errorf("no eligible disk matches rootDeviceHints %s", describeHints(hints))
+		}
+		a.Spec.InstallationDiskID = id
+	}
+	if name := host.Annotations[metal3.HostnameAnnotation]; name != "" {
+		a.Spec.Hostname = name
+	}
+	switch role := v1beta1.AgentRole(host.Annotations[metal3.RoleAnnotation]); role {
+	case "":
+	case v1beta1.AgentRoleMaster, v1beta1.AgentRoleWorker, v1beta1.AgentRoleAutoAssign:
+		a.Spec.Role = role
+	default:
+		r.Events.Eventf(host, nil, corev1.EventTypeWarning, "InvalidRole", "MatchAgent",
+			"annotation %s=%q is not master, worker or auto-assign; the role is left alone", metal3.RoleAnnotation, role)
+	}
+	a.Spec.Approved = true
+	return nil
+}
+
+// chooseDisk returns the id of the first eligible disk matching every hint.
+func chooseDisk(disks []v1beta1.HostDisk, h *metal3.RootDeviceHints) string {
+	for _, d := range disks {
+		if d.InstallationEligibility.Eligible && diskMatches(d, h) {
+			return d.ID
+		}
+	}
+	return ""
+}
+
+func diskMatches(d v1beta1.HostDisk, h *metal3.RootDeviceHints) bool {
+	if h.DeviceName != "" && h.DeviceName != d.Path && h.DeviceName != d.ByPath && h.DeviceName != d.ByID && h.DeviceName != "/dev/"+d.Name {
+		return false
+	}
+	if h.HCTL != "" && h.HCTL != d.Hctl {
+		return false
+	}
+	if h.Model != "" && !strings.Contains(d.Model, h.Model) {
+		return false
+	}
+	if h.Vendor != "" && !strings.Contains(d.Vendor, h.Vendor) {
+		return false
+	}
+	if h.SerialNumber != "" && h.SerialNumber != d.Serial {
+		return false
+	}
+	if h.MinSizeGigabytes > 0 && d.SizeBytes < int64(h.MinSizeGigabytes)*1_000_000_000 {
+		return false
+	}
+	for _, w := range []string{h.WWN, h.WWNWithExtension, h.WWNVendorExtension} {
+		if w != "" && w != d.Wwn {
+			return false
+		}
+	}
+	if h.Rotational != nil && *h.Rotational != (d.DriveType == "HDD") {
+		return false
+	}
+	return true
+}
+
+func describeHints(h *metal3.RootDeviceHints) string {
+	var parts []string
+	add := func(k, v string) {
+		if v != "" {
+			parts = append(parts, k+"="+v)
+		}
+	}
+	add("deviceName", h.DeviceName)
+	add("hctl", h.HCTL)
+	add("model", h.Model)
+	add("vendor", h.Vendor)
+	add("serialNumber", h.SerialNumber)
+	if h.MinSizeGigabytes > 0 {
+		add("minSizeGigabytes", fmt.Sprint(h.MinSizeGigabytes))
+	}
+	add("wwn", h.WWN)
+	add("wwnWithExtension", h.WWNWithExtension)
+	add("wwnVendorExtension", h.WWNVendorExtension)
+	if h.Rotational != nil {
+		add("rotational", fmt.Sprint(*h.Rotational))
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+// hardware summarises an Agent's inventory as metal3 does for a host.
+func hardware(a *v1beta1.Agent) *metal3.HardwareDetails {
+	inv := a.Status.Inventory
+	if inv.ReportTime == nil && len(inv.Interfaces) == 0 {
+		return nil
+	}
+	hw := &metal3.HardwareDetails{
+		SystemVendor: metal3.HardwareSystemVendor{Manufacturer: inv.SystemVendor.Manufacturer, ProductName: inv.SystemVendor.ProductName, SerialNumber: inv.SystemVendor.SerialNumber},
+		RAMMebibytes: int(inv.Memory.PhysicalBytes >> 20),
+		CPU:          metal3.CPU{Arch: inv.CPU.Architecture, Model: inv.CPU.ModelName, ClockMegahertz: inv.CPU.ClockMegahertz, Count: int(inv.CPU.Count)},
+		Hostname:     inv.Hostname,
+	}
+	for _, i := range inv.Interfaces {
+		n := metal3.NIC{Name: i.Name, Model: strings.TrimSpace(i.Vendor + " " + i.Product), MAC: i.MacAddress, SpeedGbps: int(i.SpeedMbps / 1000)}
+		if len(i.IPV4Addresses) > 0 {
+			n.IP = strings.SplitN(i.IPV4Addresses[0], "/", 2)[0]
+		} else if len(i.IPV6Addresses) > 0 {
+			n.IP = strings.SplitN(i.IPV6Addresses[0], "/", 2)[0]
+		}
+		n.PXE = i.Name != "" && i.Name == inv.Boot.PxeInterface
+		hw.NIC = append(hw.NIC, n)
+	}
+	for _, d := range inv.Disks {
+		hw.Storage = append(hw.Storage, metal3.Storage{Name: d.Path, Rotational: d.DriveType == "HDD", SizeBytes: d.SizeBytes,
+			Vendor: d.Vendor, Model: d.Model, SerialNumber: d.Serial, WWN: d.Wwn, HCTL: d.Hctl})
+	}
+	return hw
+}

@@ -1,0 +1,360 @@
+// Package reconciler is the BareMetalHost controller: it registers each
+// host's BMC, keeps its power as spec.online says, boots hosts labelled with
+// an InfraEnv into discovery (virtual media or PXE) and approves the Agent
+// that registers from the host's boot MAC. It never writes a BareMetalHost's
+// spec.
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/bmc/internal/address"
+	"github.com/agentboot/agentboot/bmc/internal/driver"
+	"github.com/agentboot/agentboot/internal/macindex"
+)
+
+// Annotations and the finalizer agentboot reads or sets on BareMetalHosts.
+const (
+	// Finalizer lets the controller act (power off, eject) before a host
+	// goes away.
+	Finalizer = "agentboot.io/baremetalhost"
+	// PowerOffOnDeleteAnnotation "true" powers the server off when its
+	// BareMetalHost is deleted; by default deleting only forgets it.
+	PowerOffOnDeleteAnnotation = "agentboot.io/power-off-on-delete"
+	// PausedAnnotation (metal3's) stops all reconciliation of the host.
+	PausedAnnotation = "baremetalhost.metal3.io/paused"
+	// DetachedAnnotation (metal3's) keeps the host but stops BMC actions.
+	DetachedAnnotation = "baremetalhost.metal3.io/detached"
+)
+
+// Dialer opens a BMC session; driver.Open in production.
+type Dialer func(ctx context.Context, a address.Address, c driver.Credentials, o driver.Options) (driver.BMC, error)
+
+// Reconciler reconciles BareMetalHosts.
+type Reconciler struct {
+	Client  client.Client
+	Secrets client.Reader // read, not watched: credentials are fetched when used
+	Events  events.EventRecorder
+	Dial    Dialer
+	Driver  driver.Options
+	// MaxConcurrent bounds how many BMCs are being talked to at once.
+	MaxConcurrent int
+	// PowerPoll is how often a pending power change is checked (5s).
+	PowerPoll time.Duration
+	// PowerTimeout is how long a power change may take before it is sent
+	// again (2m); after three attempts it is an error.
+	PowerTimeout time.Duration
+	// Resync re-reads every host's credentials and power state this often
+	// (1m, as Ironic syncs power state).
+	Resync time.Duration
+	// BackoffBase and BackoffCap shape the retry delay after errors.
+	BackoffBase, BackoffCap time.Duration
+
+	bmcLocks keyedMutex
+	mu       sync.Mutex
+	pending  map[types.UID]*powerChange
+}
+
+func (r *Reconciler) defaults() {
+	if r.MaxConcurrent <= 0 {
+		r.MaxConcurrent = 8
+	}
+	if r.PowerPoll <= 0 {
+		r.PowerPoll = 5 * time.Second
+	}
+	if r.PowerTimeout <= 0 {
+		r.PowerTimeout = 2 * time.Minute
+	}
+	if r.Resync <= 0 {
+		r.Resync = time.Minute
+	}
+	if r.BackoffBase <= 0 {
+		r.BackoffBase = 5 * time.Second
+	}
+	if r.BackoffCap <= 0 {
+		r.BackoffCap = 3 * time.Minute
+	}
+	if r.Dial == nil {
+		r.Dial = driver.Open
+	}
+	r.pending = map[types.UID]*powerChange{}
+}
+
+// SetupWithManager registers the controller. MaxConcurrent workers bound
+// the BMC calls in flight; controller-runtime never reconciles one host
+// twice at once, and bmcLocks serialise hosts that share a BMC.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.defaults()
+	if err := macindex.Register(mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("baremetalhost").
+		// Not on our own status writes: a failing host would retry at
+		// once instead of after its backoff.
+		For(&metal3.BareMetalHost{}, builder.WithPredicates(predicate.Or[client.Object](
+			predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{},
+			predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+				return !e.ObjectNew.GetDeletionTimestamp().Equal(e.ObjectOld.GetDeletionTimestamp())
+			}}))).
+		Watches(&v1beta1.Agent{}, handler.EnqueueRequestsFromMapFunc(r.hostsForAgent)).
+		Watches(&v1beta1.InfraEnv{}, handler.EnqueueRequestsFromMapFunc(r.hostsForInfraEnv)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.MaxConcurrent}).
+		Complete(r)
+}
+
+// Reconcile drives one BareMetalHost.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	host := &metal3.BareMetalHost{}
+	if err := r.Client.Get(ctx, req.NamespacedName, host); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if _, paused := host.Annotations[PausedAnnotation]; paused {
+		return ctrl.Result{}, nil
+	}
+	if !host.DeletionTimestamp.IsZero() {
+		return r.delete(ctx, host)
+	}
+	if !controllerutil.ContainsFinalizer(host, Finalizer) {
+		controllerutil.AddFinalizer(host, Finalizer)
+		if err := r.Client.Update(ctx, host); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	before := host.Status.DeepCopy()
+	agent, err := r.matchAgent(ctx, host)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var res step
+	if _, detached := host.Annotations[DetachedAnnotation]; detached {
+		host.Status.OperationalStatus = metal3.OperationalStatusDetached
+	} else {
+		res = r.drive(ctx, host, agent)
+	}
+	if err := r.writeStatus(ctx, host, before, res); err != nil {
+		return ctrl.Result{}, err
+	}
+	res.errCount = host.Status.ErrorCount
+	return res.result(r), nil
+}
+
+// drive opens the BMC and runs the handler of the host's state.
+func (r *Reconciler) drive(ctx context.Context, host *metal3.BareMetalHost, agent *v1beta1.Agent) step {
+	if host.Status.Provisioning.State == metal3.StateNone {
+		host.Status.Provisioning.State = metal3.StateRegistering
+	}
+	return r.withBMC(ctx, host, func(bmc driver.BMC) step {
+		h := &hostRun{r: r, host: host, bmc: bmc, agent: agent}
+		handler, ok := stateHandlers[h.state()]
+		if !ok {
+			// A state only metal3 uses (inspecting, preparing, ...): start over.
+			host.Status.Provisioning.State = metal3.StateRegistering
+			handler = stateHandlers[metal3.StateRegistering]
+		}
+		return handler(h, ctx)
+	})
+}
+
+// withBMC runs fn with an open session to the host's BMC, one at a time
+// per BMC, after reading the power state into the status.
+func (r *Reconciler) withBMC(ctx context.Context, host *metal3.BareMetalHost, fn func(driver.BMC) step) step {
+	unlock := r.bmcLocks.lock(host.Spec.BMC.Address)
+	defer unlock()
+	bmc, res := r.open(ctx, host)
+	if res.err != nil {
+		return res
+	}
+	defer bmc.Close()
+	on, err := bmc.PowerState(ctx)
+	if err != nil {
+		return failed(res.errType, err)
+	}
+	host.Status.PoweredOn = on
+	return fn(bmc)
+}
+
+// open parses the address, reads the credentials and connects.
+func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driver.BMC, step) {
+	errType := metal3.PowerManagementError
+	if host.Status.Provisioning.State == metal3.StateNone || host.Status.Provisioning.State == metal3.StateRegistering {
+		errType = metal3.RegistrationError
+	}
+	a, err := address.Parse(host.Spec.BMC.Address)
+	if err != nil {
+		return nil, failed(metal3.RegistrationError, err)
+	}
+	if host.Spec.BMC.CredentialsName == "" {
+		return nil, failed(metal3.RegistrationError, errors.New("spec.bmc.credentialsName is empty"))
+	}
+	creds, err := r.credentials(ctx, host)
+	if err != nil {
+		return nil, failed(metal3.RegistrationError, err)
+	}
+	opts := r.Driver
+	opts.InsecureTLS = host.Spec.BMC.DisableCertificateVerification
+	bmc, err := r.Dial(ctx, a, creds, opts)
+	if err != nil {
+		return nil, failed(errType, fmt.Errorf("BMC %s: %w", a.Endpoint(), err))
+	}
+	// errType tells the caller how to classify its first call's failure.
+	return bmc, step{errType: errType}
+}
+
+func (r *Reconciler) credentials(ctx context.Context, host *metal3.BareMetalHost) (driver.Credentials, error) {
+	name := host.Spec.BMC.CredentialsName
+	s := &corev1.Secret{}
+	if err := r.Secrets.Get(ctx, client.ObjectKey{Namespace: host.Namespace, Name: name}, s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return driver.Credentials{}, fmt.Errorf("credentials Secret %s/%s not found", host.Namespace, name)
+		}
+		return driver.Credentials{}, fmt.Errorf("read credentials Secret %s/%s: %w", host.Namespace, name, err)
+	}
+	c := driver.Credentials{Username: string(s.Data["username"]), Password: string(s.Data["password"])}
+	if c.Username == "" || c.Password == "" {
+		return c, fmt.Errorf("credentials Secret %s/%s needs non-empty keys username and password", host.Namespace, name)
+	}
+	return c, nil
+}
+
+// writeStatus derives the error fields from res and patches the status
+// when anything changed.
+func (r *Reconciler) writeStatus(ctx context.Context, host *metal3.BareMetalHost, before *metal3.BareMetalHostStatus, res step) error {
+	st := &host.Status
+	switch {
+	case res.err != nil:
+		msg := res.err.Error()
+		if st.ErrorMessage != msg || st.ErrorType != res.errType {
+			r.Events.Eventf(host, nil, corev1.EventTypeWarning, reasonFor(res.errType), "BMC", "%s", msg)
+		}
+		st.OperationalStatus, st.ErrorType, st.ErrorMessage = metal3.OperationalStatusError, res.errType, msg
+		st.ErrorCount++
+	case st.OperationalStatus != metal3.OperationalStatusDetached:
+		if st.ErrorType != "" {
+			r.Events.Eventf(host, nil, corev1.EventTypeNormal, "Recovered", "BMC", "the BMC answers again")
+		}
+		st.OperationalStatus, st.ErrorType, st.ErrorMessage, st.ErrorCount = metal3.OperationalStatusOK, "", "", 0
+	}
+	if equality.Semantic.DeepEqual(before, st) {
+		return nil
+	}
+	now := metav1.Now()
+	st.LastUpdated = &now
+	return r.Client.Status().Update(ctx, host)
+}
+
+func reasonFor(t metal3.ErrorType) string {
+	switch t {
+	case metal3.RegistrationError:
+		return "RegistrationError"
+	case metal3.ProvisioningError:
+		return "ProvisioningError"
+	}
+	return "PowerManagementError"
+}
+
+// step is what a phase decided: when to look again, or what went wrong.
+type step struct {
+	requeue time.Duration
+	errType metal3.ErrorType
+	err     error
+	// errCount is the host's error count, for the backoff.
+	errCount int
+}
+
+func failed(t metal3.ErrorType, err error) step { return step{errType: t, err: err} }
+
+func poll(d time.Duration) step { return step{requeue: d} }
+
+func (s step) result(r *Reconciler) ctrl.Result {
+	if s.err != nil {
+		return ctrl.Result{RequeueAfter: r.backoff(s.errCount)}
+	}
+	if s.requeue > 0 {
+		return ctrl.Result{RequeueAfter: s.requeue}
+	}
+	// Nothing pending: re-read the power state now and then, so a host
+	// switched on or off behind our back is noticed.
+	return ctrl.Result{RequeueAfter: r.Resync}
+}
+
+// backoff is capped exponential with ±20% jitter, so that many hosts
+// behind one failed switch do not retry in lock step.
+func (r *Reconciler) backoff(count int) time.Duration {
+	d := r.BackoffBase
+	for i := 1; i < count && d < r.BackoffCap; i++ {
+		d *= 2
+	}
+	d = min(d, r.BackoffCap)
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+func (r *Reconciler) hostsForAgent(ctx context.Context, o client.Object) []reconcile.Request {
+	var reqs []reconcile.Request
+	for _, mac := range macindex.AgentMACs(o) {
+		var hosts metal3.BareMetalHostList
+		if err := r.Client.List(ctx, &hosts, client.InNamespace(o.GetNamespace()), client.MatchingFields{macindex.BootMAC: mac}); err != nil {
+			continue
+		}
+		for _, h := range hosts.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&h)})
+		}
+	}
+	return reqs
+}
+
+func (r *Reconciler) hostsForInfraEnv(ctx context.Context, o client.Object) []reconcile.Request {
+	var hosts metal3.BareMetalHostList
+	if err := r.Client.List(ctx, &hosts, client.InNamespace(o.GetNamespace()), client.MatchingLabels{v1beta1.InfraEnvNameLabel: o.GetName()}); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(hosts.Items))
+	for _, h := range hosts.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&h)})
+	}
+	return reqs
+}
+
+// keyedMutex serialises operations per BMC address.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+func (k *keyedMutex) lock(key string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*sync.Mutex{}
+	}
+	m, ok := k.locks[key]
+	if !ok {
+		m = &sync.Mutex{}
+		k.locks[key] = m
+	}
+	k.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}

@@ -1,0 +1,322 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/bmc/internal/address"
+	"github.com/agentboot/agentboot/bmc/internal/driver"
+	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/discovery"
+)
+
+// hostRun is one pass over one host with an open BMC session.
+type hostRun struct {
+	r     *Reconciler
+	host  *metal3.BareMetalHost
+	bmc   driver.BMC
+	agent *v1beta1.Agent // the matched Agent, or nil
+}
+
+func (h *hostRun) state() metal3.ProvisioningState { return h.host.Status.Provisioning.State }
+
+func (h *hostRun) setState(s metal3.ProvisioningState) { h.host.Status.Provisioning.State = s }
+
+// stateHandlers is the host state machine: registering → available →
+// provisioning → provisioned, back through deprovisioning when the host
+// leaves its InfraEnv.
+var stateHandlers = map[metal3.ProvisioningState]func(*hostRun, context.Context) step{
+	metal3.StateRegistering:           (*hostRun).register,
+	metal3.StateAvailable:             (*hostRun).available,
+	metal3.StateProvisioning:          (*hostRun).provision,
+	metal3.StateProvisioned:           (*hostRun).provisioned,
+	metal3.StateDeprovisioning:        (*hostRun).deprovision,
+	metal3.StateExternallyProvisioned: (*hostRun).externallyProvisioned,
+}
+
+// register: the BMC answered with a power state, so the host is known.
+func (h *hostRun) register(ctx context.Context) step {
+	if h.host.Spec.ExternallyProvisioned {
+		h.setState(metal3.StateExternallyProvisioned)
+		return h.enforcePower(ctx)
+	}
+	h.setState(metal3.StateAvailable)
+	return h.available(ctx)
+}
+
+// available: power as asked; enroll once the InfraEnv's image is ready.
+func (h *hostRun) available(ctx context.Context) step {
+	if h.host.Spec.ExternallyProvisioned {
+		h.setState(metal3.StateExternallyProvisioned)
+		return h.enforcePower(ctx)
+	}
+	iso, wait, err := h.enrollment(ctx)
+	if err != nil {
+		return failed(metal3.ProvisioningError, err)
+	}
+	if iso == "" || !h.host.Spec.Online {
+		if wait {
+			// The InfraEnv exists but its image is not ready; its status
+			// change will enqueue the host, this is a safety net.
+			res := h.enforcePower(ctx)
+			if res.err == nil && res.requeue == 0 {
+				res.requeue = time.Minute
+			}
+			return res
+		}
+		return h.enforcePower(ctx)
+	}
+	h.setState(metal3.StateProvisioning)
+	return h.provision(ctx)
+}
+
+// provision boots the host into discovery: the ISO as a virtual CD, or the
+// network; then it is provisioned (running the discovery image).
+func (h *hostRun) provision(ctx context.Context) step {
+	iso, _, err := h.enrollment(ctx)
+	if err != nil {
+		return failed(metal3.ProvisioningError, err)
+	}
+	if iso == "" || !h.host.Spec.Online {
+		h.setState(metal3.StateAvailable)
+		return h.available(ctx)
+	}
+	a, _ := address.Parse(h.host.Spec.BMC.Address) // open already parsed it
+	efi := h.host.Spec.BootMode != metal3.BootModeLegacy
+	dev := driver.PXE
+	if a.VirtualMedia {
+		dev = driver.CDROM
+		if err := h.bmc.InsertMedia(ctx, iso); err != nil {
+			return failed(metal3.ProvisioningError, err)
+		}
+	}
+	if err := h.setBoot(ctx, dev, efi); err != nil {
+		return failed(metal3.ProvisioningError, err)
+	}
+	if h.host.Status.PoweredOn {
+		if err := h.bmc.Reset(ctx); err != nil {
+			return failed(metal3.PowerManagementError, err)
+		}
+	} else if err := h.bmc.PowerOn(ctx); err != nil {
+		return failed(metal3.PowerManagementError, err)
+	}
+	h.r.forgetPower(h.host.UID)
+	h.host.Status.Provisioning.Image = metal3.Image{URL: iso, DiskFormat: ptr.To("live-iso")}
+	h.host.Status.Provisioning.BootMode = h.host.Spec.BootMode
+	if h.host.Status.Provisioning.BootMode == "" {
+		h.host.Status.Provisioning.BootMode = metal3.BootModeUEFI
+	}
+	h.r.Events.Eventf(h.host, nil, corev1.EventTypeNormal, "Provisioned", "BootDiscovery", "booting the discovery image from %s", map[bool]string{true: "virtual media", false: "the network"}[a.VirtualMedia])
+	h.setState(metal3.StateProvisioned)
+	return poll(h.r.PowerPoll)
+}
+
+// setBoot sets a one-time boot device and reads it back where the BMC can
+// tell: some BMCs accept an override and drop it.
+func (h *hostRun) setBoot(ctx context.Context, dev driver.Device, efi bool) error {
+	for attempt := 1; ; attempt++ {
+		if err := h.bmc.SetOneTimeBoot(ctx, dev, efi); err != nil {
+			return err
+		}
+		got, ok, err := h.bmc.BootOverride(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok || got == dev {
+			return nil
+		}
+		if attempt == 3 {
+			return fmt.Errorf("the BMC accepted a one-time boot from %s three times but kept %q", dev, got)
+		}
+	}
+}
+
+// provisioned: the host runs discovery, or was installed by it. Once its
+// Agent boots from disk, the CD goes and the disk is the next boot; a new
+// discovery image reboots hosts not yet installing.
+func (h *hostRun) provisioned(ctx context.Context) step {
+	iso, wait, err := h.enrollment(ctx)
+	if err != nil {
+		return failed(metal3.ProvisioningError, err)
+	}
+	booted := h.host.Status.Provisioning.Image.URL
+	switch {
+	case iso == "" && !wait:
+		h.setState(metal3.StateDeprovisioning)
+		return h.deprovision(ctx)
+	case h.agent != nil && discovery.BootsFromDisk(h.agent):
+		if booted != "" {
+			if err := h.bmc.EjectMedia(ctx); err != nil {
+				return failed(metal3.ProvisioningError, err)
+			}
+			if err := h.bmc.SetOneTimeBoot(ctx, driver.Disk, h.host.Spec.BootMode != metal3.BootModeLegacy); err != nil {
+				return failed(metal3.ProvisioningError, err)
+			}
+			h.host.Status.Provisioning.Image = metal3.Image{}
+		}
+	case iso != "" && iso != booted && h.host.Spec.Online && !installing(h.agent):
+		h.setState(metal3.StateProvisioning)
+		return h.provision(ctx)
+	}
+	return h.enforcePower(ctx)
+}
+
+// deprovision: the host left its InfraEnv; take the CD out.
+func (h *hostRun) deprovision(ctx context.Context) step {
+	if h.host.Status.Provisioning.Image.URL != "" {
+		if err := h.bmc.EjectMedia(ctx); err != nil {
+			return failed(metal3.ProvisioningError, err)
+		}
+	}
+	h.host.Status.Provisioning.Image = metal3.Image{}
+	h.setState(metal3.StateAvailable)
+	return h.enforcePower(ctx)
+}
+
+func (h *hostRun) externallyProvisioned(ctx context.Context) step {
+	if !h.host.Spec.ExternallyProvisioned {
+		h.setState(metal3.StateAvailable)
+		return h.available(ctx)
+	}
+	return h.enforcePower(ctx)
+}
+
+// installing is true once an Agent started installing: rebooting it into a
+// new discovery image would break the installation.
+func installing(a *v1beta1.Agent) bool {
+	if a == nil {
+		return false
+	}
+	st := a.Status.Progress.CurrentStage
+	return (st != "" && st != v1beta1.StageFailed) || discovery.BootsFromDisk(a)
+}
+
+// enrollment returns the ISO the host should boot: the discovery ISO of
+// the InfraEnv its label names, once that image is ready. wait is true
+// while the InfraEnv exists but its image is not ready.
+func (h *hostRun) enrollment(ctx context.Context) (iso string, wait bool, err error) {
+	name := h.host.Labels[v1beta1.InfraEnvNameLabel]
+	if name == "" || h.host.Spec.ExternallyProvisioned {
+		return "", false, nil
+	}
+	ie := &v1beta1.InfraEnv{}
+	if err := h.r.Client.Get(ctx, client.ObjectKey{Namespace: h.host.Namespace, Name: name}, ie); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			return "", false, fmt.Errorf("InfraEnv %s/%s named by label %s does not exist", h.host.Namespace, name, v1beta1.InfraEnvNameLabel)
+		}
+		return "", false, err
+	}
+	if !conditions.IsTrue(ie.Status.Conditions, v1beta1.ImageCreatedCondition) || ie.Status.ISODownloadURL == "" {
+		return "", true, nil
+	}
+	return ie.Status.ISODownloadURL, false, nil
+}
+
+// powerChange is a power command sent and not yet seen in effect.
+type powerChange struct {
+	on       bool
+	sent     time.Time
+	attempts int
+}
+
+// enforcePower makes the power state follow spec.online and checks,
+// by polling, that the BMC did it.
+func (h *hostRun) enforcePower(ctx context.Context) step {
+	want := h.host.Spec.Online
+	if h.host.Status.PoweredOn == want {
+		h.r.forgetPower(h.host.UID)
+		return step{}
+	}
+	h.r.mu.Lock()
+	p := h.r.pending[h.host.UID]
+	if p != nil && p.on != want {
+		p = nil
+	}
+	if p != nil && time.Since(p.sent) < h.r.PowerTimeout {
+		h.r.mu.Unlock()
+		return poll(h.r.PowerPoll) // sent; the host takes its time
+	}
+	if p == nil {
+		p = &powerChange{on: want}
+		h.r.pending[h.host.UID] = p
+	}
+	p.attempts++
+	p.sent = time.Now()
+	attempts := p.attempts
+	h.r.mu.Unlock()
+	if attempts > 3 {
+		h.r.forgetPower(h.host.UID)
+		return failed(metal3.PowerManagementError, fmt.Errorf("the host did not power %s after 3 requests over %s", onOff(want), 3*h.r.PowerTimeout))
+	}
+	var err error
+	switch {
+	case want:
+		err = h.bmc.PowerOn(ctx)
+	case attempts == 1:
+		err = h.bmc.PowerOff(ctx, true) // ask the OS first
+	default:
+		err = h.bmc.PowerOff(ctx, false)
+	}
+	if err != nil {
+		return failed(metal3.PowerManagementError, err)
+	}
+	return poll(h.r.PowerPoll)
+}
+
+func (r *Reconciler) forgetPower(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.pending, uid)
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
+// delete forgets the host, powering it off first only when asked to.
+func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(host, Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	_, detached := host.Annotations[DetachedAnnotation]
+	if host.Annotations[PowerOffOnDeleteAnnotation] == "true" && !detached {
+		before := host.Status.DeepCopy()
+		res := r.powerOffForDelete(ctx, host)
+		if res.err != nil || res.requeue > 0 {
+			if err := r.writeStatus(ctx, host, before, res); err != nil {
+				return ctrl.Result{}, err
+			}
+			res.errCount = host.Status.ErrorCount
+			return res.result(r), nil
+		}
+	}
+	r.forgetPower(host.UID)
+	controllerutil.RemoveFinalizer(host, Finalizer)
+	return ctrl.Result{}, r.Client.Update(ctx, host)
+}
+
+func (r *Reconciler) powerOffForDelete(ctx context.Context, host *metal3.BareMetalHost) step {
+	host.Status.Provisioning.State = metal3.StatePoweringOffBeforeDelete
+	return r.withBMC(ctx, host, func(bmc driver.BMC) step {
+		if !host.Status.PoweredOn {
+			host.Status.Provisioning.State = metal3.StateDeleting
+			return step{}
+		}
+		off := *host
+		off.Spec.Online = false
+		return (&hostRun{r: r, host: &off, bmc: bmc}).enforcePower(ctx)
+	})
+}

@@ -1,0 +1,261 @@
+package bmcsim
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// IPMIOptions configure an IPMI BMC.
+type IPMIOptions struct {
+	User, Password string // no spaces or quotes: ipmi_sim's config syntax
+	Addr           string // IP to listen on (127.0.0.1 by default)
+	Port           int
+	Machine        Machine
+	// Prefix runs ipmi_sim through another command (`ip netns exec <ns>`).
+	Prefix []string
+}
+
+// IPMI is a real IPMI-over-LAN BMC (OpenIPMI's ipmi_sim) whose chassis
+// control program drives a Machine.
+type IPMI struct {
+	o       IPMIOptions
+	dir     string
+	logPath string
+	ln      net.Listener
+
+	mu     sync.Mutex
+	boot   string
+	events []string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited
+}
+
+var (
+	chassisOnce sync.Once
+	chassisBin  string
+	chassisErr  error
+)
+
+// chassisProgram builds the chassis control program once per test binary.
+func chassisProgram() (string, error) {
+	chassisOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "agentboot-chassis-")
+		if err != nil {
+			chassisErr = err
+			return
+		}
+		chassisBin = filepath.Join(dir, "chassis")
+		out, err := exec.Command("go", "build", "-o", chassisBin, "github.com/agentboot/agentboot/test/bmcsim/chassis").CombinedOutput()
+		if err != nil {
+			chassisErr = fmt.Errorf("build the chassis program: %v\n%s", err, out)
+		}
+	})
+	return chassisBin, chassisErr
+}
+
+// StartIPMI runs ipmi_sim for the duration of t.
+func StartIPMI(t testing.TB, o IPMIOptions) *IPMI {
+	t.Helper()
+	if _, err := exec.LookPath("ipmi_sim"); err != nil {
+		t.Fatal("ipmi_sim not found: install Debian packages openipmi and ipmitool (.ci/packages)")
+	}
+	if _, err := exec.LookPath("ipmitool"); err != nil {
+		t.Fatal("ipmitool not found: install Debian package ipmitool (.ci/packages)")
+	}
+	if o.Addr == "" {
+		o.Addr = "127.0.0.1"
+	}
+	prog, err := chassisProgram()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A short directory: Unix socket paths are limited to 108 bytes.
+	dir, err := os.MkdirTemp("", "ipmisim-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &IPMI{o: o, dir: dir, logPath: filepath.Join(dir, "ipmi_sim.log")}
+	sock := filepath.Join(dir, "chassis.sock")
+	if b.ln, err = net.Listen("unix", sock); err != nil {
+		t.Fatal(err)
+	}
+	go b.serve()
+	guid := make([]byte, 16)
+	_, _ = rand.Read(guid)
+	conf := fmt.Sprintf(`name "agentboot"
+set_working_mc 0x20
+  startlan 1
+    addr %s %d
+    priv_limit admin
+    allowed_auths_callback none md2 md5 straight
+    allowed_auths_user none md2 md5 straight
+    allowed_auths_operator none md2 md5 straight
+    allowed_auths_admin none md2 md5 straight
+    guid %s
+  endlan
+  chassis_control "%s -socket %s 0x20"
+  user 2 true "%s" "%s" admin 10 none md2 md5 straight
+`, o.Addr, o.Port, hex.EncodeToString(guid), prog, sock, o.User, o.Password)
+	emu := "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nsel_enable 0x20 1000 0x0a\nmc_enable 0x20\n"
+	for name, body := range map[string]string{"lan.conf": conf, "sim.emu": emu} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Stop()
+		b.ln.Close()
+		if t.Failed() {
+			log, _ := os.ReadFile(b.logPath)
+			t.Logf("ipmi_sim log (%s):\n%s", b.logPath, log)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Start (re)starts ipmi_sim; Stop and Start simulate a BMC outage.
+func (b *IPMI) Start() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cmd != nil {
+		return nil
+	}
+	args := append(append([]string(nil), b.o.Prefix...), "ipmi_sim", "-c", filepath.Join(b.dir, "lan.conf"),
+		"-f", filepath.Join(b.dir, "sim.emu"), "-s", filepath.Join(b.dir, "state"), "-n")
+	logf, err := os.OpenFile(b.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start ipmi_sim: %w", err)
+	}
+	b.cmd, b.exited = cmd, make(chan struct{})
+	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(b.exited)
+	// ipmi_sim opens its UDP port right after reading the config.
+	select {
+	case <-b.exited:
+		b.cmd = nil
+		return fmt.Errorf("ipmi_sim exited at once; see %s", b.logPath)
+	case <-time.After(300 * time.Millisecond):
+	}
+	return nil
+}
+
+// Stop kills ipmi_sim; the machine keeps its power state.
+func (b *IPMI) Stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
+	<-b.exited
+	b.cmd = nil
+}
+
+// Events lists what the chassis did: "boot pxe", "power on pxe", "power off".
+func (b *IPMI) Events() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.events...)
+}
+
+func (b *IPMI) serve() {
+	for {
+		c, err := b.ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				return
+			}
+			reply, err := b.chassis(strings.Fields(line))
+			if err != nil {
+				reply = "error: " + err.Error()
+			}
+			fmt.Fprintln(c, reply)
+		}()
+	}
+}
+
+// chassis answers one chassis_control call.
+func (b *IPMI) chassis(f []string) (string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.o.Machine
+	switch strings.Join(f, " ") {
+	case "get power":
+		if m.On() {
+			return "power:1", nil
+		}
+		return "power:0", nil
+	case "get boot":
+		return "boot:" + orDefault(b.boot, "default"), nil
+	case "set power 1":
+		if m.On() {
+			return "", nil
+		}
+		return "", b.powerOn()
+	case "set power 0", "set shutdown 1":
+		b.events = append(b.events, "power off")
+		return "", m.PowerOff()
+	case "set reset 1":
+		if m.On() {
+			b.events = append(b.events, "power off")
+			if err := m.PowerOff(); err != nil {
+				return "", err
+			}
+		}
+		return "", b.powerOn()
+	}
+	if len(f) == 3 && f[0] == "set" && f[1] == "boot" {
+		switch f[2] {
+		case "none", "default":
+			b.boot = ""
+		case "pxe", "cdrom", "bios":
+			b.boot = f[2]
+		default:
+			return "", fmt.Errorf("unknown boot device %q", f[2])
+		}
+		b.events = append(b.events, "boot "+orDefault(b.boot, "default"))
+		return "", nil
+	}
+	return "", fmt.Errorf("unknown chassis request %q", strings.Join(f, " "))
+}
+
+// powerOn boots with the boot device, which IPMI keeps for one boot.
+func (b *IPMI) powerOn() error {
+	dev := b.boot
+	if dev != BootPXE && dev != BootCDROM {
+		dev = BootDefault
+	}
+	b.boot = ""
+	b.events = append(b.events, "power on "+orDefault(dev, "default"))
+	return b.o.Machine.PowerOn(dev, "")
+}

@@ -1,0 +1,472 @@
+package bmcsim
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Faults make the Redfish service misbehave like BMCs do in the field.
+type Faults struct {
+	// Unreachable closes every connection without an answer (a BMC that
+	// rebooted or dropped off the network).
+	Unreachable bool
+	// Delay holds every answer this long (a BMC that times out).
+	Delay time.Duration
+	// ServerErrors answers every request with 500.
+	ServerErrors bool
+	// DropBootOverride accepts boot override PATCHes and forgets them.
+	DropBootOverride bool
+}
+
+// Redfish is a Redfish service with one System and one Manager whose
+// VirtualMedia CD can be mounted: what bmclib's gofish provider uses for
+// power, one-time boot and virtual media. It accepts HTTP basic auth and
+// sessions (X-Auth-Token).
+type Redfish struct {
+	User, Password string
+	// SystemID names the System (and is its Name, which bmclib matches).
+	SystemID string
+	Machine  Machine
+	// MediaDir, when set, is where inserted images are downloaded, as a
+	// BMC fetches them before the host can boot them, with Client
+	// (http.DefaultClient when nil).
+	MediaDir string
+	Client   *http.Client
+	// Hook, when set, is called (on its own goroutine) with every event,
+	// so that a test can inject a fault at a precise moment.
+	Hook func(event string)
+
+	mu          sync.Mutex
+	faults      Faults
+	override    string // Redfish BootSourceOverrideTarget
+	enabled     string // BootSourceOverrideEnabled
+	mode        string // BootSourceOverrideMode
+	image       string
+	imagePath   string
+	inserted    bool
+	sessions    map[string]bool
+	events      []string
+	downloadSeq int
+}
+
+// SetFaults replaces the active faults.
+func (r *Redfish) SetFaults(f Faults) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.faults = f
+}
+
+// Events lists what the BMC did, in order: "boot-override Pxe Once",
+// "insert <url>", "eject", "power on <device>", "power off".
+func (r *Redfish) Events() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.events...)
+}
+
+// Image is the inserted virtual media URL ("" when ejected).
+func (r *Redfish) Image() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.inserted {
+		return ""
+	}
+	return r.image
+}
+
+func (r *Redfish) event(format string, a ...any) {
+	ev := fmt.Sprintf(format, a...)
+	r.events = append(r.events, ev)
+	if r.Hook != nil {
+		go r.Hook(ev)
+	}
+}
+
+func (r *Redfish) id() string {
+	if r.SystemID == "" {
+		return "1"
+	}
+	return r.SystemID
+}
+
+// ServeHTTP implements http.Handler.
+func (r *Redfish) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	f := r.faults
+	r.mu.Unlock()
+	if f.Unreachable {
+		if hj, ok := w.(http.Hijacker); ok {
+			if c, _, err := hj.Hijack(); err == nil {
+				c.Close()
+				return
+			}
+		}
+		panic(http.ErrAbortHandler)
+	}
+	if f.Delay > 0 {
+		select {
+		case <-time.After(f.Delay):
+		case <-req.Context().Done():
+			return
+		}
+	}
+	if f.ServerErrors {
+		redfishError(w, http.StatusInternalServerError, "simulated internal error")
+		return
+	}
+	path := strings.TrimSuffix(req.URL.Path, "/")
+	if path == "/redfish/v1" || path == "/redfish" {
+		r.serviceRoot(w)
+		return
+	}
+	if path == "/redfish/v1/SessionService/Sessions" && req.Method == http.MethodPost {
+		r.login(w, req)
+		return
+	}
+	if !r.authorized(req) {
+		w.Header().Set("WWW-Authenticate", `Basic realm="redfish"`)
+		redfishError(w, http.StatusUnauthorized, "authentication required")
+		return
+	}
+	sys := "/redfish/v1/Systems/" + r.id()
+	mgr := "/redfish/v1/Managers/1"
+	cd := mgr + "/VirtualMedia/Cd"
+	switch {
+	case path == "/redfish/v1/SessionService" && req.Method == http.MethodGet:
+		writeJSON(w, map[string]any{"@odata.id": path, "Id": "SessionService", "ServiceEnabled": true,
+			"Sessions": link("/redfish/v1/SessionService/Sessions")})
+	case strings.HasPrefix(path, "/redfish/v1/SessionService/Sessions/") && req.Method == http.MethodDelete:
+		r.mu.Lock()
+		delete(r.sessions, strings.TrimPrefix(path, "/redfish/v1/SessionService/Sessions/"))
+		r.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	case path == "/redfish/v1/Systems" && req.Method == http.MethodGet:
+		writeJSON(w, collection(path, sys))
+	case path == sys && req.Method == http.MethodGet:
+		r.system(w, sys, mgr)
+	case path == sys && req.Method == http.MethodPatch:
+		r.patchSystem(w, req)
+	case path == sys+"/Actions/ComputerSystem.Reset" && req.Method == http.MethodPost:
+		r.reset(w, req)
+	case path == "/redfish/v1/Managers" && req.Method == http.MethodGet:
+		writeJSON(w, collection(path, mgr))
+	case path == mgr && req.Method == http.MethodGet:
+		writeJSON(w, map[string]any{"@odata.id": mgr, "@odata.type": "#Manager.v1_10_0.Manager", "Id": "1", "Name": "Manager",
+			"ManagerType": "BMC", "VirtualMedia": link(mgr + "/VirtualMedia"),
+			"Links": map[string]any{"ManagerForServers": []any{link(sys)}}})
+	case path == mgr+"/VirtualMedia" && req.Method == http.MethodGet:
+		writeJSON(w, collection(path, cd))
+	case path == cd && req.Method == http.MethodGet:
+		r.virtualMedia(w, cd)
+	case path == cd+"/Actions/VirtualMedia.InsertMedia" && req.Method == http.MethodPost:
+		r.insert(w, req)
+	case path == cd+"/Actions/VirtualMedia.EjectMedia" && req.Method == http.MethodPost:
+		r.mu.Lock()
+		r.inserted, r.image, r.imagePath = false, "", ""
+		r.event("eject")
+		r.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		redfishError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not a resource of this service", req.Method, path))
+	}
+}
+
+func (r *Redfish) serviceRoot(w http.ResponseWriter) {
+	writeJSON(w, map[string]any{
+		"@odata.id": "/redfish/v1/", "@odata.type": "#ServiceRoot.v1_5_0.ServiceRoot",
+		"Id": "RootService", "Name": "agentboot Redfish simulator", "RedfishVersion": "1.11.0",
+		"UUID":           "6a6e7c52-1b1c-4f0e-9d55-5d2a5c1e0001",
+		"Systems":        link("/redfish/v1/Systems"),
+		"Managers":       link("/redfish/v1/Managers"),
+		"SessionService": link("/redfish/v1/SessionService"),
+		"Links":          map[string]any{"Sessions": link("/redfish/v1/SessionService/Sessions")},
+	})
+}
+
+func (r *Redfish) authorized(req *http.Request) bool {
+	if tok := req.Header.Get("X-Auth-Token"); tok != "" {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.sessions[tok]
+	}
+	u, p, ok := req.BasicAuth()
+	return ok && r.credentialsMatch(u, p)
+}
+
+func (r *Redfish) credentialsMatch(u, p string) bool {
+	return subtle.ConstantTimeCompare([]byte(u), []byte(r.User)) == 1 &&
+		subtle.ConstantTimeCompare([]byte(p), []byte(r.Password)) == 1
+}
+
+func (r *Redfish) login(w http.ResponseWriter, req *http.Request) {
+	var body struct{ UserName, Password string }
+	if err := json.NewDecoder(io.LimitReader(req.Body, 4096)).Decode(&body); err != nil {
+		redfishError(w, http.StatusBadRequest, "malformed session request: "+err.Error())
+		return
+	}
+	if !r.credentialsMatch(body.UserName, body.Password) {
+		redfishError(w, http.StatusUnauthorized, "invalid credentials")
+		return
+	}
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	tok := hex.EncodeToString(b)
+	r.mu.Lock()
+	if r.sessions == nil {
+		r.sessions = map[string]bool{}
+	}
+	r.sessions[tok] = true
+	r.mu.Unlock()
+	loc := "/redfish/v1/SessionService/Sessions/" + tok
+	w.Header().Set("X-Auth-Token", tok)
+	w.Header().Set("Location", loc)
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(map[string]any{"@odata.id": loc, "Id": tok, "UserName": body.UserName})
+}
+
+func (r *Redfish) system(w http.ResponseWriter, sys, mgr string) {
+	r.mu.Lock()
+	override, enabled, mode := r.override, r.enabled, r.mode
+	r.mu.Unlock()
+	power := "Off"
+	if r.Machine.On() {
+		power = "On"
+	}
+	writeJSON(w, map[string]any{
+		"@odata.id": sys, "@odata.type": "#ComputerSystem.v1_13_0.ComputerSystem",
+		"Id": r.id(), "Name": r.id(), "SystemType": "Physical", "PowerState": power,
+		"Manufacturer": "agentboot", "Model": "simulated server",
+		"Boot": map[string]any{
+			"BootSourceOverrideTarget":                         orDefault(override, "None"),
+			"BootSourceOverrideEnabled":                        orDefault(enabled, "Disabled"),
+			"BootSourceOverrideMode":                           orDefault(mode, "UEFI"),
+			"BootSourceOverrideTarget@Redfish.AllowableValues": []string{"None", "Pxe", "Cd", "Hdd", "BiosSetup"},
+		},
+		"Actions": map[string]any{"#ComputerSystem.Reset": map[string]any{
+			"target":                            sys + "/Actions/ComputerSystem.Reset",
+			"ResetType@Redfish.AllowableValues": []string{"On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle"},
+		}},
+		"Links": map[string]any{"ManagedBy": []any{link(mgr)}},
+	})
+}
+
+func (r *Redfish) patchSystem(w http.ResponseWriter, req *http.Request) {
+	var body struct {
+		Boot *struct {
+			BootSourceOverrideTarget  string
+			BootSourceOverrideEnabled string
+			BootSourceOverrideMode    string
+		}
+	}
+	if err := json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&body); err != nil {
+		redfishError(w, http.StatusBadRequest, "malformed PATCH body: "+err.Error())
+		return
+	}
+	if body.Boot != nil {
+		switch body.Boot.BootSourceOverrideTarget {
+		case "", "None", "Pxe", "Cd", "Hdd", "BiosSetup":
+		default:
+			redfishError(w, http.StatusBadRequest, fmt.Sprintf("unsupported BootSourceOverrideTarget %q", body.Boot.BootSourceOverrideTarget))
+			return
+		}
+		r.mu.Lock()
+		if r.faults.DropBootOverride {
+			r.event("boot-override dropped")
+		} else {
+			if t := body.Boot.BootSourceOverrideTarget; t != "" {
+				r.override = t
+			}
+			if e := body.Boot.BootSourceOverrideEnabled; e != "" {
+				r.enabled = e
+			}
+			if m := body.Boot.BootSourceOverrideMode; m != "" {
+				r.mode = m
+			}
+			r.event("boot-override %s %s", r.override, r.enabled)
+		}
+		r.mu.Unlock()
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
+	var body struct{ ResetType string }
+	if err := json.NewDecoder(io.LimitReader(req.Body, 4096)).Decode(&body); err != nil {
+		redfishError(w, http.StatusBadRequest, "malformed reset request: "+err.Error())
+		return
+	}
+	on := r.Machine.On()
+	var err error
+	switch body.ResetType {
+	case "On":
+		if !on {
+			err = r.powerOn()
+		}
+	case "ForceOff", "GracefulShutdown":
+		if on {
+			r.mu.Lock()
+			r.event("power off")
+			r.mu.Unlock()
+			err = r.Machine.PowerOff()
+		}
+	case "ForceRestart", "GracefulRestart", "PowerCycle":
+		if !on {
+			// Like many BMCs: a restart needs a running host.
+			redfishError(w, http.StatusBadRequest, "Command not supported in present state: Off")
+			return
+		}
+		r.mu.Lock()
+		r.event("power off")
+		r.mu.Unlock()
+		if err = r.Machine.PowerOff(); err == nil {
+			err = r.powerOn()
+		}
+	default:
+		redfishError(w, http.StatusBadRequest, fmt.Sprintf("unsupported ResetType %q", body.ResetType))
+		return
+	}
+	if err != nil {
+		redfishError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// powerOn boots the machine, consuming a one-time boot override.
+func (r *Redfish) powerOn() error {
+	r.mu.Lock()
+	dev := BootDefault
+	if r.enabled == "Once" || r.enabled == "Continuous" {
+		switch r.override {
+		case "Pxe":
+			dev = BootPXE
+		case "Cd":
+			dev = BootCDROM
+		}
+	}
+	if r.enabled == "Once" {
+		r.override, r.enabled = "None", "Disabled"
+	}
+	cdrom := ""
+	if r.inserted {
+		cdrom = r.imagePath
+	}
+	r.event("power on %s", orDefault(dev, "default"))
+	r.mu.Unlock()
+	return r.Machine.PowerOn(dev, cdrom)
+}
+
+func (r *Redfish) virtualMedia(w http.ResponseWriter, cd string) {
+	r.mu.Lock()
+	inserted, image := r.inserted, r.image
+	r.mu.Unlock()
+	writeJSON(w, map[string]any{
+		"@odata.id": cd, "@odata.type": "#VirtualMedia.v1_3_0.VirtualMedia", "Id": "Cd", "Name": "Virtual CD",
+		"MediaTypes": []string{"CD", "DVD"}, "Inserted": inserted, "Image": image, "WriteProtected": true,
+		"ConnectedVia": "URI",
+		"Actions": map[string]any{
+			"#VirtualMedia.InsertMedia": map[string]any{"target": cd + "/Actions/VirtualMedia.InsertMedia"},
+			"#VirtualMedia.EjectMedia":  map[string]any{"target": cd + "/Actions/VirtualMedia.EjectMedia"},
+		},
+	})
+}
+
+func (r *Redfish) insert(w http.ResponseWriter, req *http.Request) {
+	var body struct {
+		Image    string
+		Inserted *bool
+	}
+	if err := json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&body); err != nil || body.Image == "" {
+		redfishError(w, http.StatusBadRequest, "InsertMedia needs an Image")
+		return
+	}
+	path := ""
+	if r.MediaDir != "" {
+		var err error
+		if path, err = r.download(req.Context(), body.Image); err != nil {
+			redfishError(w, http.StatusBadRequest, "cannot fetch the image: "+err.Error())
+			return
+		}
+	}
+	r.mu.Lock()
+	r.inserted, r.image, r.imagePath = true, body.Image, path
+	r.event("insert %s", body.Image)
+	r.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (r *Redfish) download(ctx context.Context, url string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	c := r.Client
+	if c == nil {
+		c = http.DefaultClient
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	r.mu.Lock()
+	r.downloadSeq++
+	path := filepath.Join(r.MediaDir, fmt.Sprintf("virtual-cd-%d.iso", r.downloadSeq))
+	r.mu.Unlock()
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return "", err
+	}
+	return path, f.Close()
+}
+
+func link(id string) map[string]string { return map[string]string{"@odata.id": id} }
+
+func collection(id string, members ...string) map[string]any {
+	var m []any
+	for _, x := range members {
+		m = append(m, link(x))
+	}
+	return map[string]any{"@odata.id": id, "Members": m, "Members@odata.count": len(m)}
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func redfishError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+		"code": "Base.1.8.GeneralError", "message": msg,
+		"@Message.ExtendedInfo": []any{map[string]string{"Message": msg}},
+	}})
+}
