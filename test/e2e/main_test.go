@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/bmc"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/e2e/lab"
 	"github.com/agentboot/agentboot/test/stack"
@@ -72,7 +73,9 @@ func runMain(m *testing.M) int {
 	}()
 	defer cleanup()
 
-	s, stop, err = stack.StartMain(stack.Options{AdvertiseHost: lab.HostIP, Listen: theLab.Listen, Dial: theLab.Dial})
+	// BMC retries capped at 20s: an outage test should not wait minutes.
+	s, stop, err = stack.StartMain(stack.Options{AdvertiseHost: lab.HostIP, Listen: theLab.Listen, Dial: theLab.Dial,
+		BMC: bmc.Config{BackoffCap: 20 * time.Second}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "stack:", err)
 		return 1
@@ -131,11 +134,17 @@ func bootVM(t *testing.T, o vm.Options) *vm.VM {
 // bootVMOn starts a VM on a new tap of bridge.
 func bootVMOn(t *testing.T, bridge string, o vm.Options) *vm.VM {
 	t.Helper()
+	return vm.Start(t, onBridge(t, bridge, o))
+}
+
+// onBridge puts o's NIC on a new tap of bridge, run inside the lab.
+func onBridge(t *testing.T, bridge string, o vm.Options) vm.Options {
+	t.Helper()
 	tap, err := theLab.TapOn(bridge)
 	require.NoError(t, err)
 	o.Prefix = theLab.Exec()
 	o.Net = "tap,ifname=" + tap + ",script=no,downscript=no"
-	return vm.Start(t, o)
+	return o
 }
 
 func sparseDisk(t *testing.T, size int64) string {

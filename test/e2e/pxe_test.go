@@ -235,8 +235,10 @@ func TestLabPXEAuthoritative(t *testing.T) {
 	const mac = "52:54:00:2c:00:01"
 	reserved := seg.Prefix + ".20"
 	bmh := &metal3.BareMetalHost{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "isolated-0", Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name}},
-		Spec:       metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: metal3.BMCDetails{Address: "ipmi://" + seg.Prefix + ".9", CredentialsName: "isolated-0-bmc"}},
+		// Detached: there is no BMC at that address, only the boot MAC matters.
+		ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "isolated-0", Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name},
+			Annotations: map[string]string{"baremetalhost.metal3.io/detached": ""}},
+		Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: metal3.BMCDetails{Address: "ipmi://" + seg.Prefix + ".9", CredentialsName: "isolated-0-bmc"}},
 	}
 	require.NoError(t, s.Client.Create(ctx, bmh))
 	leases := filepath.Join(theLab.Dir, "pxe-authoritative-leases.json")

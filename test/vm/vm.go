@@ -124,9 +124,19 @@ func repoRoot() string {
 // Start boots a VM for the duration of t.
 func Start(t testing.TB, o Options) *VM {
 	t.Helper()
+	v, err := StartVM(t, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// StartVM is Start returning its error instead of failing t, for callers
+// outside the test's goroutine (a simulated BMC powering a Machine on).
+func StartVM(t testing.TB, o Options) (*VM, error) {
 	bin, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		t.Fatal("qemu-system-x86_64 not found: install Debian packages qemu-system-x86 and ipxe-qemu (.ci/packages)")
+		return nil, errors.New("qemu-system-x86_64 not found: install Debian packages qemu-system-x86 and ipxe-qemu (.ci/packages)")
 	}
 	if o.MemoryMB == 0 {
 		o.MemoryMB = 1024
@@ -135,7 +145,7 @@ func Start(t testing.TB, o Options) *VM {
 		o.CPUs = 1
 	}
 	if err := os.MkdirAll(LogDir(), 0o755); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	logPath := filepath.Join(LogDir(), fmt.Sprintf("%s-%s-%d.log", sanitize(t.Name()), o.Name, time.Now().UnixNano()))
 	args := []string{"-name", o.Name, "-m", fmt.Sprint(o.MemoryMB), "-smp", fmt.Sprint(o.CPUs),
@@ -156,7 +166,7 @@ func Start(t testing.TB, o Options) *VM {
 	if o.UEFI {
 		vars := filepath.Join(t.TempDir(), "OVMF_VARS.fd")
 		if err := copyFile("/usr/share/OVMF/OVMF_VARS_4M.fd", vars); err != nil {
-			t.Fatalf("OVMF firmware: %v (install Debian package ovmf)", err)
+			return nil, fmt.Errorf("OVMF firmware: %v (install Debian package ovmf)", err)
 		}
 		args = append(args, "-drive", "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd", "-drive", "if=pflash,format=raw,file="+vars)
 	}
@@ -197,12 +207,13 @@ func Start(t testing.TB, o Options) *VM {
 	v.cmd = exec.Command(full[0], full[1:]...)
 	stderr, err := os.Create(logPath + ".qemu")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	v.cmd.Stdout, v.cmd.Stderr = stderr, stderr
 	v.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := v.cmd.Start(); err != nil {
-		t.Fatalf("start qemu: %v", err)
+		stderr.Close()
+		return nil, fmt.Errorf("start qemu: %v", err)
 	}
 	go func() {
 		err := v.cmd.Wait()
@@ -221,7 +232,7 @@ func Start(t testing.TB, o Options) *VM {
 		}
 		t.Logf("VM %s serial log kept at %s; its last lines:\n%s", o.Name, logPath, v.Tail(40))
 	})
-	return v
+	return v, nil
 }
 
 func diskFormat(p string) string {
@@ -321,4 +332,69 @@ func (v *VM) find(re *regexp.Regexp) string {
 		}
 	}
 	return ""
+}
+
+// Machine is a server made of VMs: each power-on boots a new qemu with the
+// same disks, NIC and MAC, from the device a BMC chose. It implements
+// test/bmcsim's Machine. qemu runs with -no-reboot, so a guest reboot is a
+// power-off, as a BMC would then see it.
+type Machine struct {
+	t  testing.TB
+	o  Options
+	mu sync.Mutex
+	vm *VM
+}
+
+// NewMachine returns a powered-off Machine booting VMs like o.
+func NewMachine(t testing.TB, o Options) *Machine { return &Machine{t: t, o: o} }
+
+// PowerOn boots from dev ("pxe", "cdrom" or "" for the disk).
+func (m *Machine) PowerOn(dev, cdrom string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.vm != nil && !m.vm.Exited() {
+		return nil
+	}
+	o := m.o
+	switch dev {
+	case "pxe":
+		o.Boot = "n"
+	case "cdrom":
+		if cdrom == "" {
+			return errors.New("boot from CD with no virtual media inserted")
+		}
+		o.CDROM, o.Boot = cdrom, "d"
+	default:
+		o.Boot = "c"
+	}
+	v, err := StartVM(m.t, o)
+	if err != nil {
+		return err
+	}
+	m.vm = v
+	return nil
+}
+
+// PowerOff kills the running VM.
+func (m *Machine) PowerOff() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.vm != nil {
+		m.vm.Kill()
+	}
+	return nil
+}
+
+// On reports whether a VM runs.
+func (m *Machine) On() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.vm != nil && !m.vm.Exited()
+}
+
+// VM is the latest VM (nil before the first power-on).
+func (m *Machine) VM() *VM {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.vm
 }
