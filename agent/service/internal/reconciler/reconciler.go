@@ -127,7 +127,13 @@ func (r *Reconciler) observe(ctx context.Context, a *v1beta1.Agent) (*facts, err
 				f.clockOffset, f.clockKnown = time.Duration(off)*time.Second, true
 			}
 		}
-	case err != nil && !apierrors.IsNotFound(err):
+	case apierrors.IsNotFound(err):
+		// Registering is contact too: until the host's first Lease reaches
+		// the cache it counts from the Agent's creation, so a new host does
+		// not show disconnected for a moment.
+		f.lastSeen = a.CreationTimestamp.Time
+		f.connected = r.Now().Sub(f.lastSeen) < r.DisconnectAfter
+	case err != nil:
 		return nil, err
 	}
 	if h := hosts.Hostname(a); h != "" {
@@ -219,6 +225,11 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 	st := a.Status.DeepCopy()
 	st.ValidationsInfo = validate(f)
 	passing, pendingIDs, failing := summary(st.ValidationsInfo)
+	bound := conditions.New(v1beta1.BoundCondition, false, v1beta1.UnboundReason, "The agent is not bound to any cluster")
+	if cd := a.Spec.ClusterDeploymentName; cd != nil {
+		bound = conditions.New(v1beta1.BoundCondition, true, v1beta1.BoundReason, "The agent is bound to cluster "+cd.Namespace+"/"+cd.Name)
+		st.Role = a.Spec.Role
+	}
 	if st.Role == "" || a.Spec.ClusterDeploymentName == nil {
 		st.Role = v1beta1.AgentRoleAutoAssign
 	}
@@ -253,11 +264,18 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 		requirements,
 		validated,
 		conditions.New(v1beta1.InstalledCondition, false, v1beta1.InstallationNotStartedReason, "The installation has not yet started"),
-		conditions.New(v1beta1.BoundCondition, false, v1beta1.UnboundReason, "The agent is not bound to any cluster"),
+		bound,
 	} {
 		st.Conditions = conditions.Set(st.Conditions, c, now)
 	}
 	st.DebugInfo.State, st.DebugInfo.StateInfo = state(f, passing, pendingIDs, failing)
+	if a.Spec.ClusterDeploymentName != nil {
+		// Bound hosts drop the -unbound suffix, as in assisted-service.
+		st.DebugInfo.State = strings.TrimSuffix(st.DebugInfo.State, "-unbound")
+		if st.DebugInfo.State == "known" {
+			st.DebugInfo.StateInfo = "Host is bound to cluster " + a.Spec.ClusterDeploymentName.Name + " and ready to be installed"
+		}
+	}
 
 	if equality.Semantic.DeepEqual(st, &a.Status) {
 		return nil
