@@ -28,6 +28,7 @@ import (
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/scheme"
 	"github.com/agentboot/agentboot/internal/signing"
+	"github.com/agentboot/agentboot/nodepool"
 )
 
 // ManagerOptions are the process-level settings of a manager.
@@ -114,6 +115,8 @@ type Components struct {
 	InfraEnvPullSecretRecheck time.Duration
 	// BMC tunes the BareMetalHost controller (with Controllers).
 	BMC bmc.Config
+	// NodePool tunes the NodePool binder (with Controllers).
+	NodePool nodepool.Config
 }
 
 // Add adds the catalog, the signing key and the chosen components to mgr.
@@ -146,6 +149,11 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 			return err
 		}
 		if err := bmc.SetupWithManager(mgr, c.BMC); err != nil {
+			return err
+		}
+		npCfg := c.NodePool
+		npCfg.Log = log.WithName("nodepool")
+		if err := nodepool.SetupWithManager(mgr, npCfg); err != nil {
 			return err
 		}
 	}

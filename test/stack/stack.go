@@ -38,6 +38,7 @@ import (
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/nodepool"
 )
 
 // Namespace is agentboot's own namespace in the stack.
@@ -58,6 +59,8 @@ type Options struct {
 	Quiet bool
 	// BMC tunes the BareMetalHost controller (tests shorten its timing).
 	BMC bmc.Config
+	// NodePool tunes the NodePool binder.
+	NodePool nodepool.Config
 	// Agent service timing, for tests that cannot wait minutes.
 	AgentPollInterval       time.Duration
 	AgentLeaseRenewInterval time.Duration
@@ -234,6 +237,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		},
 		InfraEnvPullSecretRecheck: time.Second,
 		BMC:                       opts.BMC,
+		NodePool:                  opts.NodePool,
 	}
 	processes := []struct {
 		cfg *rest.Config

@@ -1,0 +1,42 @@
+package nodepool
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/meta"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
+	"github.com/agentboot/agentboot/nodepool/internal/binder"
+)
+
+// Config tunes the NodePool binder.
+type Config struct {
+	// RetryAfter is how often a NodePool that cannot be served (no
+	// HostedCluster yet, too few Agents) is looked at again, besides the
+	// Agent changes that wake it (30s).
+	RetryAfter time.Duration
+	Log        logr.Logger
+}
+
+// SetupWithManager adds the binder to mgr when HyperShift's NodePool kind
+// exists in the cluster; without it there is nothing to bind, and the
+// manager must be restarted after HyperShift is installed.
+func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
+	gk := hypershift.GroupVersion.WithKind("NodePool").GroupKind()
+	if _, err := mgr.GetRESTMapper().RESTMapping(gk, hypershift.GroupVersion.Version); err != nil {
+		if meta.IsNoMatchError(err) {
+			cfg.Log.Info("HyperShift's NodePool kind is not installed; the NodePool binder is off until the manager restarts with it")
+			return nil
+		}
+		return fmt.Errorf("look up the NodePool kind: %w", err)
+	}
+	return (&binder.Reconciler{
+		Client:     mgr.GetClient(),
+		APIReader:  mgr.GetAPIReader(),
+		Events:     mgr.GetEventRecorder("agentboot-nodepool-binder"),
+		RetryAfter: cfg.RetryAfter,
+	}).SetupWithManager(mgr)
+}
