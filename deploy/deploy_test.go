@@ -68,11 +68,19 @@ func TestRBACIsSufficient(t *testing.T) {
 	require.NoError(t, s.Client.Create(ctx, ie))
 	got := s.WaitImage(t, client.ObjectKeyFromObject(ie))
 	for _, u := range []string{got.Status.ISODownloadURL, got.Status.BootArtifacts.IpxeScriptURL, got.Status.BootArtifacts.DiscoveryIgnitionURL} {
-		resp, err := s.HTTP.Get(s.Local(u))
-		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode, u)
+		// The image service process has its own catalog: until it has
+		// the base image too it answers 503 with Retry-After, as a
+		// replica that has just started would.
+		status := 0
+		require.Eventually(t, func() bool {
+			resp, err := s.HTTP.Get(s.Local(u))
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			status = resp.StatusCode
+			return status != http.StatusServiceUnavailable
+		}, time.Minute, 200*time.Millisecond, u)
+		require.Equal(t, http.StatusOK, status, u)
 	}
 
 	// A host registers, reports and heartbeats: Agents, their status, Leases
