@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"debug/elf"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -33,7 +34,7 @@ import (
 
 // builderVersion changes whenever the image layout changes, to invalidate
 // cached images.
-const builderVersion = "3"
+const builderVersion = "4"
 
 // Kernel modules in the initramfs: what a live boot needs before the root
 // filesystem is there (disks, CD, network), plus their dependencies.
@@ -51,7 +52,7 @@ var rootfsModules = []string{
 }
 
 // Debian packages unpacked into the image.
-var packages = []string{"busybox-static", "isolinux", "syslinux-common", "grub-efi-amd64-bin"}
+var packages = []string{"busybox-static", "isolinux", "syslinux-common", "syslinux", "grub-efi-amd64-bin"}
 
 type builder struct {
 	out, cache, repo string
@@ -257,7 +258,11 @@ func (b *builder) build(dir string, debs []string, devinit []byte) error {
 	if err := b.makeISO(iso, root, volID, kernel, initrd, rootfs); err != nil {
 		return err
 	}
-	if err := writeStream(tmp, version, iso); err != nil {
+	disk := filepath.Join(tmp, diskName)
+	if err := b.makeDisk(disk, root, kernel, initrd, rootfs); err != nil {
+		return err
+	}
+	if err := writeStream(tmp, version, iso, disk); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(b.work); err != nil {
@@ -271,7 +276,10 @@ func (b *builder) build(dir string, debs []string, devinit []byte) error {
 	return nil
 }
 
-const isoName = "agentboot-dev-live.x86_64.iso"
+const (
+	isoName  = "agentboot-dev-live.x86_64.iso"
+	diskName = "agentboot-dev-metal.x86_64.raw"
+)
 
 func kernelRelease(root string) (string, error) {
 	entries, err := os.ReadDir(filepath.Join(root, "lib/modules"))
@@ -540,14 +548,13 @@ func (b *builder) efiBootImage(root, volID, out string) error {
 
 // writeStream writes CoreOS stream metadata for the image, so the catalog
 // reads it the way it reads Fedora CoreOS and RHCOS streams.
-func writeStream(dir, version, iso string) error {
-	f, err := os.Open(iso)
+func writeStream(dir, version, iso, disk string) error {
+	isoSum, err := fileSHA256(iso)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	diskSum, err := fileSHA256(disk)
+	if err != nil {
 		return err
 	}
 	stream := map[string]any{
@@ -560,7 +567,10 @@ func writeStream(dir, version, iso string) error {
 						"release": version,
 						"formats": map[string]any{
 							"iso": map[string]any{
-								"disk": map[string]any{"location": isoName, "sha256": hex.EncodeToString(h.Sum(nil))},
+								"disk": map[string]any{"location": isoName, "sha256": isoSum},
+							},
+							"raw": map[string]any{
+								"disk": map[string]any{"location": diskName, "sha256": diskSum},
 							},
 						},
 					},
@@ -573,6 +583,19 @@ func writeStream(dir, version, iso string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "stream.json"), append(data, '\n'), 0o644)
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // link hard-links the cached files into the output directory.
@@ -614,4 +637,84 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// Disk image layout: an MBR with syslinux's boot code and one bootable FAT32
+// partition labelled "boot" from 1 MiB, as an installer writes it to a disk.
+const (
+	diskBootLabel   = "boot"
+	diskPartOffset  = 1 << 20
+	diskPartSize    = 96 << 20
+	diskSectorBytes = 512
+)
+
+// makeDisk builds the raw disk image an installer writes: the dev OS boots
+// from its "boot" partition (syslinux, the kernel, the initramfs and the root
+// filesystem), and devinit applies the Ignition config an installer put at
+// ignition/config.ign on that partition, where CoreOS's installer puts it.
+func (b *builder) makeDisk(out, root string, kernel, initrd, rootfs []byte) error {
+	part := filepath.Join(b.work, "boot.part")
+	if err := os.WriteFile(part, nil, 0o644); err != nil {
+		return err
+	}
+	if err := os.Truncate(part, diskPartSize); err != nil {
+		return err
+	}
+	if out, err := exec.Command("mkfs.vfat", "-F", "32", "-n", diskBootLabel, part).CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.vfat: %v: %s", err, out)
+	}
+	cfg := "SERIAL 0 115200\nDEFAULT dev\nPROMPT 0\nTIMEOUT 0\nLABEL dev\n  KERNEL /vmlinuz\n  INITRD /initrd.img\n" +
+		"  APPEND console=tty0 console=ttyS0,115200n8 agentboot.disk=" + diskBootLabel + "\n"
+	files := map[string][]byte{"vmlinuz": kernel, "initrd.img": initramfs.Pad4(initrd), "rootfs.img": rootfs, "syslinux.cfg": []byte(cfg)}
+	for name, data := range files {
+		src := filepath.Join(b.work, "disk-"+name)
+		if err := os.WriteFile(src, data, 0o644); err != nil {
+			return err
+		}
+		if out, err := exec.Command("mcopy", "-i", part, src, "::"+name).CombinedOutput(); err != nil {
+			return fmt.Errorf("mcopy %s: %v: %s", name, err, out)
+		}
+	}
+	if out, err := exec.Command("mmd", "-i", part, "::ignition").CombinedOutput(); err != nil {
+		return fmt.Errorf("mmd: %v: %s", err, out)
+	}
+	// Debian's syslinux installs through mtools: no mount, no root.
+	if out, err := exec.Command(filepath.Join(root, "usr/bin/syslinux"), "--install", part).CombinedOutput(); err != nil {
+		return fmt.Errorf("syslinux --install: %v: %s", err, out)
+	}
+	mbr, err := os.ReadFile(filepath.Join(root, "usr/lib/syslinux/mbr/mbr.bin"))
+	if err != nil {
+		return err
+	}
+	if len(mbr) > 440 {
+		return fmt.Errorf("mbr.bin is %d bytes, want at most 440", len(mbr))
+	}
+	header := make([]byte, diskPartOffset)
+	copy(header, mbr)
+	entry := header[446:462]
+	entry[0] = 0x80 // bootable
+	entry[4] = 0x0c // FAT32 with LBA
+	binary.LittleEndian.PutUint32(entry[8:], diskPartOffset/diskSectorBytes)
+	binary.LittleEndian.PutUint32(entry[12:], diskPartSize/diskSectorBytes)
+	// CHS fields say "use LBA".
+	copy(entry[1:4], []byte{0xfe, 0xff, 0xff})
+	copy(entry[5:8], []byte{0xfe, 0xff, 0xff})
+	header[510], header[511] = 0x55, 0xaa
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Write(header); err != nil {
+		return err
+	}
+	in, err := os.Open(part)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if _, err := io.Copy(f, in); err != nil {
+		return err
+	}
+	return f.Close()
 }

@@ -96,6 +96,10 @@ func main() {
 		if err := rootfsFromISO(label); err != nil {
 			fail("root filesystem: %v", err)
 		}
+	} else if label := cmd["agentboot.disk"]; label != "" {
+		if err := rootfsFromDisk(label); err != nil {
+			fail("root filesystem: %v", err)
+		}
 	} else if _, err := os.Stat("/etc/agentboot/installed"); err != nil {
 		logf("no coreos.live.rootfs_url or coreos.liveiso: running from the initramfs alone")
 	}
@@ -108,7 +112,13 @@ func main() {
 		bringUpNetwork()
 	}
 
-	units, err := applyIgnition("/config.ign")
+	config := "/config.ign"
+	if cmd["agentboot.disk"] != "" {
+		// Installed: the config the installer put on the boot partition,
+		// where CoreOS's installer puts it.
+		config = diskIgnition
+	}
+	units, err := applyIgnition(config)
 	if err != nil {
 		logf("ignition: %v", err)
 	}

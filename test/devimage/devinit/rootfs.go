@@ -74,53 +74,103 @@ func get(c *http.Client, url string) ([]byte, error) {
 // rootfsFromISO finds the CD with the ISO volume label, mounts it and
 // unpacks its images/pxeboot/rootfs.img.
 func rootfsFromISO(label string) error {
-	want, err := wantRootfsDigest()
+	dev, err := rootfsFrom(label, func() string { return findByISOLabel(label) }, "/run/media/iso", "iso9660", unix.MS_RDONLY, "images/pxeboot/rootfs.img", true)
 	if err != nil {
-		return err
-	}
-	var dev string
-	for i := 0; i < 60 && dev == ""; i++ {
-		dev = findByISOLabel(label)
-		if dev == "" {
-			time.Sleep(500 * time.Millisecond)
-		}
-	}
-	if dev == "" {
-		return fmt.Errorf("no block device with ISO label %q", label)
-	}
-	mnt := "/run/media/iso"
-	_ = os.MkdirAll(mnt, 0o755)
-	if err := unix.Mount(dev, mnt, "iso9660", unix.MS_RDONLY, ""); err != nil {
-		return fmt.Errorf("mount %s: %w", dev, err)
-	}
-	defer unix.Unmount(mnt, 0)
-	data, err := os.ReadFile(filepath.Join(mnt, "images/pxeboot/rootfs.img"))
-	if err != nil {
-		return err
-	}
-	if err := unpackRootfs(data, want); err != nil {
 		return err
 	}
 	logf("booted from ISO %s on %s: root filesystem unpacked (sha256 verified)", label, dev)
 	return nil
 }
 
-// findByISOLabel reads the volume identifier of every block device.
+// diskMount is where an installed dev OS mounts its boot partition, and
+// diskIgnition the Ignition config an installer left there.
+const (
+	diskMount    = "/boot"
+	diskIgnition = diskMount + "/ignition/config.ign"
+)
+
+// rootfsFromDisk mounts the FAT partition labelled label (the installed
+// disk's boot partition) at /boot, where it stays, and unpacks its
+// rootfs.img.
+func rootfsFromDisk(label string) error {
+	dev, err := rootfsFrom(label, func() string { return findByFATLabel(label) }, diskMount, "vfat", 0, "rootfs.img", false)
+	if err != nil {
+		return err
+	}
+	logf("booted from disk %s: root filesystem unpacked (sha256 verified)", dev)
+	return nil
+}
+
+// rootfsFrom waits for the device find returns, mounts it at mnt and
+// unpacks the root filesystem at path on it; unmount leaves it mounted
+// when false.
+func rootfsFrom(label string, find func() string, mnt, fsType string, flags uintptr, path string, unmount bool) (string, error) {
+	want, err := wantRootfsDigest()
+	if err != nil {
+		return "", err
+	}
+	var dev string
+	for i := 0; i < 60 && dev == ""; i++ {
+		if dev = find(); dev == "" {
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	if dev == "" {
+		return "", fmt.Errorf("no block device with %s label %q", fsType, label)
+	}
+	_ = os.MkdirAll(mnt, 0o755)
+	if err := unix.Mount(dev, mnt, fsType, flags, ""); err != nil {
+		return "", fmt.Errorf("mount %s: %w", dev, err)
+	}
+	if unmount {
+		defer unix.Unmount(mnt, 0)
+	}
+	data, err := os.ReadFile(filepath.Join(mnt, path))
+	if err != nil {
+		return "", err
+	}
+	return dev, unpackRootfs(data, want)
+}
+
+// findByFATLabel finds the block device whose FAT32 (or FAT12/16) boot
+// sector carries the volume label.
+func findByFATLabel(label string) string {
+	return findBlock(0, 512, func(bs []byte) bool {
+		if bs[510] != 0x55 || bs[511] != 0xaa {
+			return false
+		}
+		for _, at := range []int{0x47, 0x2b} { // FAT32, FAT12/16
+			if (string(bs[at+11:at+16]) == "FAT32" || string(bs[at+11:at+14]) == "FAT") &&
+				strings.EqualFold(strings.TrimRight(string(bs[at:at+11]), " "), label) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// findByISOLabel finds the block device whose ISO 9660 volume identifier
+// is label.
 func findByISOLabel(label string) string {
+	return findBlock(16*2048, 2048, func(pvd []byte) bool {
+		return string(pvd[1:6]) == "CD001" && strings.TrimRight(string(pvd[40:72]), " ") == label
+	})
+}
+
+// findBlock reads n bytes at off of every block device and returns the
+// first whose bytes match.
+func findBlock(off int64, n int, match func([]byte) bool) string {
 	entries, _ := os.ReadDir("/sys/class/block")
+	buf := make([]byte, n)
 	for _, e := range entries {
 		dev := "/dev/" + e.Name()
 		f, err := os.Open(dev)
 		if err != nil {
 			continue
 		}
-		var pvd [2048]byte
-		_, err = f.ReadAt(pvd[:], 16*2048)
+		_, err = f.ReadAt(buf, off)
 		f.Close()
-		if err != nil || string(pvd[1:6]) != "CD001" {
-			continue
-		}
-		if strings.TrimRight(string(pvd[40:72]), " ") == label {
+		if err == nil && match(buf) {
 			return dev
 		}
 	}
