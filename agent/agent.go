@@ -12,8 +12,11 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentboot/agentboot/agent/internal/client"
 	"github.com/agentboot/agentboot/agent/internal/identity"
+	"github.com/agentboot/agentboot/agent/internal/install"
 	"github.com/agentboot/agentboot/agent/internal/inventory"
 	"github.com/agentboot/agentboot/agent/internal/ntp"
 	"github.com/agentboot/agentboot/agent/internal/staticnet"
@@ -52,6 +55,9 @@ type Agent struct {
 	lastUploaded [32]byte
 	nextInv      time.Time
 	backoff      client.Backoff
+	// reboot is set by a step that needs the host restarted once its
+	// result is reported (a finished installation).
+	reboot bool
 }
 
 // New reads the agent config.
@@ -233,11 +239,48 @@ func (a *Agent) runStep(ctx context.Context, s agentapi.Step) {
 	if err := a.client.StepResult(ctx, a.ns, a.id, s.ID, res); err != nil {
 		a.log.Error("report step result", "step", s.ID, "err", err)
 	}
+	if a.reboot {
+		a.log.Info("rebooting into the installed system")
+		unix.Sync()
+		if err := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); err != nil {
+			a.log.Error("reboot", "err", err)
+		}
+	}
 }
 
 // steps maps step kinds to their implementations.
 func (a *Agent) steps() map[string]func(context.Context, agentapi.Step) agentapi.StepResult {
-	return map[string]func(context.Context, agentapi.Step) agentapi.StepResult{}
+	return map[string]func(context.Context, agentapi.Step) agentapi.StepResult{
+		agentapi.StepInstall: a.install,
+	}
+}
+
+// install writes the OS to disk, reporting each stage, then asks for a
+// reboot into it.
+func (a *Agent) install(ctx context.Context, s agentapi.Step) agentapi.StepResult {
+	if s.Install == nil {
+		return agentapi.StepResult{ExitCode: 1, Error: "install step without its parameters"}
+	}
+	report := func(stage string, pct int, info string) {
+		if len(info) > 1000 {
+			info = info[:1000] + "…"
+		}
+		if err := a.client.Progress(ctx, a.ns, a.id, agentapi.Progress{Stage: stage, Percentage: pct, Info: info}); err != nil {
+			a.log.Error("report progress", "stage", stage, "err", err)
+		}
+	}
+	err := install.Run(ctx, *s.Install, install.Options{HTTP: a.client.HTTP(), Progress: report})
+	if err != nil {
+		report(install.StageFailed, 0, err.Error())
+		return agentapi.StepResult{ExitCode: 1, Error: err.Error()}
+	}
+	a.reboot = true
+	return agentapi.StepResult{Output: "installed to " + s.Install.DiskPath}
+}
+
+// Install writes an OS image to a disk, for `agent install`.
+func Install(ctx context.Context, step agentapi.InstallStep, progress func(stage string, pct int, info string)) error {
+	return install.Run(ctx, step, install.Options{Progress: progress})
 }
 
 // Inventory collects and returns the inventory, for `agent inventory`.

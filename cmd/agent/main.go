@@ -27,6 +27,7 @@ commands:
   run              register with agentboot and heartbeat (the discovery service)
   inventory        print this host's hardware inventory as JSON
   static-network   write this host's static network configuration for NetworkManager
+  install          write an OS disk image to a disk with an Ignition config, as the install step does
   version          print the version
 `)
 }
@@ -47,6 +48,8 @@ func main() {
 		err = inventory(ctx, os.Args[2:])
 	case "static-network":
 		err = staticNetwork(os.Args[2:], log)
+	case "install":
+		err = install(ctx, os.Args[2:], log)
 	case "version":
 		fmt.Println(version)
 	case "-h", "--help", "help":
@@ -108,5 +111,36 @@ func staticNetwork(args []string, log *slog.Logger) error {
 		return err
 	}
 	log.Info(msg)
+	return nil
+}
+
+func install(ctx context.Context, args []string, log *slog.Logger) error {
+	fs := flag.NewFlagSet("install", flag.ContinueOnError)
+	var step agentapi.InstallStep
+	fs.StringVar(&step.DiskPath, "disk", "", "the disk to install to (everything on it is replaced)")
+	fs.StringVar(&step.ImageURL, "image-url", "", "raw (or gzip-compressed raw) OS disk image")
+	fs.StringVar(&step.ImageSHA256, "image-sha256", "", "sha256 of the image as downloaded")
+	ignition := fs.String("ignition-file", "", "Ignition config the installed OS reads on first boot")
+	reboot := fs.Bool("reboot", false, "reboot into the installed OS when done")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *ignition == "" {
+		return errors.New("--ignition-file is required")
+	}
+	data, err := os.ReadFile(*ignition)
+	if err != nil {
+		return err
+	}
+	step.Ignition = string(data)
+	if err := agent.Install(ctx, step, func(stage string, pct int, info string) {
+		log.Info(stage, "percentage", pct, "info", info)
+	}); err != nil {
+		return err
+	}
+	if *reboot {
+		syscall.Sync()
+		return syscall.Reboot(syscall.LINUX_REBOOT_CMD_RESTART)
+	}
 	return nil
 }

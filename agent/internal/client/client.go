@@ -30,6 +30,10 @@ type Client struct {
 	token string // per-agent token, after registration
 }
 
+// HTTP is the client with the service's CAs, for downloads the service
+// points the agent at (the OS image).
+func (c *Client) HTTP() *http.Client { return c.http }
+
 // New builds a client from the agent's config.
 func New(cfg agentapi.Config) (*Client, error) {
 	u, err := url.Parse(cfg.APIURL)

@@ -1,0 +1,200 @@
+// Package install writes an OS disk image to the installation disk, as
+// coreos-installer does: it streams the image (gzip or raw) to the disk while
+// hashing it, refuses to finish on a checksum mismatch (and wipes the start of
+// the disk so a half-written image never boots), and puts the Ignition config
+// at ignition/config.ign on the partition labelled "boot", where CoreOS (and
+// the dev OS image) read it on first boot. It writes to the target disk only.
+package install
+
+import (
+	"bufio"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/agentboot/agentboot/internal/agentapi"
+)
+
+// Worker install stages, in order (api.md), as the agent reports them.
+const (
+	StageStarting   = "Starting installation"
+	StageInstalling = "Installing"
+	StageWriting    = "Writing image to disk"
+	StageRebooting  = "Rebooting"
+	StageFailed     = "Failed"
+)
+
+// Options are what an installation needs besides the step.
+type Options struct {
+	// HTTP fetches the image; http.DefaultClient when nil.
+	HTTP *http.Client
+	// Progress receives each stage and the percentage done.
+	Progress func(stage string, percentage int, info string)
+	// Mounts is the mount table checked for the target (/proc/mounts).
+	Mounts string
+	// PlaceIgnition writes the config onto the installed disk; nil uses
+	// the boot partition (which needs root: it mounts it).
+	PlaceIgnition func(disk string, config []byte) error
+}
+
+// Run installs step.ImageURL onto step.DiskPath.
+func Run(ctx context.Context, step agentapi.InstallStep, o Options) error {
+	if o.HTTP == nil {
+		o.HTTP = http.DefaultClient
+	}
+	if o.Progress == nil {
+		o.Progress = func(string, int, string) {}
+	}
+	if o.Mounts == "" {
+		o.Mounts = "/proc/mounts"
+	}
+	if o.PlaceIgnition == nil {
+		o.PlaceIgnition = PlaceOnBootPartition
+	}
+	if err := check(step, o.Mounts); err != nil {
+		return err
+	}
+	o.Progress(StageStarting, 0, "installing to "+step.DiskPath)
+	o.Progress(StageInstalling, 5, "")
+	if err := write(ctx, step, o); err != nil {
+		return err
+	}
+	o.Progress(StageInstalling, 90, "writing the Ignition config")
+	if err := o.PlaceIgnition(step.DiskPath, []byte(step.Ignition)); err != nil {
+		return fmt.Errorf("place the Ignition config on %s: %w", step.DiskPath, err)
+	}
+	o.Progress(StageRebooting, 100, "")
+	return nil
+}
+
+// check refuses steps that cannot be right before touching anything.
+func check(step agentapi.InstallStep, mounts string) error {
+	if step.DiskPath == "" || step.ImageURL == "" {
+		return errors.New("the install step needs a disk and an image URL")
+	}
+	if len(step.ImageSHA256) != 64 {
+		return fmt.Errorf("the install step's image sha256 %q is not 64 hex digits", step.ImageSHA256)
+	}
+	if _, err := hex.DecodeString(step.ImageSHA256); err != nil {
+		return fmt.Errorf("the install step's image sha256 %q is not hex", step.ImageSHA256)
+	}
+	if step.Ignition == "" {
+		return errors.New("the install step has no Ignition config")
+	}
+	// A disk with a mounted partition is in use (the live media, a data
+	// disk): never write over it.
+	data, err := os.ReadFile(mounts)
+	if err != nil {
+		return fmt.Errorf("read the mount table: %w", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && (f[0] == step.DiskPath || (strings.HasPrefix(f[0], step.DiskPath) && isPartitionOf(f[0], step.DiskPath))) {
+			return fmt.Errorf("%s is in use: %s is mounted on %s", step.DiskPath, f[0], f[1])
+		}
+	}
+	return nil
+}
+
+// isPartitionOf is true for sda1 of sda and nvme0n1p1 of nvme0n1.
+func isPartitionOf(part, disk string) bool {
+	rest := strings.TrimPrefix(strings.TrimPrefix(part, disk), "p")
+	if rest == "" {
+		return false
+	}
+	for _, c := range rest {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// write streams the image to the disk, hashing what was downloaded.
+func write(ctx context.Context, step agentapi.InstallStep, o Options) (err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, step.ImageURL, nil)
+	if err != nil {
+		return fmt.Errorf("image URL: %w", err)
+	}
+	resp, err := o.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("fetch the image: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("fetch the image: %s", resp.Status)
+	}
+	disk, err := os.OpenFile(step.DiskPath, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("open the installation disk: %w", err)
+	}
+	defer func() {
+		if cerr := disk.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close %s: %w", step.DiskPath, cerr)
+		}
+	}()
+	hash := sha256.New()
+	counted := &progressReader{r: io.TeeReader(resp.Body, hash), total: resp.ContentLength, report: o.Progress}
+	buffered := bufio.NewReaderSize(counted, 1<<20)
+	var src io.Reader = buffered
+	if magic, _ := buffered.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(buffered)
+		if err != nil {
+			return fmt.Errorf("image: %w", err)
+		}
+		src = zr
+	}
+	if _, err := io.CopyBuffer(disk, src, make([]byte, 1<<20)); err != nil {
+		wipe(disk)
+		return fmt.Errorf("write the image to %s: %w", step.DiskPath, err)
+	}
+	// Drain what gzip did not need, so the hash covers the whole download.
+	if _, err := io.Copy(io.Discard, buffered); err != nil {
+		wipe(disk)
+		return fmt.Errorf("read the image: %w", err)
+	}
+	if got := hex.EncodeToString(hash.Sum(nil)); !strings.EqualFold(got, step.ImageSHA256) {
+		wipe(disk)
+		return fmt.Errorf("image sha256 is %s, want %s: the disk was wiped", got, step.ImageSHA256)
+	}
+	if err := disk.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", step.DiskPath, err)
+	}
+	return nil
+}
+
+// wipe zeroes the first MiB, so a disk with a bad image does not boot it.
+func wipe(disk *os.File) {
+	_, _ = disk.WriteAt(make([]byte, 1<<20), 0)
+	_ = disk.Sync()
+}
+
+// progressReader reports "Writing image to disk" every 5%.
+type progressReader struct {
+	r      io.Reader
+	n      int64
+	total  int64
+	last   int
+	report func(string, int, string)
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	p.n += int64(n)
+	if p.total > 0 {
+		// The write is 5% to 90% of the installation.
+		pct := 5 + int(85*p.n/p.total)
+		if pct >= p.last+5 || (err == io.EOF && pct != p.last) {
+			p.last = pct
+			p.report(StageWriting, pct, fmt.Sprintf("%d of %d MiB", p.n>>20, p.total>>20))
+		}
+	}
+	return n, err
+}

@@ -1,0 +1,177 @@
+package install
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/testenv"
+)
+
+type fixture struct {
+	image    []byte
+	served   []byte // what the server sends (image, or gzip of it)
+	disk     string
+	mounts   string
+	requests atomic.Int32
+	srv      *httptest.Server
+	stages   []string
+	placed   []byte
+}
+
+func newFixture(t *testing.T, gz bool) *fixture {
+	f := &fixture{image: make([]byte, 3<<20+123)}
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range f.image {
+		f.image[i] = byte(r.UintN(256))
+	}
+	f.served = f.image
+	if gz {
+		var b bytes.Buffer
+		zw := gzip.NewWriter(&b)
+		_, _ = zw.Write(f.image)
+		require.NoError(t, zw.Close())
+		f.served = b.Bytes()
+	}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.requests.Add(1)
+		if r.URL.Path != "/disk.raw" {
+			http.NotFound(w, r)
+			return
+		}
+		http.ServeContent(w, r, "disk.raw", time.Time{}, bytes.NewReader(f.served))
+	}))
+	t.Cleanup(f.srv.Close)
+	dir := t.TempDir()
+	// The "disk" already holds something: the install must replace it.
+	f.disk = filepath.Join(dir, "sdz")
+	require.NoError(t, os.WriteFile(f.disk, bytes.Repeat([]byte{0xaa}, 8<<20), 0o644))
+	f.mounts = filepath.Join(dir, "mounts")
+	require.NoError(t, os.WriteFile(f.mounts, []byte("/dev/sr0 /run/media/iso iso9660 ro 0 0\n/dev/sdz10 /data ext4 rw 0 0\n"), 0o644))
+	return f
+}
+
+func (f *fixture) step() agentapi.InstallStep {
+	sum := sha256.Sum256(f.served)
+	return agentapi.InstallStep{DiskPath: f.disk, ImageURL: f.srv.URL + "/disk.raw", ImageSHA256: hex.EncodeToString(sum[:]), Ignition: `{"ignition":{"version":"3.4.0"}}`}
+}
+
+func (f *fixture) options() Options {
+	return Options{
+		Mounts:   f.mounts,
+		Progress: func(stage string, pct int, _ string) { f.stages = append(f.stages, stage) },
+		PlaceIgnition: func(disk string, config []byte) error {
+			if disk != f.disk {
+				return os.ErrInvalid
+			}
+			f.placed = config
+			return nil
+		},
+	}
+}
+
+func TestInstallWritesVerifiesAndReports(t *testing.T) {
+	for _, gz := range []bool{false, true} {
+		t.Run(map[bool]string{false: "raw", true: "gzip"}[gz], func(t *testing.T) {
+			f := newFixture(t, gz)
+			require.NoError(t, Run(context.Background(), f.step(), f.options()))
+			got, err := os.ReadFile(f.disk)
+			require.NoError(t, err)
+			require.Equal(t, f.image, got[:len(f.image)], "the disk holds the image")
+			require.Equal(t, bytes.Repeat([]byte{0xaa}, len(got)-len(f.image)), got[len(f.image):], "nothing past the image is touched")
+			require.Equal(t, `{"ignition":{"version":"3.4.0"}}`, string(f.placed))
+			// Stages in the documented order, with the write reported as it goes.
+			require.Equal(t, StageStarting, f.stages[0])
+			require.Equal(t, StageRebooting, f.stages[len(f.stages)-1])
+			require.Contains(t, f.stages, StageWriting)
+			order := map[string]int{StageStarting: 0, StageInstalling: 1, StageWriting: 2, StageRebooting: 4}
+			last := 0
+			for _, s := range f.stages {
+				if s == StageInstalling && last == 2 {
+					continue // "Installing" again when the Ignition config is placed
+				}
+				require.GreaterOrEqual(t, order[s], last, "stages %q", f.stages)
+				last = order[s]
+			}
+		})
+	}
+}
+
+func TestInstallFailures(t *testing.T) {
+	t.Run("checksum", func(t *testing.T) {
+		f := newFixture(t, false)
+		step := f.step()
+		step.ImageSHA256 = strings.Repeat("0", 64)
+		err := Run(context.Background(), step, f.options())
+		require.ErrorContains(t, err, "image sha256 is "+step.ImageSHA256[:0])
+		require.ErrorContains(t, err, "the disk was wiped")
+		got, _ := os.ReadFile(f.disk)
+		require.Equal(t, make([]byte, 1<<20), got[:1<<20], "a bad image must not stay bootable")
+		require.Nil(t, f.placed)
+	})
+	t.Run("in use", func(t *testing.T) {
+		f := newFixture(t, false)
+		require.NoError(t, os.WriteFile(f.mounts, []byte(f.disk+"1 /var ext4 rw 0 0\n"), 0o644))
+		err := Run(context.Background(), f.step(), f.options())
+		require.ErrorContains(t, err, "is in use: "+f.disk+"1 is mounted on /var")
+		require.Zero(t, f.requests.Load(), "nothing is fetched for a disk in use")
+		got, _ := os.ReadFile(f.disk)
+		require.Equal(t, byte(0xaa), got[0])
+	})
+	t.Run("missing image", func(t *testing.T) {
+		f := newFixture(t, false)
+		step := f.step()
+		step.ImageURL = f.srv.URL + "/nope"
+		require.ErrorContains(t, Run(context.Background(), step, f.options()), "fetch the image: 404")
+	})
+	t.Run("bad step", func(t *testing.T) {
+		f := newFixture(t, false)
+		for name, change := range map[string]func(*agentapi.InstallStep){
+			"64 hex digits": func(s *agentapi.InstallStep) { s.ImageSHA256 = "abc" },
+			"not hex":       func(s *agentapi.InstallStep) { s.ImageSHA256 = strings.Repeat("z", 64) },
+			"no Ignition":   func(s *agentapi.InstallStep) { s.Ignition = "" },
+			"needs a disk":  func(s *agentapi.InstallStep) { s.DiskPath = "" },
+		} {
+			step := f.step()
+			change(&step)
+			require.ErrorContains(t, Run(context.Background(), step, f.options()), name)
+		}
+		require.Zero(t, f.requests.Load())
+	})
+}
+
+func TestFindBootOnTheDevDiskImage(t *testing.T) {
+	iso, err := testenv.DevImage()
+	require.NoError(t, err)
+	f, err := os.Open(filepath.Join(filepath.Dir(iso), "agentboot-dev-metal.x86_64.raw"))
+	require.NoError(t, err)
+	defer f.Close()
+	p, err := FindBoot(f)
+	require.NoError(t, err)
+	require.Equal(t, Partition{Number: 1, Start: 1 << 20, FSType: "vfat", Label: "boot"}, p)
+
+	_, err = FindBoot(bytes.NewReader(make([]byte, 4096)))
+	require.ErrorContains(t, err, "no partition table")
+}
+
+func TestPartitionNames(t *testing.T) {
+	require.Equal(t, "/dev/sda1", PartitionDevice("/dev/sda", 1))
+	require.Equal(t, "/dev/nvme0n1p2", PartitionDevice("/dev/nvme0n1", 2))
+	require.True(t, isPartitionOf("/dev/sda1", "/dev/sda"))
+	require.True(t, isPartitionOf("/dev/nvme0n1p3", "/dev/nvme0n1"))
+	require.False(t, isPartitionOf("/dev/sdab", "/dev/sda"))
+}
