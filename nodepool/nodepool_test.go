@@ -23,6 +23,10 @@ import (
 	"github.com/agentboot/agentboot/test/stack"
 )
 
+// wait bounds every wait: generous, for a loaded two-core CI machine that
+// runs several control planes at once.
+const wait = 2 * time.Minute
+
 type env struct {
 	*stack.Stack
 	t        *testing.T
@@ -69,11 +73,11 @@ func (e *env) readyAgent(i int, labels map[string]string) string {
 			a.Labels[k] = v
 		}
 		return e.Client.Patch(ctx, &a, patch) == nil
-	}, 30*time.Second, 100*time.Millisecond)
+	}, wait, 100*time.Millisecond)
 	require.Eventually(e.t, func() bool {
 		return e.Client.Get(ctx, client.ObjectKeyFromObject(&a), &a) == nil &&
 			conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) && conditions.IsTrue(a.Status.Conditions, v1beta1.ConnectedCondition)
-	}, 30*time.Second, 100*time.Millisecond, "Agent %s never validated and connected: %+v", a.Name, a.Status.Conditions)
+	}, wait, 100*time.Millisecond, "Agent %s never validated and connected: %+v", a.Name, a.Status.Conditions)
 	return a.Name
 }
 
@@ -103,7 +107,7 @@ func (e *env) boundTo(np *hypershift.NodePool) []v1beta1.Agent {
 func (e *env) waitBound(np *hypershift.NodePool, n int) []v1beta1.Agent {
 	e.t.Helper()
 	var got []v1beta1.Agent
-	require.Eventually(e.t, func() bool { got = e.boundTo(np); return len(got) == n }, 30*time.Second, 100*time.Millisecond,
+	require.Eventually(e.t, func() bool { got = e.boundTo(np); return len(got) == n }, wait, 100*time.Millisecond,
 		"NodePool %s: want %d bound Agents", np.Name, n)
 	// Stays there: no more are bound.
 	time.Sleep(time.Second)
@@ -129,7 +133,7 @@ func TestScaleUpAndDown(t *testing.T) {
 		var a v1beta1.Agent
 		return e.Client.Get(ctx, client.ObjectKeyFromObject(&bound[0]), &a) == nil &&
 			conditions.IsTrue(a.Status.Conditions, v1beta1.BoundCondition) && a.Status.Role == v1beta1.AgentRoleWorker && a.Status.DebugInfo.State == "known"
-	}, 30*time.Second, 100*time.Millisecond)
+	}, wait, 100*time.Millisecond)
 	out, err := e.Env.Kubectl(ctx, "", "-n", e.agentsNS, "get", "agents")
 	require.NoError(t, err)
 	t.Logf("kubectl get agents:\n%s", out)
@@ -156,7 +160,7 @@ func TestScaleUpAndDown(t *testing.T) {
 			}
 		}
 		return unbound == 3 // the released one, the third pool=a one and pool=b
-	}, 30*time.Second, 100*time.Millisecond)
+	}, wait, 100*time.Millisecond)
 	requireEvent(t, e, np.Name, "AgentReleased")
 }
 
@@ -195,7 +199,7 @@ func TestRacingNodePoolsAndReplicas(t *testing.T) {
 
 	a := e.nodePool("a", 2, map[string]string{"pool": "a"})
 	b := e.nodePool("b", 2, map[string]string{"pool": "a"})
-	require.Eventually(t, func() bool { return len(e.boundTo(a))+len(e.boundTo(b)) == 3 }, 30*time.Second, 100*time.Millisecond)
+	require.Eventually(t, func() bool { return len(e.boundTo(a))+len(e.boundTo(b)) == 3 }, wait, 100*time.Millisecond)
 	time.Sleep(2 * time.Second)
 	na, nb := e.boundTo(a), e.boundTo(b)
 	require.Equal(t, 3, len(na)+len(nb))
@@ -231,7 +235,7 @@ func requireEvent(t *testing.T, e *env, name, sub string) {
 		return slices.ContainsFunc(evs.Items, func(ev eventsv1.Event) bool {
 			return ev.Regarding.Name == name && (strings.Contains(ev.Note, sub) || ev.Reason == sub)
 		})
-	}, 30*time.Second, 100*time.Millisecond, "no event on %s mentioning %q; events: %s", name, sub, eventNotes(e, name))
+	}, wait, 100*time.Millisecond, "no event on %s mentioning %q; events: %s", name, sub, eventNotes(e, name))
 }
 
 func eventNotes(e *env, name string) string {
