@@ -352,8 +352,7 @@ func TestOutageDuringEnrollment(t *testing.T) {
 		if strings.HasPrefix(ev, "insert ") {
 			once.Do(func() {
 				sim.SetFaults(bmcsim.Faults{Unreachable: true})
-				time.Sleep(3 * time.Second)
-				sim.SetFaults(bmcsim.Faults{})
+				time.AfterFunc(3*time.Second, func() { sim.SetFaults(bmcsim.Faults{}) })
 			})
 		}
 	}

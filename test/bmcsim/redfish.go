@@ -43,8 +43,9 @@ type Redfish struct {
 	// (http.DefaultClient when nil).
 	MediaDir string
 	Client   *http.Client
-	// Hook, when set, is called (on its own goroutine) with every event,
-	// so that a test can inject a fault at a precise moment.
+	// Hook, when set, is called with every event after the request that
+	// caused it is handled and before its answer is sent, so that a test
+	// can inject a fault at a precise moment. It must not block for long.
 	Hook func(event string)
 
 	mu          sync.Mutex
@@ -86,11 +87,7 @@ func (r *Redfish) Image() string {
 }
 
 func (r *Redfish) event(format string, a ...any) {
-	ev := fmt.Sprintf(format, a...)
-	r.events = append(r.events, ev)
-	if r.Hook != nil {
-		go r.Hook(ev)
-	}
+	r.events = append(r.events, fmt.Sprintf(format, a...))
 }
 
 func (r *Redfish) id() string {
@@ -102,6 +99,22 @@ func (r *Redfish) id() string {
 
 // ServeHTTP implements http.Handler.
 func (r *Redfish) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	seen := len(r.events)
+	r.mu.Unlock()
+	r.serve(w, req)
+	if r.Hook == nil {
+		return
+	}
+	r.mu.Lock()
+	evs := append([]string(nil), r.events[seen:]...)
+	r.mu.Unlock()
+	for _, ev := range evs {
+		r.Hook(ev)
+	}
+}
+
+func (r *Redfish) serve(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	f := r.faults
 	r.mu.Unlock()

@@ -129,8 +129,7 @@ func TestLabBMCRedfishVirtualMedia(t *testing.T) {
 		if strings.HasPrefix(ev, "insert ") {
 			outage.Do(func() {
 				sim.SetFaults(bmcsim.Faults{Unreachable: true})
-				time.Sleep(40 * time.Second)
-				sim.SetFaults(bmcsim.Faults{})
+				time.AfterFunc(40*time.Second, func() { sim.SetFaults(bmcsim.Faults{}) })
 			})
 		}
 	}
@@ -145,8 +144,9 @@ func TestLabBMCRedfishVirtualMedia(t *testing.T) {
 	}, 2*time.Minute, 500*time.Millisecond, "the BMC outage never showed on the host")
 	approvedAgent(t, h, m)
 	got := &metal3.BareMetalHost{}
-	require.NoError(t, s.Client.Get(context.Background(), client.ObjectKeyFromObject(h), got))
-	require.Empty(t, got.Status.ErrorType)
+	require.Eventually(t, func() bool {
+		return s.Client.Get(context.Background(), client.ObjectKeyFromObject(h), got) == nil && got.Status.ErrorType == ""
+	}, 3*time.Minute, time.Second, "the host never recovered from the outage: %+v", got.Status)
 	require.Equal(t, metal3.StateProvisioned, got.Status.Provisioning.State)
 	require.Equal(t, ie.Status.ISODownloadURL, sim.Image())
 	require.Contains(t, sim.Events(), "power on cdrom")
