@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/agentboot/agentboot/internal/agentapi"
@@ -94,9 +95,15 @@ func check(step agentapi.InstallStep, mounts string) error {
 	if err != nil {
 		return fmt.Errorf("read the mount table: %w", err)
 	}
+	// The disk may be named by a /dev/disk/by-id link; the mount table
+	// names the device.
+	disk := step.DiskPath
+	if real, err := filepath.EvalSymlinks(disk); err == nil {
+		disk = real
+	}
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 1 && (f[0] == step.DiskPath || (strings.HasPrefix(f[0], step.DiskPath) && isPartitionOf(f[0], step.DiskPath))) {
+		if len(f) > 1 && (f[0] == disk || (strings.HasPrefix(f[0], disk) && isPartitionOf(f[0], disk))) {
 			return fmt.Errorf("%s is in use: %s is mounted on %s", step.DiskPath, f[0], f[1])
 		}
 	}

@@ -132,6 +132,16 @@ func TestInstallFailures(t *testing.T) {
 		got, _ := os.ReadFile(f.disk)
 		require.Equal(t, byte(0xaa), got[0])
 	})
+	t.Run("in use by link", func(t *testing.T) {
+		f := newFixture(t, false)
+		link := filepath.Join(t.TempDir(), "virtio-disk0")
+		require.NoError(t, os.Symlink(f.disk, link))
+		require.NoError(t, os.WriteFile(f.mounts, []byte(f.disk+"2 /var ext4 rw 0 0\n"), 0o644))
+		step := f.step()
+		step.DiskPath = link
+		require.ErrorContains(t, Run(context.Background(), step, f.options()), "is in use: "+f.disk+"2 is mounted on /var")
+		require.Zero(t, f.requests.Load())
+	})
 	t.Run("missing image", func(t *testing.T) {
 		f := newFixture(t, false)
 		step := f.step()

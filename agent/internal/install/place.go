@@ -123,6 +123,10 @@ func PartitionDevice(disk string, n int) string {
 // mounts its boot partition and writes ignition/config.ign, as
 // coreos-installer does. It needs root.
 func PlaceOnBootPartition(disk string, config []byte) error {
+	// Partitions are named after the device, not a /dev/disk/by-id link.
+	if real, err := filepath.EvalSymlinks(disk); err == nil {
+		disk = real
+	}
 	f, err := os.Open(disk)
 	if err != nil {
 		return err
