@@ -307,14 +307,7 @@ func (db *DB) removeAcked(mac string) {
 func (db *DB) Release(mac string, ip netip.Addr) error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
-	if l, ok := db.acked[mac]; ok && l.IP == ip {
-		db.removeAcked(mac)
-		if err := db.persist(); err != nil {
-			db.setAcked(mac, l)
-			return err
-		}
-	}
-	return nil
+	return db.dropAcked(mac, ip)
 }
 
 // Decline takes an address a client found in use out of the pool for a
@@ -324,12 +317,20 @@ func (db *DB) Decline(mac string, ip netip.Addr) error {
 	defer db.mu.Unlock()
 	db.declined[ip] = db.cfg.Now().Add(db.cfg.DeclineHold)
 	db.dropOffer(mac)
-	if l, ok := db.acked[mac]; ok && l.IP == ip {
-		db.removeAcked(mac)
-		if err := db.persist(); err != nil {
-			db.setAcked(mac, l)
-			return err
-		}
+	return db.dropAcked(mac, ip)
+}
+
+// dropAcked forgets mac's lease of ip and persists that, keeping the lease
+// when the file cannot be written.
+func (db *DB) dropAcked(mac string, ip netip.Addr) error {
+	l, ok := db.acked[mac]
+	if !ok || l.IP != ip {
+		return nil
+	}
+	db.removeAcked(mac)
+	if err := db.persist(); err != nil {
+		db.setAcked(mac, l)
+		return err
 	}
 	return nil
 }
