@@ -167,8 +167,8 @@ func (r *Reconciler) drive(ctx context.Context, host *metal3.BareMetalHost, agen
 	if host.Status.Provisioning.State == metal3.StateNone {
 		host.Status.Provisioning.State = metal3.StateRegistering
 	}
-	return r.withBMC(ctx, host, func(bmc driver.BMC) step {
-		h := &hostRun{r: r, host: host, bmc: bmc, agent: agent}
+	return r.withBMC(ctx, host, func(bmc driver.BMC, addr address.Address) step {
+		h := &hostRun{r: r, host: host, bmc: bmc, addr: addr, agent: agent}
 		handler, ok := stateHandlers[h.state()]
 		if !ok {
 			// A state only metal3 uses (inspecting, preparing, ...): start over.
@@ -181,10 +181,10 @@ func (r *Reconciler) drive(ctx context.Context, host *metal3.BareMetalHost, agen
 
 // withBMC runs fn with an open session to the host's BMC, one at a time
 // per BMC, after reading the power state into the status.
-func (r *Reconciler) withBMC(ctx context.Context, host *metal3.BareMetalHost, fn func(driver.BMC) step) step {
+func (r *Reconciler) withBMC(ctx context.Context, host *metal3.BareMetalHost, fn func(driver.BMC, address.Address) step) step {
 	unlock := r.bmcLocks.lock(host.Spec.BMC.Address)
 	defer unlock()
-	bmc, res := r.open(ctx, host)
+	bmc, addr, res := r.open(ctx, host)
 	if res.err != nil {
 		return res
 	}
@@ -194,34 +194,34 @@ func (r *Reconciler) withBMC(ctx context.Context, host *metal3.BareMetalHost, fn
 		return failed(res.errType, err)
 	}
 	host.Status.PoweredOn = on
-	return fn(bmc)
+	return fn(bmc, addr)
 }
 
 // open parses the address, reads the credentials and connects.
-func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driver.BMC, step) {
+func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driver.BMC, address.Address, step) {
 	errType := metal3.PowerManagementError
 	if host.Status.Provisioning.State == metal3.StateNone || host.Status.Provisioning.State == metal3.StateRegistering {
 		errType = metal3.RegistrationError
 	}
 	a, err := address.Parse(host.Spec.BMC.Address)
 	if err != nil {
-		return nil, failed(metal3.RegistrationError, err)
+		return nil, address.Address{}, failed(metal3.RegistrationError, err)
 	}
 	if host.Spec.BMC.CredentialsName == "" {
-		return nil, failed(metal3.RegistrationError, errors.New("spec.bmc.credentialsName is empty"))
+		return nil, address.Address{}, failed(metal3.RegistrationError, errors.New("spec.bmc.credentialsName is empty"))
 	}
 	creds, err := r.credentials(ctx, host)
 	if err != nil {
-		return nil, failed(metal3.RegistrationError, err)
+		return nil, address.Address{}, failed(metal3.RegistrationError, err)
 	}
 	opts := r.Driver
 	opts.InsecureTLS = host.Spec.BMC.DisableCertificateVerification
 	bmc, err := r.Dial(ctx, a, creds, opts)
 	if err != nil {
-		return nil, failed(errType, fmt.Errorf("BMC %s: %w", a.Endpoint(), err))
+		return nil, address.Address{}, failed(errType, fmt.Errorf("BMC %s: %w", a.Endpoint(), err))
 	}
 	// errType tells the caller how to classify its first call's failure.
-	return bmc, step{errType: errType}
+	return bmc, a, step{errType: errType}
 }
 
 func (r *Reconciler) credentials(ctx context.Context, host *metal3.BareMetalHost) (driver.Credentials, error) {

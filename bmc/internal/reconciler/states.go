@@ -25,6 +25,7 @@ type hostRun struct {
 	r     *Reconciler
 	host  *metal3.BareMetalHost
 	bmc   driver.BMC
+	addr  address.Address
 	agent *v1beta1.Agent // the matched Agent, or nil
 }
 
@@ -91,7 +92,7 @@ func (h *hostRun) provision(ctx context.Context) step {
 		h.setState(metal3.StateAvailable)
 		return h.available(ctx)
 	}
-	a, _ := address.Parse(h.host.Spec.BMC.Address) // open already parsed it
+	a := h.addr
 	efi := h.host.Spec.BootMode != metal3.BootModeLegacy
 	dev := driver.PXE
 	if a.VirtualMedia {
@@ -310,7 +311,7 @@ func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ct
 
 func (r *Reconciler) powerOffForDelete(ctx context.Context, host *metal3.BareMetalHost) step {
 	host.Status.Provisioning.State = metal3.StatePoweringOffBeforeDelete
-	return r.withBMC(ctx, host, func(bmc driver.BMC) step {
+	return r.withBMC(ctx, host, func(bmc driver.BMC, _ address.Address) step {
 		if !host.Status.PoweredOn {
 			host.Status.Provisioning.State = metal3.StateDeleting
 			return step{}
