@@ -44,10 +44,8 @@ type env struct {
 
 func start(t *testing.T) *env {
 	s := stack.Start(t, stack.Options{BMC: fast, ISOOverHTTP: true})
-	e := &env{Stack: s, t: t, ns: s.Namespace(t, "bmc")}
-	e.ie = stack.NewInfraEnv(e.ns, "lab")
-	require.NoError(t, s.Client.Create(context.Background(), e.ie))
-	e.ie = s.WaitImage(t, client.ObjectKeyFromObject(e.ie))
+	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "bmc", "lab", nil)}
+	e.ns = e.ie.Namespace
 	e.secret("bmc-secret", "admin", password)
 	return e
 }

@@ -41,10 +41,8 @@ type env struct {
 func start(t *testing.T, n int) *env {
 	s := stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second}})
 	ctx := context.Background()
-	e := &env{Stack: s, t: t, agentsNS: s.Namespace(t, "agents")}
-	e.ie = stack.NewInfraEnv(e.agentsNS, "pool")
-	require.NoError(t, s.Client.Create(ctx, e.ie))
-	e.ie = s.WaitImage(t, client.ObjectKeyFromObject(e.ie))
+	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "agents", "pool", nil)}
+	e.agentsNS = e.ie.Namespace
 	clusters := s.Namespace(t, "clusters")
 	e.hc = &hypershift.HostedCluster{ObjectMeta: metav1.ObjectMeta{Namespace: clusters, Name: "vcluster2"},
 		Spec: hypershift.HostedClusterSpec{Platform: hypershift.PlatformSpec{Type: hypershift.AgentPlatform,

@@ -8,8 +8,6 @@ package boot_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -47,29 +45,10 @@ func TestMain(m *testing.M) {
 const bootTimeout = 6 * time.Minute
 
 func infraEnv(t *testing.T, change func(*v1beta1.InfraEnv)) *v1beta1.InfraEnv {
-	t.Helper()
-	ie := stack.NewInfraEnv(s.Namespace(t, "boot"), "env")
-	if change != nil {
-		change(ie)
-	}
-	require.NoError(t, s.Client.Create(context.Background(), ie))
-	return s.WaitImage(t, client.ObjectKeyFromObject(ie))
+	return s.CreateInfraEnv(t, "boot", "env", change)
 }
 
-func download(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := s.HTTP.Get(s.Local(url))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	p := filepath.Join(t.TempDir(), "discovery.iso")
-	f, err := os.Create(p)
-	require.NoError(t, err)
-	_, err = io.Copy(f, resp.Body)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-	return p
-}
+func download(t *testing.T, url string) string { return s.Download(t, url) }
 
 // expect waits for each line in order of appearance.
 func expect(t *testing.T, v *vm.VM, patterns ...string) {

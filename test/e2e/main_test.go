@@ -8,8 +8,6 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -101,29 +99,10 @@ func runMain(m *testing.M) int {
 }
 
 func infraEnv(t *testing.T, change func(*v1beta1.InfraEnv)) *v1beta1.InfraEnv {
-	t.Helper()
-	ie := stack.NewInfraEnv(s.Namespace(t, "lab"), "hardware-inventory")
-	if change != nil {
-		change(ie)
-	}
-	require.NoError(t, s.Client.Create(context.Background(), ie))
-	return s.WaitImage(t, client.ObjectKeyFromObject(ie))
+	return s.CreateInfraEnv(t, "lab", "hardware-inventory", change)
 }
 
-func download(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := s.HTTP.Get(s.Local(url))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	p := filepath.Join(t.TempDir(), "discovery.iso")
-	f, err := os.Create(p)
-	require.NoError(t, err)
-	_, err = io.Copy(f, resp.Body)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-	return p
-}
+func download(t *testing.T, url string) string { return s.Download(t, url) }
 
 // bootVM starts a VM on a new tap of the lab's main bridge.
 func bootVM(t *testing.T, o vm.Options) *vm.VM {

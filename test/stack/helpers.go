@@ -2,7 +2,11 @@ package stack
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +74,47 @@ func (s *Stack) WaitCondition(t testing.TB, key client.ObjectKey, status corev1.
 func (s *Stack) WaitImage(t testing.TB, key client.ObjectKey) *v1beta1.InfraEnv {
 	t.Helper()
 	return s.WaitCondition(t, key, corev1.ConditionTrue, nil)
+}
+
+// CreateInfraEnv creates InfraEnv name in a new namespace (prefix), as
+// change shapes it, and waits for its image.
+func (s *Stack) CreateInfraEnv(t testing.TB, prefix, name string, change func(*v1beta1.InfraEnv)) *v1beta1.InfraEnv {
+	t.Helper()
+	ie := NewInfraEnv(s.Namespace(t, prefix), name)
+	if change != nil {
+		change(ie)
+	}
+	if err := s.Client.Create(context.Background(), ie); err != nil {
+		t.Fatal(err)
+	}
+	return s.WaitImage(t, client.ObjectKeyFromObject(ie))
+}
+
+// Download fetches a published URL through the loopback listener into a
+// file in t's temporary directory.
+func (s *Stack) Download(t testing.TB, url string) string {
+	t.Helper()
+	resp, err := s.HTTP.Get(s.Local(url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	p := filepath.Join(t.TempDir(), "download")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // Local rewrites a published URL to the image service's loopback listener,
