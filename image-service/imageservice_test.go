@@ -25,8 +25,10 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/iso9660"
 	"github.com/agentboot/agentboot/internal/liveiso"
+	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/stack"
 )
@@ -194,6 +196,33 @@ func TestPXEArtifacts(t *testing.T) {
 	cfg, err := os.ReadFile(filepath.Join(unpackArchive(t, bytes.TrimRight(appended, "\x00")), "config.ign"))
 	require.NoError(t, err)
 	require.Equal(t, ign.body, cfg)
+}
+
+func TestDiskImage(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ie := setup(t, s, nil)
+	iso, err := testenv.DevImage()
+	require.NoError(t, err)
+	raw, err := os.ReadFile(filepath.Join(filepath.Dir(iso), "agentboot-dev-metal.x86_64.raw"))
+	require.NoError(t, err)
+	// The kernel's URL names the image's architecture and version.
+	u, err := url.Parse(ie.Status.BootArtifacts.KernelURL)
+	require.NoError(t, err)
+	parts := strings.Split(u.Path, "/")
+	k := osimage.Key{Arch: parts[2], Version: parts[3]}
+	diskURL := discovery.DiskImageURL(s.Settings, k)
+	require.True(t, strings.HasPrefix(diskURL, "https://"), diskURL)
+	var disk response
+	require.Eventually(t, func() bool { disk = get(t, s, diskURL, nil); return disk.code != http.StatusServiceUnavailable }, time.Minute, 100*time.Millisecond)
+	require.Equal(t, http.StatusOK, disk.code, string(disk.body))
+	require.True(t, bytes.Equal(raw, disk.body), "the disk image is served unchanged")
+	part := get(t, s, diskURL, map[string]string{"Range": "bytes=510-511"})
+	require.Equal(t, http.StatusPartialContent, part.code)
+	require.Equal(t, []byte{0x55, 0xaa}, part.body)
+
+	missing := get(t, s, discovery.DiskImageURL(s.Settings, osimage.Key{Arch: k.Arch, Version: "0.0"}), nil)
+	require.Equal(t, http.StatusBadRequest, missing.code)
+	require.Contains(t, string(missing.body), "available: "+k.Version)
 }
 
 func tokenOf(t *testing.T, u string) string {

@@ -36,7 +36,7 @@ func (s *stringList) String() string     { return strings.Join(*s, ",") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func (d *discoveryFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&d.osImages, "os-images", "", `OS image catalog entries as JSON, or @file: [{"version":"4.14","cpuArchitecture":"x86_64","url":"https://…/live.iso","sha256":"…"}]`)
+	fs.StringVar(&d.osImages, "os-images", "", `OS image catalog entries as JSON, or @file: [{"version":"4.14","cpuArchitecture":"x86_64","url":"https://…/live.iso","sha256":"…","diskURL":"https://…/metal.raw.xz","diskSHA256":"…"}]`)
 	fs.Var(&d.streams, "os-image-stream", "CoreOS stream metadata URL or path whose live ISOs join the catalog (repeatable)")
 	fs.StringVar(&d.cacheDir, "image-cache-dir", "/var/cache/agentboot", "where downloaded OS images are kept")
 	fs.StringVar(&d.agentAPIURL, "agent-api-url", "", "HTTPS URL hosts reach the agent API at, e.g. https://agentboot.example:7443")
@@ -70,7 +70,7 @@ func (d *discoveryFlags) catalogConfig(log logr.Logger) (osimage.Config, error) 
 		dec := json.NewDecoder(strings.NewReader(string(raw)))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&cfg.Images); err != nil {
-			return cfg, fmt.Errorf("--os-images is not a JSON list of {version, cpuArchitecture, url, sha256}: %w", err)
+			return cfg, fmt.Errorf("--os-images is not a JSON list of {version, cpuArchitecture, url, sha256, diskURL, diskSHA256}: %w", err)
 		}
 	}
 	if len(cfg.Images) == 0 && len(cfg.Streams) == 0 {

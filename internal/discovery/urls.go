@@ -18,7 +18,17 @@ const (
 	FileRootfs     = "rootfs.img"
 	FileIPXE       = "boot.ipxe"
 	FileIgnition   = "discovery.ign"
+	// FileDisk is the OS disk image hosts install, as the catalog has it
+	// (raw, gzip or xz).
+	FileDisk = "disk.img"
 )
+
+// DiskImageURL is where hosts fetch the OS disk image they install: the
+// image service's HTTPS listener, which hosts trust through the CA bundle
+// of their discovery Ignition.
+func DiskImageURL(s Settings, image osimage.Key) string {
+	return strings.TrimSuffix(s.ImageServiceURL, "/") + BootArtifactPath(image.Arch, image.Version, FileDisk)
+}
 
 // BootArtifactPath is the path of a file of an OS image itself, the same for
 // every InfraEnv (kernel, root filesystem): /boot-artifacts/<arch>/<version>/<file>.

@@ -32,6 +32,12 @@ type Entry struct {
 	URL string `json:"url"`
 	// SHA256 of the ISO, when known; the download is checked against it.
 	SHA256 string `json:"sha256,omitempty"`
+	// DiskURL is the OS disk image hosts install (raw, raw.gz or raw.xz:
+	// the agent tells them apart by their first bytes), with its sha256.
+	// Optional: without it, hosts of this image discover but cannot be
+	// installed.
+	DiskURL    string `json:"diskURL,omitempty"`
+	DiskSHA256 string `json:"diskSHA256,omitempty"`
 }
 
 // Key names an image by architecture and version.
@@ -150,6 +156,12 @@ func (c *Catalog) add(e Entry) error {
 	if e.SHA256 != "" && len(e.SHA256) != 64 {
 		return fmt.Errorf("osimage: entry %s: sha256 must be 64 hex digits", e.Version)
 	}
+	if e.DiskSHA256 != "" && len(e.DiskSHA256) != 64 {
+		return fmt.Errorf("osimage: entry %s: diskSHA256 must be 64 hex digits", e.Version)
+	}
+	if e.DiskSHA256 != "" && e.DiskURL == "" {
+		return fmt.Errorf("osimage: entry %s: diskSHA256 without diskURL", e.Version)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := Key{e.CPUArchitecture, e.Version}
@@ -157,12 +169,21 @@ func (c *Catalog) add(e Entry) error {
 		c.cfg.Log.Info("OS image replaced", "image", k.String(), "url", redactURL(e.URL))
 	}
 	c.entries[k] = e
-	if _, ok := c.images[e.URL]; !ok {
-		c.images[e.URL] = &download{entry: e}
-	} else if e.SHA256 != "" {
-		c.images[e.URL].entry.SHA256 = e.SHA256
+	c.track(e, false)
+	if e.DiskURL != "" {
+		c.track(Entry{Version: e.Version, CPUArchitecture: e.CPUArchitecture, URL: e.DiskURL, SHA256: e.DiskSHA256}, true)
 	}
 	return nil
+}
+
+// track adds a download for e.URL unless there is one (taking a digest
+// learnt later). Call with c.mu held.
+func (c *Catalog) track(e Entry, disk bool) {
+	if d, ok := c.images[e.URL]; !ok {
+		c.images[e.URL] = &download{entry: e, disk: disk}
+	} else if e.SHA256 != "" {
+		d.entry.SHA256 = e.SHA256
+	}
 }
 
 // Resolve picks the image for an architecture and version; an empty version
@@ -236,6 +257,28 @@ func (c *Catalog) Status(k Key) Status {
 	return d.status()
 }
 
+// ErrNoDiskImage is returned by DiskStatus for an OS image whose catalog
+// entry has no disk image.
+var ErrNoDiskImage = errors.New("no OS disk image")
+
+// DiskStatus reports the state of the disk image hosts of k install.
+func (c *Catalog) DiskStatus(k Key) Status {
+	c.mu.Lock()
+	e, ok := c.entries[k]
+	var d *download
+	if ok && e.DiskURL != "" {
+		d = c.images[e.DiskURL]
+	}
+	c.mu.Unlock()
+	switch {
+	case !ok:
+		return Status{State: Failed, Err: fmt.Errorf("%w: %s", ErrUnknownImage, k)}
+	case d == nil:
+		return Status{State: Failed, Err: fmt.Errorf("%w for OS image %s: give its catalog entry a diskURL, or its stream a metal raw, raw.gz or raw.xz format", ErrNoDiskImage, k)}
+	}
+	return d.status()
+}
+
 // Subscribe returns a channel that receives the key of every image whose
 // status changes. The channel is buffered; a slow reader misses nothing that
 // matters because it can always read Status.
@@ -251,7 +294,7 @@ func (c *Catalog) notify(url string) {
 	c.mu.Lock()
 	var keys []Key
 	for k, e := range c.entries {
-		if e.URL == url {
+		if e.URL == url || e.DiskURL == url {
 			keys = append(keys, k)
 		}
 	}

@@ -114,11 +114,53 @@ func TestStreamMetadata(t *testing.T) {
 	require.True(t, strings.HasPrefix(k.Version, "dev-"))
 	st := waitState(t, c, k, Ready)
 	require.Equal(t, sum, st.Image.SHA256, "the stream's digest was checked")
+	// The stream's metal raw image is the disk image, checked too.
+	var disk Status
+	require.Eventually(t, func() bool { disk = c.DiskStatus(k); return disk.State == Ready }, 60*time.Second, 20*time.Millisecond, "%+v", disk)
+	raw, err := os.ReadFile(disk.Image.Path)
+	require.NoError(t, err)
+	want := sha256.Sum256(raw)
+	require.Equal(t, hex.EncodeToString(want[:]), disk.Image.SHA256)
+	require.Equal(t, []byte{0x55, 0xaa}, raw[510:512], "an MBR disk")
+	require.Nil(t, disk.Image.Layout)
 	// arm64 is the same architecture as aarch64, which this stream lacks.
-	_, err := c.Resolve("arm64", "")
+	_, err = c.Resolve("arm64", "")
 	require.ErrorIs(t, err, ErrUnknownImage)
 	require.ErrorContains(t, err, "aarch64")
 	require.ErrorContains(t, err, "x86_64/"+k.Version)
+}
+
+func TestDiskImages(t *testing.T) {
+	iso, sum := devISO(t)
+	disk := filepath.Join(t.TempDir(), "disk.raw.gz")
+	require.NoError(t, os.WriteFile(disk, []byte("disk image bytes"), 0o644))
+	diskSum := sha256.Sum256([]byte("disk image bytes"))
+	c := startCatalog(t, Config{Images: []Entry{
+		{Version: "1.0", CPUArchitecture: "x86_64", URL: "file://" + iso, SHA256: sum, DiskURL: disk, DiskSHA256: hex.EncodeToString(diskSum[:])},
+		{Version: "2.0", CPUArchitecture: "x86_64", URL: "file://" + iso, SHA256: sum},
+		{Version: "3.0", CPUArchitecture: "x86_64", URL: "file://" + iso, SHA256: sum, DiskURL: "file://" + disk, DiskSHA256: strings.Repeat("0", 64)},
+	}})
+	st := c.DiskStatus(Key{"x86_64", "1.0"})
+	require.Eventually(t, func() bool { st = c.DiskStatus(Key{"x86_64", "1.0"}); return st.State == Ready }, 60*time.Second, 20*time.Millisecond)
+	got, err := os.ReadFile(st.Image.Path)
+	require.NoError(t, err)
+	require.Equal(t, "disk image bytes", string(got))
+	// The ISO is still a live ISO, with a minimal ISO.
+	iso1 := waitState(t, c, Key{"x86_64", "1.0"}, Ready)
+	require.NotNil(t, iso1.Image.Layout)
+
+	none := c.DiskStatus(Key{"x86_64", "2.0"})
+	require.Equal(t, Failed, none.State)
+	require.ErrorIs(t, none.Err, ErrNoDiskImage)
+	require.ErrorContains(t, none.Err, "x86_64/2.0")
+
+	var bad Status
+	require.Eventually(t, func() bool { bad = c.DiskStatus(Key{"x86_64", "3.0"}); return bad.State == Failed && bad.Err != nil }, 60*time.Second, 20*time.Millisecond)
+	require.ErrorContains(t, bad.Err, "does not match")
+
+	require.ErrorIs(t, c.DiskStatus(Key{"x86_64", "9"}).Err, ErrUnknownImage)
+	_, err = New(Config{CacheDir: t.TempDir(), Images: []Entry{{Version: "1", URL: iso, DiskSHA256: sum}}})
+	require.ErrorContains(t, err, "diskSHA256 without diskURL")
 }
 
 func TestResolve(t *testing.T) {

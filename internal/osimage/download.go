@@ -20,9 +20,12 @@ import (
 	"github.com/agentboot/agentboot/internal/liveiso"
 )
 
-// download tracks one source URL (several catalog keys may share it).
+// download tracks one source URL (several catalog keys may share it): a
+// live ISO, or with disk set an OS disk image (then entry's URL and SHA256
+// are the disk image's).
 type download struct {
 	entry Entry
+	disk  bool
 
 	mu       sync.Mutex
 	state    State
@@ -55,6 +58,9 @@ func (c *Catalog) keep(ctx context.Context, d *download) {
 		if err == nil {
 			d.set(Ready, "", nil, img)
 			c.notify(d.entry.URL)
+			if d.disk {
+				return
+			}
 			// Minimal ISOs are made ahead of the first request for one.
 			if _, err := img.Minimal(); err != nil {
 				c.cfg.Log.Error(err, "minimal ISOs unavailable for this image", "version", d.entry.Version, "arch", d.entry.CPUArchitecture)
@@ -95,10 +101,14 @@ func (c *Catalog) fetch(ctx context.Context, d *download) (*Image, error) {
 	e := d.entry
 	dir := c.dirFor(e.URL)
 	isoPath := filepath.Join(dir, "live.iso")
+	open, what := openImage, "OS image"
+	if d.disk {
+		isoPath, open, what = filepath.Join(dir, "disk.img"), openDisk, "OS disk image"
+	}
 	metaPath := filepath.Join(dir, "meta.json")
 	if meta, ok := readMeta(metaPath); ok && meta.URL == e.URL && (e.SHA256 == "" || strings.EqualFold(meta.SHA256, e.SHA256)) {
-		if img, err := openImage(isoPath, meta, dir); err == nil {
-			c.cfg.Log.Info("OS image ready (cached)", "version", e.Version, "arch", e.CPUArchitecture, "path", isoPath)
+		if img, err := open(isoPath, meta, dir); err == nil {
+			c.cfg.Log.Info(what+" ready (cached)", "version", e.Version, "arch", e.CPUArchitecture, "path", isoPath)
 			return img, nil
 		}
 	}
@@ -113,6 +123,14 @@ func (c *Catalog) fetch(ctx context.Context, d *download) (*Image, error) {
 	}
 	if err := writeJSONAtomic(metaPath, meta); err != nil {
 		return nil, err
+	}
+	if d.disk {
+		img, err := openDisk(isoPath, meta, dir)
+		if err != nil {
+			return nil, err
+		}
+		c.cfg.Log.Info("OS disk image ready", "version", e.Version, "arch", e.CPUArchitecture, "sha256", meta.SHA256)
+		return img, nil
 	}
 	img, err := openImage(isoPath, meta, dir)
 	if err != nil {
@@ -291,12 +309,14 @@ func redactURL(s string) string {
 	return u.String()
 }
 
-// Image is a cached, inspected live ISO.
+// Image is a cached, inspected live ISO, or a cached OS disk image (then
+// Layout is nil).
 type Image struct {
 	// ID identifies the content: the first 16 hex digits of its sha256.
 	ID     string
 	SHA256 string
 	Path   string
+	Size   int64
 	Layout *liveiso.Layout
 	file   *os.File
 	dir    string
@@ -326,7 +346,25 @@ func openImage(p string, meta cacheMeta, dir string) (*Image, error) {
 		f.Close()
 		return nil, err
 	}
-	return &Image{ID: meta.SHA256[:16], SHA256: meta.SHA256, Path: p, Layout: l, file: f, dir: dir, minimalDone: make(chan struct{})}, nil
+	return &Image{ID: meta.SHA256[:16], SHA256: meta.SHA256, Path: p, Size: meta.Size, Layout: l, file: f, dir: dir, minimalDone: make(chan struct{})}, nil
+}
+
+// openDisk opens a cached disk image; its content is the agent's to check.
+func openDisk(p string, meta cacheMeta, dir string) (*Image, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if st.Size() != meta.Size {
+		f.Close()
+		return nil, fmt.Errorf("cached disk image is %d bytes, expected %d", st.Size(), meta.Size)
+	}
+	return &Image{ID: meta.SHA256[:16], SHA256: meta.SHA256, Path: p, Size: meta.Size, file: f, dir: dir, minimalDone: make(chan struct{})}, nil
 }
 
 // ReaderAt reads the image; it is safe for concurrent use.

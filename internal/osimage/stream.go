@@ -58,7 +58,8 @@ func (c *Catalog) watchStreams(ctx context.Context) {
 	}
 }
 
-// readStream returns the metal live ISOs a stream describes.
+// readStream returns the metal live ISOs a stream describes, each with its
+// metal disk image when the stream has one.
 func (c *Catalog) readStream(ctx context.Context, src string) ([]Entry, error) {
 	body, _, err := c.open(ctx, src)
 	if err != nil {
@@ -87,12 +88,20 @@ func (c *Catalog) readStream(ctx context.Context, src string) ([]Entry, error) {
 		if !ok || iso.Disk == nil || iso.Disk.Location == "" {
 			continue
 		}
-		out = append(out, Entry{
+		e := Entry{
 			Version:         metal.Release,
 			CPUArchitecture: arch,
 			URL:             resolveRef(src, iso.Disk.Location),
 			SHA256:          strings.ToLower(iso.Disk.Sha256),
-		})
+		}
+		// The disk image hosts install: the smallest download first.
+		for _, f := range []string{"raw.xz", "raw.gz", "raw"} {
+			if raw, ok := metal.Formats[f]; ok && raw.Disk != nil && raw.Disk.Location != "" {
+				e.DiskURL, e.DiskSHA256 = resolveRef(src, raw.Disk.Location), strings.ToLower(raw.Disk.Sha256)
+				break
+			}
+		}
+		out = append(out, e)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("stream %s has no metal live ISO for %s", redactURL(src), strings.Join(streamArches, " or "))

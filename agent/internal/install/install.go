@@ -1,5 +1,5 @@
 // Package install writes an OS disk image to the installation disk, as
-// coreos-installer does: it streams the image (gzip or raw) to the disk while
+// coreos-installer does: it streams the image (raw, gzip or xz) to the disk while
 // hashing it, refuses to finish on a checksum mismatch (and wipes the start of
 // the disk so a half-written image never boots), and puts the Ignition config
 // at ignition/config.ign on the partition labelled "boot", where CoreOS (and
@@ -8,6 +8,7 @@ package install
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
@@ -19,6 +20,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/ulikunitz/xz"
 
 	"github.com/agentboot/agentboot/internal/agentapi"
 )
@@ -67,7 +70,7 @@ func Run(ctx context.Context, step agentapi.InstallStep, o Options) error {
 	if err := write(ctx, step, o); err != nil {
 		return err
 	}
-	o.Progress(StageInstalling, 90, "writing the Ignition config")
+	o.Progress(StageWriting, 90, "writing the Ignition config")
 	if err := o.PlaceIgnition(step.DiskPath, []byte(step.Ignition)); err != nil {
 		return fmt.Errorf("place the Ignition config on %s: %w", step.DiskPath, err)
 	}
@@ -151,12 +154,21 @@ func write(ctx context.Context, step agentapi.InstallStep, o Options) (err error
 	counted := &progressReader{r: io.TeeReader(resp.Body, hash), total: resp.ContentLength, report: o.Progress}
 	buffered := bufio.NewReaderSize(counted, 1<<20)
 	var src io.Reader = buffered
-	if magic, _ := buffered.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+	magic, _ := buffered.Peek(6)
+	switch {
+	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
 		zr, err := gzip.NewReader(buffered)
 		if err != nil {
 			return fmt.Errorf("image: %w", err)
 		}
 		src = zr
+	case bytes.Equal(magic, []byte{0xfd, '7', 'z', 'X', 'Z', 0}):
+		// CoreOS publishes its metal images as raw.xz.
+		xr, err := xz.NewReader(buffered)
+		if err != nil {
+			return fmt.Errorf("image: %w", err)
+		}
+		src = xr
 	}
 	if _, err := io.CopyBuffer(disk, src, make([]byte, 1<<20)); err != nil {
 		wipe(disk)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -227,7 +228,7 @@ func (h *Handler) content(file string, out *discovery.Output, img *osimage.Image
 // InfraEnv, public, and cacheable by anyone.
 func (h *Handler) serveArtifact(w http.ResponseWriter, r *http.Request) {
 	arch, version, file := r.PathValue("arch"), r.PathValue("version"), r.PathValue("file")
-	if file != discovery.FileKernel && file != discovery.FileRootfs {
+	if file != discovery.FileKernel && file != discovery.FileRootfs && file != discovery.FileDisk {
 		http.Error(w, "not found", http.StatusNotFound)
 		return
 	}
@@ -242,6 +243,10 @@ func (h *Handler) serveArtifact(w http.ResponseWriter, r *http.Request) {
 			msg = err.Error()
 		}
 		http.Error(w, msg, http.StatusBadRequest)
+		return
+	}
+	if file == discovery.FileDisk {
+		h.serveDisk(w, r, k)
 		return
 	}
 	st := h.opts.Catalog.Status(k)
@@ -265,6 +270,27 @@ func (h *Handler) serveArtifact(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("ETag", fmt.Sprintf(`"%s-%s"`, st.Image.ID, file))
 	w.Header().Set("Cache-Control", "public, max-age=86400")
 	serveStream(w, r, time.Time{}, overlay.Concat(overlay.FileSection(st.Image.Path, st.Image.ReaderAt(), area.Offset, area.Length)))
+}
+
+// serveDisk serves the OS disk image of k as the catalog cached it.
+func (h *Handler) serveDisk(w http.ResponseWriter, r *http.Request, k osimage.Key) {
+	st := h.opts.Catalog.DiskStatus(k)
+	switch {
+	case errors.Is(st.Err, osimage.ErrNoDiskImage):
+		http.Error(w, st.Err.Error(), http.StatusNotFound)
+		return
+	case st.State != osimage.Ready:
+		retryLater(w, fmt.Sprintf("the disk image of OS image %s is not ready yet", k))
+		return
+	}
+	if !h.acquire(w) {
+		return
+	}
+	defer h.release()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("ETag", fmt.Sprintf(`"%s-disk"`, st.Image.ID))
+	w.Header().Set("Cache-Control", "public, max-age=86400")
+	serveStream(w, r, time.Time{}, overlay.Concat(overlay.FileSection(st.Image.Path, st.Image.ReaderAt(), 0, st.Image.Size)))
 }
 
 // acquire takes a download slot or answers 503.
