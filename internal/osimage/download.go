@@ -327,7 +327,8 @@ type Image struct {
 	minimalErr  error
 }
 
-func openImage(p string, meta cacheMeta, dir string) (*Image, error) {
+// openCached opens a cached file, checking it is as large as recorded.
+func openCached(p string, meta cacheMeta) (*os.File, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return nil, err
@@ -341,7 +342,15 @@ func openImage(p string, meta cacheMeta, dir string) (*Image, error) {
 		f.Close()
 		return nil, fmt.Errorf("cached image is %d bytes, expected %d", st.Size(), meta.Size)
 	}
-	l, err := liveiso.Inspect(f, st.Size())
+	return f, nil
+}
+
+func openImage(p string, meta cacheMeta, dir string) (*Image, error) {
+	f, err := openCached(p, meta)
+	if err != nil {
+		return nil, err
+	}
+	l, err := liveiso.Inspect(f, meta.Size)
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -351,18 +360,9 @@ func openImage(p string, meta cacheMeta, dir string) (*Image, error) {
 
 // openDisk opens a cached disk image; its content is the agent's to check.
 func openDisk(p string, meta cacheMeta, dir string) (*Image, error) {
-	f, err := os.Open(p)
+	f, err := openCached(p, meta)
 	if err != nil {
 		return nil, err
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	if st.Size() != meta.Size {
-		f.Close()
-		return nil, fmt.Errorf("cached disk image is %d bytes, expected %d", st.Size(), meta.Size)
 	}
 	return &Image{ID: meta.SHA256[:16], SHA256: meta.SHA256, Path: p, Size: meta.Size, file: f, dir: dir, minimalDone: make(chan struct{})}, nil
 }
