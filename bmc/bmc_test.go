@@ -21,6 +21,7 @@ import (
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/bmc"
+	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/test/bmcsim"
 	"github.com/agentboot/agentboot/test/stack"
 )
@@ -157,12 +158,30 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 	require.Equal(t, 4, got.Status.HardwareDetails.CPU.Count)
 	require.Equal(t, stack.MAC(1), got.Status.HardwareDetails.NIC[0].MAC)
 
-	// Installed: the CD is ejected and the next boot is the disk.
+	// Bound and installed: the CD is ejected and the next boot is the disk.
+	agent.Spec.ClusterDeploymentName = &v1beta1.ClusterReference{Name: "vcluster2", Namespace: "clusters-vcluster2"}
+	require.NoError(t, e.Client.Update(ctx, &agent))
 	agent.Status.Progress.CurrentStage = v1beta1.StageRebooting
+	agent.Status.Progress.InstallationPercentage = 100
 	require.NoError(t, e.Client.Status().Update(ctx, &agent))
 	waitEvents(t, sim.Events, "eject", "boot-override Hdd Once")
 	e.wait(h, "cleared its image", func(h *metal3.BareMetalHost) bool { return h.Status.Provisioning.Image.URL == "" })
 	require.Empty(t, sim.Image())
+
+	// Released from its cluster: back into discovery through the BMC, and
+	// the Agent says so until the host registers again.
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKeyFromObject(&agent), &agent))
+	agent.Spec.ClusterDeploymentName = nil
+	require.NoError(t, e.Client.Update(ctx, &agent))
+	waitEvents(t, sim.Events, "boot-override Hdd Once", "insert "+e.ie.Status.ISODownloadURL, "boot-override Cd Once")
+	e.wait(h, "booted discovery again", func(h *metal3.BareMetalHost) bool {
+		return h.Status.Provisioning.Image.URL == e.ie.Status.ISODownloadURL
+	})
+	require.Eventually(t, func() bool {
+		require.NoError(t, e.Client.Get(ctx, client.ObjectKeyFromObject(&agent), &agent))
+		c := conditions.Find(agent.Status.Conditions, v1beta1.BoundCondition)
+		return c != nil && c.Reason == v1beta1.UnbindingReason && agent.Status.DebugInfo.State == "unbinding"
+	}, 30*time.Second, 100*time.Millisecond, "%+v", agent.Status.Conditions)
 
 	// online: false powers it off, and it stays off.
 	require.NoError(t, e.Client.Get(ctx, client.ObjectKeyFromObject(h), got))

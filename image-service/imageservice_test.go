@@ -382,7 +382,7 @@ func TestBootOrderControl(t *testing.T) {
 
 	agent := &v1beta1.Agent{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "d9a4d1e0-0000-4000-8000-000000000001", Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name}},
-		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true},
+		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true, ClusterDeploymentName: &v1beta1.ClusterReference{Name: "c1", Namespace: "clusters-c1"}},
 	}
 	require.NoError(t, s.Client.Create(ctx, agent))
 	// Merge patches: the Agent controller writes the same status.
@@ -513,7 +513,7 @@ func TestBootScriptByMAC(t *testing.T) {
 	// An installed host goes to its disk.
 	agent := &v1beta1.Agent{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "d9a4d1e0-0000-4000-8000-000000000002", Labels: map[string]string{v1beta1.InfraEnvNameLabel: "second-default"}},
-		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true},
+		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true, ClusterDeploymentName: &v1beta1.ClusterReference{Name: "c1", Namespace: "clusters-c1"}},
 	}
 	require.NoError(t, s.Client.Create(ctx, agent))
 	patch = client.MergeFrom(agent.DeepCopy())

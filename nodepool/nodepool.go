@@ -10,7 +10,11 @@ import (
 
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
 	"github.com/agentboot/agentboot/nodepool/internal/binder"
+	"github.com/agentboot/agentboot/nodepool/internal/worker"
 )
+
+// Timeouts bound the waits of a bound host's installation and release.
+type Timeouts = worker.Timeouts
 
 // Config tunes the NodePool binder.
 type Config struct {
@@ -18,7 +22,14 @@ type Config struct {
 	// HostedCluster yet, too few Agents) is looked at again, besides the
 	// Agent changes that wake it (30s).
 	RetryAfter time.Duration
-	Log        logr.Logger
+	// Timeouts bound each wait of a bound host's installation and release;
+	// zero values take the defaults (install 20m without a report, join 30m,
+	// Ready 20m, drain 10m).
+	Timeouts Timeouts
+	// Poll is how often a hosted cluster is looked at for a joining or
+	// draining host (10s).
+	Poll time.Duration
+	Log  logr.Logger
 }
 
 // SetupWithManager adds the binder to mgr when HyperShift's NodePool kind
@@ -33,10 +44,19 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		}
 		return fmt.Errorf("look up the NodePool kind: %w", err)
 	}
-	return (&binder.Reconciler{
+	if err := (&binder.Reconciler{
 		Client:     mgr.GetClient(),
 		APIReader:  mgr.GetAPIReader(),
 		Events:     mgr.GetEventRecorder("agentboot-nodepool-binder"),
 		RetryAfter: cfg.RetryAfter,
+	}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	return (&worker.Reconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Events:    mgr.GetEventRecorder("agentboot-nodepool-worker"),
+		Timeouts:  cfg.Timeouts,
+		Poll:      cfg.Poll,
 	}).SetupWithManager(mgr)
 }

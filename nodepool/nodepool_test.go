@@ -39,7 +39,11 @@ type env struct {
 // platform whose Agents live in the InfraEnv's namespace, and n ready
 // Agents there labelled pool=a.
 func start(t *testing.T, n int) *env {
-	s := stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second}})
+	return startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond}}), n)
+}
+
+// startOn is start on a running stack.
+func startOn(t *testing.T, s *stack.Stack, n int) *env {
 	ctx := context.Background()
 	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "agents", "pool", nil)}
 	e.agentsNS = e.ie.Namespace

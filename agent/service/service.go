@@ -23,7 +23,10 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/api"
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	"github.com/agentboot/agentboot/agent/service/internal/reconciler"
+	"github.com/agentboot/agentboot/agent/service/internal/steps"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 
@@ -50,7 +53,15 @@ type Config struct {
 	PollInterval       time.Duration
 	LeaseRenewInterval time.Duration
 	DisconnectAfter    time.Duration
-	Log                logr.Logger
+	// Catalog, Settings and Ignition let the agent API hand bound Agents
+	// their install step: the OS disk image of their InfraEnv's OS image,
+	// served by the image service at Settings.ImageServiceURL, and the
+	// config Ignition returns (ok false: an Agent agentboot does not
+	// install). Without Ignition no host is given an installation.
+	Catalog  *osimage.Catalog
+	Settings discovery.Settings
+	Ignition func(ctx context.Context, a *v1beta1.Agent) (config string, ok bool, err error)
+	Log      logr.Logger
 }
 
 func (c *Config) defaults() {
@@ -111,6 +122,14 @@ func SetupAPI(mgr manager.Manager, cfg Config) error {
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
 		return errors.New("agent service: the agent API is HTTPS only and needs a certificate and key")
 	}
+	var install api.Steps
+	if cfg.Ignition != nil && cfg.Catalog != nil {
+		install = &steps.Steps{
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+			Catalog: cfg.Catalog, Settings: cfg.Settings, Ignition: cfg.Ignition,
+			Events: mgr.GetEventRecorder("agentboot-agent-api"), Log: cfg.Log.WithName("steps"), Now: time.Now,
+		}
+	}
 	srv := api.New(api.Options{
 		Client:             mgr.GetClient(),
 		APIReader:          mgr.GetAPIReader(),
@@ -120,6 +139,7 @@ func SetupAPI(mgr manager.Manager, cfg Config) error {
 		MinDiskSizeBytes:   cfg.MinDiskSizeBytes,
 		PollInterval:       cfg.PollInterval,
 		LeaseRenewInterval: cfg.LeaseRenewInterval,
+		Steps:              install,
 		Log:                cfg.Log,
 	})
 	return mgr.Add(&server{cfg: cfg, handler: srv.Handler()})

@@ -135,6 +135,9 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		agentCfg = *c.AgentService
 	}
 	agentCfg.Keys, agentCfg.Namespace, agentCfg.Log = keys, c.Namespace, log.WithName("agent-api")
+	// Hosts the NodePool binder bound install the catalog's disk image with
+	// their NodePool's user-data.
+	agentCfg.Catalog, agentCfg.Settings, agentCfg.Ignition = c.Catalog, c.Settings, nodepool.Ignition(mgr.GetAPIReader())
 	if c.Controllers {
 		if err := infraenvcontroller.SetupWithManager(mgr, infraenvcontroller.Config{
 			Catalog: c.Catalog, Keys: keys, Settings: c.Settings, Log: log.WithName("infraenv"),

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/osimage"
 )
 
@@ -95,6 +96,9 @@ const IPXEExitScript = "#!ipxe\necho agentboot: this host is installed; booting 
 // installation wrote the disk and it is rebooting or past it. iPXE scripts
 // and the PXE service send such hosts to local boot.
 func BootsFromDisk(a *v1beta1.Agent) bool {
+	if Released(a) {
+		return false
+	}
 	switch a.Status.Progress.CurrentStage {
 	case v1beta1.StageRebooting, v1beta1.StageWaitingForIgnition, v1beta1.StageConfiguring, v1beta1.StageJoined, v1beta1.StageDone:
 		return true
@@ -105,4 +109,12 @@ func BootsFromDisk(a *v1beta1.Agent) bool {
 		}
 	}
 	return false
+}
+
+// Released reports whether a host was unbound from its cluster after it
+// started installing: its disk holds an installed system, and it must boot
+// the discovery image again to rejoin the free pool (it re-registers, and
+// the installation is forgotten).
+func Released(a *v1beta1.Agent) bool {
+	return a.Spec.ClusterDeploymentName == nil && installprogress.WroteDisk(&a.Status.Progress)
 }

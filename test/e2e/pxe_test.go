@@ -121,7 +121,7 @@ func installedAgent(t *testing.T, ie *v1beta1.InfraEnv, mac string) {
 	ctx := context.Background()
 	a := &v1beta1.Agent{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "0c7e4b52-1d7a-4f51-9b0e-6d3c2a1f0e03", Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name}},
-		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true},
+		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true, ClusterDeploymentName: &v1beta1.ClusterReference{Name: "c1", Namespace: "clusters-c1"}},
 	}
 	require.NoError(t, s.Client.Create(ctx, a))
 	patch := client.MergeFrom(a.DeepCopy())

@@ -142,3 +142,26 @@ func (h *Host) Heartbeat() (agentapi.Instructions, error) {
 	err := h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/instructions", h.Token, agentapi.InstructionsRequest{Time: time.Now()}, &out)
 	return out, err
 }
+
+// Progress reports an installation stage, as the agent does.
+func (h *Host) Progress(stage string, percentage int, info string) error {
+	return h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/progress", h.Token,
+		agentapi.Progress{Stage: stage, Percentage: percentage, Info: info}, nil)
+}
+
+// StepResult reports how a step went.
+func (h *Host) StepResult(step string, r agentapi.StepResult) error {
+	return h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/steps/"+step, h.Token, r, nil)
+}
+
+// Reregister registers host n again, as it does after booting discovery.
+func (h *Host) Reregister(t testing.TB, ie *v1beta1.InfraEnv, n int) {
+	t.Helper()
+	var resp agentapi.RegisterResponse
+	err := h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken,
+		agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentapi.HostIdentity{MACAddresses: []string{MAC(n)}}}, &resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Token = resp.AgentToken
+}

@@ -144,7 +144,8 @@ func (h *hostRun) setBoot(ctx context.Context, dev driver.Device, efi bool) erro
 
 // provisioned: the host runs discovery, or was installed by it. Once its
 // Agent boots from disk, the CD goes and the disk is the next boot; a new
-// discovery image reboots hosts not yet installing.
+// discovery image reboots hosts not yet installing, and a host released from
+// its cluster boots discovery again.
 func (h *hostRun) provisioned(ctx context.Context) step {
 	iso, wait, err := h.enrollment(ctx)
 	if err != nil {
@@ -155,6 +156,12 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 	case iso == "" && !wait:
 		h.setState(metal3.StateDeprovisioning)
 		return h.deprovision(ctx)
+	case h.agent != nil && discovery.Released(h.agent) && booted == "" && iso != "" && h.host.Spec.Online:
+		// Released from its cluster while booting its disk: back into
+		// discovery, where it re-registers and rejoins the free pool.
+		h.r.Events.Eventf(h.host, nil, corev1.EventTypeNormal, "Released", "BootDiscovery", "Agent %s was released from its cluster; rebooting into discovery", h.agent.Name)
+		h.setState(metal3.StateProvisioning)
+		return h.provision(ctx)
 	case h.agent != nil && discovery.BootsFromDisk(h.agent):
 		if booted != "" {
 			if err := h.bmc.EjectMedia(ctx); err != nil {

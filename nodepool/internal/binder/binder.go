@@ -38,6 +38,10 @@ const (
 	// DeploymentNameLabel is Cluster API's label on machines of a
 	// MachineDeployment, which HyperShift names after the NodePool.
 	DeploymentNameLabel = "cluster.x-k8s.io/deployment-name"
+	// ReleaseAnnotation marks a bound Agent the binder gave up on scale
+	// down; the worker controller drains its Node and unbinds it. It no
+	// longer counts towards its NodePool.
+	ReleaseAnnotation = "agentboot.io/release"
 )
 
 // agentMachineGVK is cluster-api-provider-agent's machine kind.
@@ -143,13 +147,14 @@ func (r *Reconciler) servedByCAPI(ctx context.Context, hc *hypershift.HostedClus
 // plane (and where its ClusterDeployment and user-data Secrets live).
 func ControlPlaneNamespace(hc *hypershift.HostedCluster) string { return hc.Namespace + "-" + hc.Name }
 
-// bound lists the Agents bound to the NodePool at key.
+// bound lists the Agents bound to the NodePool at key, except those being
+// released.
 func (r *Reconciler) bound(ctx context.Context, key client.ObjectKey) ([]v1beta1.Agent, error) {
 	var list v1beta1.AgentList
 	if err := r.Client.List(ctx, &list, client.MatchingLabels{NodePoolLabel: key.Name, NodePoolNamespaceLabel: key.Namespace}); err != nil {
 		return nil, err
 	}
-	return list.Items, nil
+	return slices.DeleteFunc(list.Items, func(a v1beta1.Agent) bool { return a.Annotations[ReleaseAnnotation] != "" }), nil
 }
 
 // bind binds up to n free Agents. Each Agent is updated with the
@@ -251,44 +256,49 @@ func unavailable(a *v1beta1.Agent) string {
 	return ""
 }
 
-// release unbinds Agents down to want, newest first, among those that have
-// not started installing. Installed hosts become Nodes and need draining
-// first; until that lands they stay bound and an event says so.
+// release gives up Agents down to want: first those that are not a Ready
+// Node (not Done), then the newest. An Agent that has not started
+// installing is unbound at once; one that has is marked for the worker
+// controller, which drains its Node first.
 func (r *Reconciler) release(ctx context.Context, key client.ObjectKey, np *hypershift.NodePool, want int) (ctrl.Result, error) {
 	bound, err := r.bound(ctx, key)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	slices.SortFunc(bound, func(a, b v1beta1.Agent) int { return b.CreationTimestamp.Compare(a.CreationTimestamp.Time) })
-	excess := len(bound) - want
-	held := 0
-	for i := range bound {
-		if excess == 0 {
-			break
+	done := func(a v1beta1.Agent) bool { return a.Status.Progress.CurrentStage == v1beta1.StageDone }
+	slices.SortFunc(bound, func(a, b v1beta1.Agent) int {
+		if done(a) != done(b) {
+			if done(a) {
+				return 1
+			}
+			return -1
 		}
+		return b.CreationTimestamp.Compare(a.CreationTimestamp.Time)
+	})
+	for i := range max(len(bound)-want, 0) {
 		a := &bound[i]
-		if a.Status.Progress.CurrentStage != "" {
-			held++
-			continue
+		verb, what := "unbind", "returned to the free pool"
+		if a.Status.Progress.CurrentStage == "" {
+			a.Spec.ClusterDeploymentName = nil
+			a.Spec.Role = v1beta1.AgentRoleAutoAssign
+			delete(a.Labels, NodePoolLabel)
+			delete(a.Labels, NodePoolNamespaceLabel)
+		} else {
+			verb, what = "mark for release", "is being released: its Node is drained, then it is unbound"
+			if a.Annotations == nil {
+				a.Annotations = map[string]string{}
+			}
+			a.Annotations[ReleaseAnnotation] = "true"
 		}
-		a.Spec.ClusterDeploymentName = nil
-		a.Spec.Role = v1beta1.AgentRoleAutoAssign
-		delete(a.Labels, NodePoolLabel)
-		delete(a.Labels, NodePoolNamespaceLabel)
 		if err := r.Client.Update(ctx, a); err != nil {
 			if apierrors.IsConflict(err) {
 				return ctrl.Result{Requeue: true}, nil
 			}
-			return ctrl.Result{}, fmt.Errorf("unbind Agent %s/%s: %w", a.Namespace, a.Name, err)
+			return ctrl.Result{}, fmt.Errorf("%s Agent %s/%s: %w", verb, a.Namespace, a.Name, err)
 		}
 		if np != nil {
-			r.Events.Eventf(np, a, corev1.EventTypeNormal, "AgentReleased", "Unbind", "Agent %s/%s returned to the free pool", a.Namespace, a.Name)
+			r.Events.Eventf(np, a, corev1.EventTypeNormal, "AgentReleased", "Unbind", "Agent %s/%s %s", a.Namespace, a.Name, what)
 		}
-		excess--
-	}
-	if excess > 0 && np != nil {
-		r.Events.Eventf(np, nil, corev1.EventTypeWarning, "ScaleDownWaiting", "Unbind",
-			"%d Agent(s) to release have started installing; releasing installed hosts needs their Nodes drained, which agentboot does not do yet", held)
 	}
 	return ctrl.Result{}, nil
 }

@@ -293,6 +293,10 @@ func (s *Server) progress(w http.ResponseWriter, r *http.Request, ref *AgentRef)
 		writeError(w, http.StatusBadRequest, "BadProgress", "stage %q, percentage %d: want a known stage and 0-100", p.Stage, p.Percentage)
 		return
 	}
+	// A host writing its disk does not heartbeat; its reports are contact.
+	if err := s.renewLease(r.Context(), ref.Agent, 0, true); err != nil {
+		s.o.Log.Error(err, "renew lease", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
+	}
 	if s.o.Steps != nil {
 		if err := s.o.Steps.Progress(r.Context(), ref, p); err != nil {
 			writeError(w, http.StatusConflict, "BadProgress", "%v", err)

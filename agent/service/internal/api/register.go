@@ -15,6 +15,7 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 
@@ -67,6 +68,13 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		s.o.Log.Error(err, "register host", "infraEnv", ns+"/"+name, "agent", req.HostID)
 		writeError(w, http.StatusInternalServerError, "Internal", "could not register the host")
 		return
+	}
+	if !created {
+		if err := s.rebooted(r.Context(), agent); err != nil {
+			s.o.Log.Error(err, "register host", "infraEnv", ns+"/"+name, "agent", req.HostID)
+			writeError(w, http.StatusInternalServerError, "Internal", "could not register the host")
+			return
+		}
 	}
 	if err := s.renewLease(r.Context(), agent, 0, true); err != nil {
 		s.o.Log.Error(err, "create lease", "agent", ns+"/"+agent.Name)
@@ -212,6 +220,37 @@ func (s *Server) adopt(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraE
 	a.OwnerReferences = []metav1.OwnerReference{infraEnvOwner(ie)}
 	writes.WithLabelValues("agent").Inc()
 	return s.o.Client.Patch(ctx, a, patch)
+}
+
+// rebooted settles an installation when its host registers again, which it
+// does only after booting the discovery image: an unbound host released from
+// its cluster is back in the pool with its installation forgotten; a bound
+// host in the middle of installing has lost that installation.
+func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
+	// Read fresh: the cache may not have an installation claimed a moment ago.
+	a := &v1beta1.Agent{}
+	if err := s.o.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), a); err != nil {
+		return err
+	}
+	p := &a.Status.Progress
+	if p.CurrentStage == "" || a.Spec.ClusterDeploymentName != nil && installprogress.Finished(p) {
+		return nil
+	}
+	before := a.DeepCopy()
+	if a.Spec.ClusterDeploymentName == nil {
+		installprogress.Reset(p)
+		a.Status.InstallationDiskID = ""
+		s.o.Events.Eventf(a, nil, corev1.EventTypeNormal, "BackInDiscovery", "Register", "the host booted the discovery image again and is back in the free pool")
+	} else {
+		why := "the host restarted into the discovery image during the installation, at " + string(p.CurrentStage)
+		if installprogress.Index(p.CurrentStage) >= installprogress.Index(v1beta1.StageRebooting) {
+			why = "the host booted the discovery image again instead of its installed disk; check its boot order"
+		}
+		_ = installprogress.Fail(p, why, s.o.Now())
+		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, v1beta1.InstallationFailedReason, "Register", "%s", why)
+	}
+	writes.WithLabelValues("agent-status").Inc()
+	return s.o.Client.Status().Patch(ctx, a, client.MergeFrom(before))
 }
 
 func infraEnvOwner(ie *v1beta1.InfraEnv) metav1.OwnerReference {

@@ -26,6 +26,8 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/installprogress"
 )
 
 // Reconciler keeps Agents' status true to what their hosts report.
@@ -223,9 +225,23 @@ const (
 func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts) error {
 	now := metav1.NewTime(r.Now())
 	st := a.Status.DeepCopy()
+	if a.Spec.ClusterDeploymentName == nil && !installprogress.WroteDisk(&st.Progress) {
+		// Unbound before its disk was written: the host still runs
+		// discovery, so the installation is forgotten and it is free.
+		installprogress.Reset(&st.Progress)
+		st.InstallationDiskID = ""
+	}
+	// The installation as it will be written.
+	view := &v1beta1.Agent{ObjectMeta: a.ObjectMeta, Spec: a.Spec, Status: v1beta1.AgentStatus{Progress: st.Progress}}
 	st.ValidationsInfo = validate(f)
 	passing, pendingIDs, failing := summary(st.ValidationsInfo)
 	bound := conditions.New(v1beta1.BoundCondition, false, v1beta1.UnboundReason, "The agent is not bound to any cluster")
+	if discovery.Released(view) {
+		bound = conditions.New(v1beta1.BoundCondition, false, v1beta1.UnbindingPendingUserActionRsn, "The agent was released from its cluster: reboot the host into the discovery image")
+		if bmh := a.Labels[v1beta1.BMHLabel]; bmh != "" {
+			bound = conditions.New(v1beta1.BoundCondition, false, v1beta1.UnbindingReason, "The agent was released from its cluster; BareMetalHost "+bmh+" reboots the host into the discovery image")
+		}
+	}
 	if cd := a.Spec.ClusterDeploymentName; cd != nil {
 		bound = conditions.New(v1beta1.BoundCondition, true, v1beta1.BoundReason, "The agent is bound to cluster "+cd.Namespace+"/"+cd.Name)
 		st.Role = a.Spec.Role
@@ -250,7 +266,10 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 		connected = conditions.New(v1beta1.ConnectedCondition, false, v1beta1.AgentDisconnectedReason, "The agent has not contacted the installation service in a while; it is disconnected")
 	}
 	var requirements v1beta1.Condition
+	installing := a.Spec.ClusterDeploymentName != nil && st.Progress.CurrentStage != ""
 	switch {
+	case installing:
+		requirements = conditions.New(v1beta1.RequirementsMetCondition, false, v1beta1.AgentAlreadyInstallingReason, "The agent cannot begin the installation because it has already started")
 	case !a.Spec.Approved:
 		requirements = conditions.New(v1beta1.RequirementsMetCondition, false, v1beta1.AgentIsNotApprovedReason, "The agent is not approved")
 	case passing && f.connected:
@@ -263,7 +282,7 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 		connected,
 		requirements,
 		validated,
-		conditions.New(v1beta1.InstalledCondition, false, v1beta1.InstallationNotStartedReason, "The installation has not yet started"),
+		installed(view),
 		bound,
 	} {
 		st.Conditions = conditions.Set(st.Conditions, c, now)
@@ -275,6 +294,9 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 		if st.DebugInfo.State == "known" {
 			st.DebugInfo.StateInfo = "Host is bound to cluster " + a.Spec.ClusterDeploymentName.Name + " and ready to be installed"
 		}
+	}
+	if s, info := installState(view); s != "" {
+		st.DebugInfo.State, st.DebugInfo.StateInfo = s, info
 	}
 
 	if equality.Semantic.DeepEqual(st, &a.Status) {
@@ -288,6 +310,58 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 	}
 	r.recordTransitions(a, before, st)
 	return nil
+}
+
+// Host states of an installation.
+const (
+	StateInstalling              = "installing"
+	StateInstallingInProgress    = "installing-in-progress"
+	StateAddedToExistingCluster  = "added-to-existing-cluster"
+	StateError                   = "error"
+	StateUnbinding               = "unbinding"
+	StateUnbindingPendingUserAct = "unbinding-pending-user-action"
+)
+
+// installState is the state an installation puts the host in, or "" when
+// there is none.
+func installState(a *v1beta1.Agent) (string, string) {
+	p := &a.Status.Progress
+	switch {
+	case p.CurrentStage == "":
+		return "", ""
+	case a.Spec.ClusterDeploymentName == nil && a.Labels[v1beta1.BMHLabel] != "":
+		return StateUnbinding, "Host was released from its cluster; its BareMetalHost reboots it into the discovery image"
+	case a.Spec.ClusterDeploymentName == nil:
+		return StateUnbindingPendingUserAct, "Host was released from its cluster: reboot the host into the discovery image"
+	case p.CurrentStage == v1beta1.StageFailed:
+		return StateError, "Host failed to install: " + p.ProgressInfo
+	case p.CurrentStage == v1beta1.StageDone:
+		return StateAddedToExistingCluster, "Host has joined cluster " + a.Spec.ClusterDeploymentName.Name
+	case p.CurrentStage == v1beta1.StageStartingInstallation:
+		return StateInstalling, "Installation is starting"
+	}
+	return StateInstallingInProgress, "Host is installing: " + string(p.CurrentStage)
+}
+
+// installed is the Installed condition, from the installation's progress.
+func installed(a *v1beta1.Agent) v1beta1.Condition {
+	p := &a.Status.Progress
+	detail := func(msg string) string {
+		if p.ProgressInfo != "" {
+			return msg + ": " + p.ProgressInfo
+		}
+		return msg
+	}
+	switch {
+	case p.CurrentStage == "":
+		return conditions.New(v1beta1.InstalledCondition, false, v1beta1.InstallationNotStartedReason, detail("The installation has not yet started"))
+	case p.CurrentStage == v1beta1.StageFailed:
+		return conditions.New(v1beta1.InstalledCondition, false, v1beta1.InstallationFailedReason, detail("The installation has failed"))
+	case p.CurrentStage == v1beta1.StageDone:
+		return conditions.New(v1beta1.InstalledCondition, true, v1beta1.InstallationCompletedReason, detail("The installation has completed"))
+	}
+	return conditions.New(v1beta1.InstalledCondition, false, v1beta1.InstallationInProgressReason,
+		detail(fmt.Sprintf("The installation is in progress: %s, %d%%", p.CurrentStage, p.InstallationPercentage)))
 }
 
 func notReady(connected bool, validated v1beta1.Condition) string {

@@ -1,0 +1,273 @@
+// Package steps hands bound Agents their installation and turns what the
+// host reports into status.progress. A host gets the install step once: the
+// step is claimed by writing "Starting installation" to the Agent's status
+// with the resourceVersion it was read at, so two replicas answering two
+// heartbeats cannot both hand it out.
+package steps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentboot/agentboot/agent/service/internal/api"
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/installprogress"
+	"github.com/agentboot/agentboot/internal/osimage"
+)
+
+// InstallStepID names the install step in step results.
+const InstallStepID = "install"
+
+// Catalog is what the steps need of the OS image catalog.
+type Catalog interface {
+	Resolve(arch, version string) (osimage.Key, error)
+	DiskStatus(k osimage.Key) osimage.Status
+}
+
+// IgnitionFunc returns the config a bound Agent's installed OS boots with.
+// ok is false for Agents agentboot does not install (bound by someone
+// else); err says why an Agent it installs cannot have one yet.
+type IgnitionFunc func(ctx context.Context, a *v1beta1.Agent) (config string, ok bool, err error)
+
+// Steps implements api.Steps.
+type Steps struct {
+	Client    client.Client
+	APIReader client.Reader
+	Catalog   Catalog
+	Settings  discovery.Settings
+	Ignition  IgnitionFunc
+	Events    events.EventRecorder
+	Log       logr.Logger
+	Now       func() time.Time
+}
+
+var _ api.Steps = (*Steps)(nil)
+
+// Next gives a bound, approved, validated Agent that has not started
+// installing its install step. When something it needs is missing, the
+// reason goes to status.progress.progressInfo (shown in the Installed
+// condition) and the host is asked again on its next heartbeat.
+func (s *Steps) Next(ctx context.Context, ref *api.AgentRef) ([]agentapi.Step, error) {
+	a := ref.Agent
+	if a.Spec.ClusterDeploymentName == nil || !a.Spec.Approved || a.Status.Progress.CurrentStage != "" {
+		return nil, nil
+	}
+	ign, ours, err := s.Ignition(ctx, a)
+	if !ours {
+		return nil, err
+	}
+	var step *agentapi.InstallStep
+	var disk v1beta1.HostDisk
+	if err == nil {
+		step, disk, err = s.installStep(ref, ign)
+	}
+	if err != nil {
+		return nil, s.block(ctx, a, err.Error())
+	}
+	claimed := a.DeepCopy()
+	installprogress.Start(&claimed.Status.Progress, fmt.Sprintf("installing to %s (%s) from %s", disk.Path, disk.ID, step.ImageURL), s.Now())
+	claimed.Status.InstallationDiskID = disk.ID
+	if err := s.Client.Status().Patch(ctx, claimed, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) {
+			return nil, nil // changed meanwhile: the next heartbeat looks again
+		}
+		return nil, fmt.Errorf("claim the installation: %w", err)
+	}
+	s.Events.Eventf(a, nil, corev1.EventTypeNormal, "InstallationStarted", "Install", "installing to %s", disk.Path)
+	return []agentapi.Step{{ID: InstallStepID, Kind: agentapi.StepInstall, Install: step}}, nil
+}
+
+// installStep assembles the step: the disk, the OS disk image, the config.
+func (s *Steps) installStep(ref *api.AgentRef, ignition string) (*agentapi.InstallStep, v1beta1.HostDisk, error) {
+	a := ref.Agent
+	if !conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) {
+		return nil, v1beta1.HostDisk{}, errors.New("waiting for the host's validations to pass")
+	}
+	disk, err := ChooseDisk(a)
+	if err != nil {
+		return nil, disk, err
+	}
+	k, err := s.Catalog.Resolve(ref.InfraEnv.Spec.CPUArchitecture, ref.InfraEnv.Spec.OSImageVersion)
+	if err != nil {
+		return nil, disk, fmt.Errorf("OS image of InfraEnv %s: %w", ref.InfraEnv.Name, err)
+	}
+	st := s.Catalog.DiskStatus(k)
+	switch {
+	case st.State == osimage.Ready:
+	case st.Err != nil:
+		return nil, disk, fmt.Errorf("OS disk image of %s: %w", k, st.Err)
+	default:
+		return nil, disk, fmt.Errorf("waiting for the OS disk image of %s to download %s", k, st.Progress)
+	}
+	return &agentapi.InstallStep{
+		DiskPath:    disk.Path,
+		ImageURL:    discovery.DiskImageURL(s.Settings, k),
+		ImageSHA256: st.Image.SHA256,
+		Ignition:    ignition,
+	}, disk, nil
+}
+
+// block records why the installation cannot start, once per reason.
+func (s *Steps) block(ctx context.Context, a *v1beta1.Agent, why string) error {
+	if a.Status.Progress.ProgressInfo == why {
+		return nil
+	}
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Status.Progress.ProgressInfo = why
+	if err := s.Client.Status().Patch(ctx, a, patch); err != nil {
+		return fmt.Errorf("record why the installation waits: %w", err)
+	}
+	s.Events.Eventf(a, nil, corev1.EventTypeWarning, "InstallationWaiting", "Install", "%s", why)
+	return nil
+}
+
+// ChooseDisk is the disk to install to: the one spec.installation_disk_id
+// or spec.installation_disk_path names, else the best eligible disk (solid
+// state before rotating, then the smallest, then by name), which keeps
+// larger disks free for data.
+func ChooseDisk(a *v1beta1.Agent) (v1beta1.HostDisk, error) {
+	disks := a.Status.Inventory.Disks
+	named := func(field, want string, match func(d v1beta1.HostDisk) bool) (v1beta1.HostDisk, error) {
+		for _, d := range disks {
+			if !match(d) {
+				continue
+			}
+			if !d.InstallationEligibility.Eligible {
+				return d, fmt.Errorf("%s %q is not eligible for installation: %s", field, want, strings.Join(d.InstallationEligibility.NotEligibleReasons, "; "))
+			}
+			return d, nil
+		}
+		return v1beta1.HostDisk{}, fmt.Errorf("%s %q is not a disk of this host (it has %s)", field, want, diskNames(disks))
+	}
+	if id := a.Spec.InstallationDiskID; id != "" {
+		return named("spec.installation_disk_id", id, func(d v1beta1.HostDisk) bool { return d.ID == id })
+	}
+	if p := a.Spec.InstallationDiskPath; p != "" {
+		return named("spec.installation_disk_path", p, func(d v1beta1.HostDisk) bool { return p == d.ByID || p == d.ByPath || p == d.Path })
+	}
+	var eligible []v1beta1.HostDisk
+	for _, d := range disks {
+		if d.InstallationEligibility.Eligible && d.Path != "" {
+			eligible = append(eligible, d)
+		}
+	}
+	if len(eligible) == 0 {
+		return v1beta1.HostDisk{}, fmt.Errorf("no eligible installation disk among %s", diskNames(disks))
+	}
+	rank := func(d v1beta1.HostDisk) int {
+		if d.DriveType == "SSD" {
+			return 0
+		}
+		return 1
+	}
+	slices.SortFunc(eligible, func(x, y v1beta1.HostDisk) int {
+		switch {
+		case rank(x) != rank(y):
+			return rank(x) - rank(y)
+		case x.SizeBytes != y.SizeBytes:
+			if x.SizeBytes < y.SizeBytes {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(x.Name, y.Name)
+	})
+	return eligible[0], nil
+}
+
+func diskNames(disks []v1beta1.HostDisk) string {
+	if len(disks) == 0 {
+		return "no disks"
+	}
+	var names []string
+	for _, d := range disks {
+		n := d.Name
+		if n == "" {
+			n = d.ID
+		}
+		if !d.InstallationEligibility.Eligible {
+			n += " (not eligible: " + strings.Join(d.InstallationEligibility.NotEligibleReasons, "; ") + ")"
+		}
+		names = append(names, n)
+	}
+	return strings.Join(names, ", ")
+}
+
+// Result takes the install step's outcome: a failure ends the installation
+// at Failed with the agent's error, unless the host already said so.
+func (s *Steps) Result(ctx context.Context, ref *api.AgentRef, step string, r agentapi.StepResult) error {
+	if step != InstallStepID {
+		return fmt.Errorf("no step %q was given to this host", step)
+	}
+	if r.ExitCode == 0 {
+		return nil
+	}
+	reason := r.Error
+	if reason == "" {
+		reason = fmt.Sprintf("the install step exited with %d", r.ExitCode)
+	}
+	return s.update(ctx, ref.Agent, func(p *v1beta1.HostProgressInfo) error {
+		if p.CurrentStage == v1beta1.StageFailed {
+			return nil
+		}
+		return installprogress.Fail(p, reason, s.Now())
+	})
+}
+
+// Progress records a stage the host reports; the stages after Rebooting are
+// the service's to observe.
+func (s *Steps) Progress(ctx context.Context, ref *api.AgentRef, p agentapi.Progress) error {
+	stage := v1beta1.HostStage(p.Stage)
+	if stage != v1beta1.StageFailed && !slices.Contains(installprogress.HostStages, stage) {
+		return fmt.Errorf("stage %q is not one a host reports", p.Stage)
+	}
+	err := s.update(ctx, ref.Agent, func(pr *v1beta1.HostProgressInfo) error {
+		return installprogress.Advance(pr, stage, int64(p.Percentage), p.Info, s.Now())
+	})
+	if err == nil && stage == v1beta1.StageFailed {
+		s.Events.Eventf(ref.Agent, nil, corev1.EventTypeWarning, v1beta1.InstallationFailedReason, "Install", "the installation failed: %s", p.Info)
+	}
+	return err
+}
+
+// update applies change to the Agent's progress with optimistic locking,
+// reading the Agent again on a conflict.
+func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1beta1.HostProgressInfo) error) error {
+	cur := a.DeepCopy()
+	first := true
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if !first {
+			if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
+				return err
+			}
+		}
+		first = false
+		next := cur.DeepCopy()
+		if err := change(&next.Status.Progress); err != nil {
+			return err
+		}
+		if equalProgress(&cur.Status.Progress, &next.Status.Progress) {
+			return nil
+		}
+		return s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
+	})
+}
+
+func equalProgress(a, b *v1beta1.HostProgressInfo) bool {
+	return a.CurrentStage == b.CurrentStage && a.ProgressInfo == b.ProgressInfo && a.InstallationPercentage == b.InstallationPercentage &&
+		a.StageUpdateTime.Equal(b.StageUpdateTime)
+}

@@ -1,0 +1,249 @@
+// Package worker follows an Agent the binder bound from its installation to
+// a Ready Node of the hosted cluster, and back to the free pool when the
+// NodePool lets it go. It watches the hosted cluster through the
+// HostedCluster's kubeconfig by polling (no watches are kept on hosted
+// clusters): Configuring once the host's kubelet asks for a certificate,
+// Joined once its Node exists, Done once the Node is Ready. It approves only
+// that host's kubelet CSRs. Every wait has a timeout that ends in Failed
+// with the reason, so no host hangs silently.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/installprogress"
+	"github.com/agentboot/agentboot/nodepool/internal/binder"
+)
+
+// Timeouts bounds each wait of an installation.
+type Timeouts struct {
+	// Install is how long the host may go without reporting while it
+	// writes its disk (20m).
+	Install time.Duration
+	// Join is how long after rebooting (or asking for a certificate) the
+	// host's Node may take to appear (30m).
+	Join time.Duration
+	// Ready is how long a joined Node may take to become Ready (20m).
+	Ready time.Duration
+	// Drain is how long draining a released Node may take before it is
+	// deleted anyway, as Cluster API's nodeDrainTimeout (10m).
+	Drain time.Duration
+}
+
+// Reconciler follows bound Agents.
+type Reconciler struct {
+	Client    client.Client
+	APIReader client.Reader
+	Events    events.EventRecorder
+	Timeouts  Timeouts
+	// Poll is how often the hosted cluster is looked at (10s).
+	Poll time.Duration
+	// CallTimeout bounds each call to a hosted cluster (30s).
+	CallTimeout time.Duration
+	Now         func() time.Time
+
+	clients clients
+}
+
+// SetupWithManager follows the Agents the binder bound.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Timeouts.Install <= 0 {
+		r.Timeouts.Install = 20 * time.Minute
+	}
+	if r.Timeouts.Join <= 0 {
+		r.Timeouts.Join = 30 * time.Minute
+	}
+	if r.Timeouts.Ready <= 0 {
+		r.Timeouts.Ready = 20 * time.Minute
+	}
+	if r.Timeouts.Drain <= 0 {
+		r.Timeouts.Drain = 10 * time.Minute
+	}
+	if r.Poll <= 0 {
+		r.Poll = 10 * time.Second
+	}
+	if r.CallTimeout <= 0 {
+		r.CallTimeout = 30 * time.Second
+	}
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	ours := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[binder.NodePoolLabel] != "" })
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("nodepool-worker").
+		For(&v1beta1.Agent{}, builder.WithPredicates(ours)).
+		Complete(r)
+}
+
+// Reconcile moves one bound Agent along.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	a := &v1beta1.Agent{}
+	if err := r.Client.Get(ctx, req.NamespacedName, a); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if a.Labels[binder.NodePoolLabel] == "" || a.Spec.ClusterDeploymentName == nil || !a.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	if a.Annotations[binder.ReleaseAnnotation] != "" {
+		return r.release(ctx, a)
+	}
+	p := &a.Status.Progress
+	now := r.Now()
+	switch {
+	case p.CurrentStage == "" || installprogress.Finished(p):
+		return ctrl.Result{}, nil
+	case installprogress.Index(p.CurrentStage) < installprogress.Index(v1beta1.StageRebooting):
+		// The host is writing its disk and reports as it goes.
+		last := updated(p)
+		if now.Sub(last) >= r.Timeouts.Install {
+			return r.fail(ctx, a, fmt.Sprintf("the host stopped reporting during %q: nothing for %s", p.CurrentStage, r.Timeouts.Install))
+		}
+		return ctrl.Result{RequeueAfter: last.Add(r.Timeouts.Install).Sub(now) + time.Second}, nil
+	}
+	return r.join(ctx, a)
+}
+
+// join looks for the host in the hosted cluster.
+func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, error) {
+	p := &a.Status.Progress
+	now := r.Now()
+	started := now
+	if p.StageStartTime != nil {
+		started = p.StageStartTime.Time
+	}
+	limit, what := r.Timeouts.Join, "no Node named "+hostname(a)+" appeared"
+	if p.CurrentStage == v1beta1.StageJoined {
+		limit, what = r.Timeouts.Ready, "Node "+hostname(a)+" did not become Ready"
+	}
+	if now.Sub(started) >= limit {
+		return r.fail(ctx, a, fmt.Sprintf("%s within %s of %q", what, limit, p.CurrentStage))
+	}
+	hc, err := r.hosted(ctx, a)
+	if err != nil {
+		return r.wait(ctx, a, err)
+	}
+	name := hostname(a)
+	node, err := hc.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		node = nil
+	case err != nil:
+		return r.wait(ctx, a, fmt.Errorf("read Node %s in the hosted cluster: %w", name, err))
+	}
+	pending, err := r.approveCSRs(ctx, hc, a, name, node != nil)
+	if err != nil {
+		return r.wait(ctx, a, err)
+	}
+	next, info := p.CurrentStage, p.ProgressInfo
+	switch {
+	case node != nil && nodeReady(node):
+		next, info = v1beta1.StageDone, "Node "+name+" is Ready"
+	case node != nil:
+		next, info = v1beta1.StageJoined, "Node "+name+" exists and is not Ready yet"
+	case pending > 0 && p.CurrentStage == v1beta1.StageRebooting:
+		next, info = v1beta1.StageConfiguring, "the host's kubelet asked for its certificate"
+	case p.CurrentStage == v1beta1.StageRebooting:
+		info = "waiting for the installed host to boot and its kubelet to ask for a certificate"
+	}
+	if next != p.CurrentStage || info != p.ProgressInfo {
+		if err := r.advance(ctx, a, next, info); err != nil {
+			return ctrl.Result{}, err
+		}
+		if next == v1beta1.StageDone {
+			r.Events.Eventf(a, nil, corev1.EventTypeNormal, "Joined", "Join", "Node %s is Ready in hosted cluster %s", name, a.Spec.ClusterDeploymentName.Name)
+			return ctrl.Result{}, nil
+		}
+	}
+	return ctrl.Result{RequeueAfter: r.Poll}, nil
+}
+
+// wait shows why the hosted cluster cannot be looked at, and looks again.
+func (r *Reconciler) wait(ctx context.Context, a *v1beta1.Agent, err error) (ctrl.Result, error) {
+	var w waiting
+	if !errors.As(err, &w) {
+		err = fmt.Errorf("hosted cluster: %w", err)
+	}
+	if err := r.advance(ctx, a, a.Status.Progress.CurrentStage, "waiting: "+err.Error()); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: r.Poll}, nil
+}
+
+// advance writes a stage with optimistic locking: the host's own reports
+// may land at the same time.
+func (r *Reconciler) advance(ctx context.Context, a *v1beta1.Agent, stage v1beta1.HostStage, info string) error {
+	next := a.DeepCopy()
+	p := &next.Status.Progress
+	if stage == p.CurrentStage && info == p.ProgressInfo {
+		return nil
+	}
+	pct := p.InstallationPercentage
+	if stage == v1beta1.StageDone {
+		pct = 100
+	}
+	if stage == p.CurrentStage {
+		// Same stage, new detail: the stage's start stays.
+		p.ProgressInfo = info
+		t := metav1.NewTime(r.Now())
+		p.StageUpdateTime = &t
+	} else if err := installprogress.Advance(p, stage, pct, info, r.Now()); err != nil {
+		return err
+	}
+	err := r.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{}))
+	if apierrors.IsConflict(err) {
+		return nil // changed meanwhile; the change brings it back here
+	}
+	return err
+}
+
+func (r *Reconciler) fail(ctx context.Context, a *v1beta1.Agent, why string) (ctrl.Result, error) {
+	if err := r.advance(ctx, a, v1beta1.StageFailed, why); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.Events.Eventf(a, nil, corev1.EventTypeWarning, v1beta1.InstallationFailedReason, "Install", "the installation failed: %s", why)
+	return ctrl.Result{}, nil
+}
+
+// updated is when the host last reported.
+func updated(p *v1beta1.HostProgressInfo) time.Time {
+	switch {
+	case p.StageUpdateTime != nil:
+		return p.StageUpdateTime.Time
+	case p.StageStartTime != nil:
+		return p.StageStartTime.Time
+	}
+	return time.Time{}
+}
+
+// hostname is the Node name the host registers with: its requested
+// hostname, else the one it reported, lower-cased as kubelet does.
+func hostname(a *v1beta1.Agent) string {
+	h := a.Spec.Hostname
+	if h == "" {
+		h = a.Status.Inventory.Hostname
+	}
+	return strings.ToLower(h)
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
