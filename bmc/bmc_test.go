@@ -159,20 +159,23 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 	require.Equal(t, stack.MAC(1), got.Status.HardwareDetails.NIC[0].MAC)
 
 	// Bound and installed: the CD is ejected and the next boot is the disk.
+	// Merge patches: the controllers write the Agent too.
+	patch := client.MergeFrom(agent.DeepCopy())
 	agent.Spec.ClusterDeploymentName = &v1beta1.ClusterReference{Name: "vcluster2", Namespace: "clusters-vcluster2"}
-	require.NoError(t, e.Client.Update(ctx, &agent))
+	require.NoError(t, e.Client.Patch(ctx, &agent, patch))
+	patch = client.MergeFrom(agent.DeepCopy())
 	agent.Status.Progress.CurrentStage = v1beta1.StageRebooting
 	agent.Status.Progress.InstallationPercentage = 100
-	require.NoError(t, e.Client.Status().Update(ctx, &agent))
+	require.NoError(t, e.Client.Status().Patch(ctx, &agent, patch))
 	waitEvents(t, sim.Events, "eject", "boot-override Hdd Once")
 	e.wait(h, "cleared its image", func(h *metal3.BareMetalHost) bool { return h.Status.Provisioning.Image.URL == "" })
 	require.Empty(t, sim.Image())
 
 	// Released from its cluster: back into discovery through the BMC, and
 	// the Agent says so until the host registers again.
-	require.NoError(t, e.Client.Get(ctx, client.ObjectKeyFromObject(&agent), &agent))
+	patch = client.MergeFrom(agent.DeepCopy())
 	agent.Spec.ClusterDeploymentName = nil
-	require.NoError(t, e.Client.Update(ctx, &agent))
+	require.NoError(t, e.Client.Patch(ctx, &agent, patch))
 	waitEvents(t, sim.Events, "boot-override Hdd Once", "insert "+e.ie.Status.ISODownloadURL, "boot-override Cd Once")
 	e.wait(h, "booted discovery again", func(h *metal3.BareMetalHost) bool {
 		return h.Status.Provisioning.Image.URL == e.ie.Status.ISODownloadURL
