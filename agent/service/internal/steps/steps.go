@@ -244,18 +244,16 @@ func (s *Steps) Progress(ctx context.Context, ref *api.AgentRef, p agentapi.Prog
 	return err
 }
 
-// update applies change to the Agent's progress with optimistic locking,
-// reading the Agent again on a conflict.
+// update applies change to the Agent's progress with optimistic locking.
+// It reads the Agent from the apiserver, not the cache: a host reports its
+// first stage right after its step was claimed, before the cache may have
+// the claim.
 func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1beta1.HostProgressInfo) error) error {
-	cur := a.DeepCopy()
-	first := true
+	cur := &v1beta1.Agent{}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if !first {
-			if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
-				return err
-			}
+		if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
+			return err
 		}
-		first = false
 		next := cur.DeepCopy()
 		if err := change(&next.Status.Progress); err != nil {
 			return err
