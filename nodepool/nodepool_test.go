@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -76,10 +77,17 @@ func (e *env) readyAgent(i int, labels map[string]string) string {
 		}
 		return e.Client.Patch(ctx, &a, patch) == nil
 	}, wait, 100*time.Millisecond)
-	require.Eventually(e.t, func() bool {
-		return e.Client.Get(ctx, client.ObjectKeyFromObject(&a), &a) == nil &&
-			conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) && conditions.IsTrue(a.Status.Conditions, v1beta1.ConnectedCondition)
-	}, wait, 100*time.Millisecond, "Agent %s never validated and connected: %+v", a.Name, a.Status.Conditions)
+	ready := func(a *v1beta1.Agent) bool {
+		return conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) && conditions.IsTrue(a.Status.Conditions, v1beta1.ConnectedCondition)
+	}
+	key := client.ObjectKeyFromObject(&a)
+	if !assert.Eventually(e.t, func() bool {
+		var got v1beta1.Agent
+		return e.Client.Get(ctx, key, &got) == nil && ready(&got)
+	}, wait, 100*time.Millisecond) {
+		require.NoError(e.t, e.Client.Get(ctx, key, &a))
+		e.t.Fatalf("Agent %s never validated and connected: %+v", a.Name, a.Status.Conditions)
+	}
 	return a.Name
 }
 

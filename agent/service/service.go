@@ -105,6 +105,7 @@ func SetupController(mgr manager.Manager, cfg Config) error {
 	cfg.defaults()
 	return (&reconciler.Reconciler{
 		Client:          mgr.GetClient(),
+		APIReader:       mgr.GetAPIReader(),
 		Events:          mgr.GetEventRecorder("agentboot-agent-controller"),
 		LeaseNamespace:  cfg.Namespace,
 		Requirements:    reconciler.Requirements{MinCPUCores: cfg.MinCPUCores, MinMemoryBytes: cfg.MinMemoryBytes, MinDiskSizeBytes: cfg.MinDiskSizeBytes},

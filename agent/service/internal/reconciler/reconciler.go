@@ -33,7 +33,10 @@ import (
 // Reconciler keeps Agents' status true to what their hosts report.
 type Reconciler struct {
 	Client client.Client
-	Events events.EventRecorder
+	// APIReader reads past the cache, to tell an Agent that is gone from
+	// one the cache has not seen yet.
+	APIReader client.Reader
+	Events    events.EventRecorder
 	// LeaseNamespace holds the liveness Leases.
 	LeaseNamespace string
 	Requirements   Requirements
@@ -74,7 +77,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var a v1beta1.Agent
 	if err := r.Client.Get(ctx, req.NamespacedName, &a); err != nil {
 		if apierrors.IsNotFound(err) {
-			return reconcile.Result{}, r.deleteLease(ctx, req.Namespace, req.Name)
+			return reconcile.Result{}, r.forget(ctx, req.NamespacedName)
 		}
 		return reconcile.Result{}, err
 	}
@@ -103,8 +106,17 @@ func (r *Reconciler) untilDisconnect(f *facts) time.Duration {
 	return f.lastSeen.Add(r.DisconnectAfter).Sub(r.Now()) + time.Second
 }
 
-func (r *Reconciler) deleteLease(ctx context.Context, ns, name string) error {
-	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: r.LeaseNamespace, Name: hosts.LeaseName(ns, name)}}
+// forget deletes the Lease of an Agent that is gone. A host's Lease is
+// created right after its Agent, and its watch event can reach this
+// controller before the Agent reaches the cache: only the apiserver can
+// tell that the Agent is really gone. When it is not, the Agent's own
+// event follows and reconciles it.
+func (r *Reconciler) forget(ctx context.Context, key client.ObjectKey) error {
+	err := r.APIReader.Get(ctx, key, &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: v1beta1.GroupVersion.String(), Kind: "Agent"}})
+	if err == nil || !apierrors.IsNotFound(err) {
+		return err
+	}
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: r.LeaseNamespace, Name: hosts.LeaseName(key.Namespace, key.Name)}}
 	return client.IgnoreNotFound(r.Client.Delete(ctx, l))
 }
 

@@ -1,0 +1,65 @@
+package reconciler
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/agentboot/agentboot/agent/service/internal/hosts"
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/scheme"
+	"github.com/agentboot/agentboot/internal/testenv"
+)
+
+// A host's Lease is created right after its Agent, and under load its
+// watch event reaches the controller before the Agent reaches the cache.
+// The Lease survives that; it goes only with the Agent.
+func TestLeaseOutlivesALaggingCache(t *testing.T) {
+	env, err := testenv.Start(testenv.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = env.Stop() })
+	ctx := context.Background()
+	for _, ns := range []string{"agents", "agentboot-system"} {
+		require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	}
+	a := &v1beta1.Agent{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "00000000-0000-4000-8000-000000000001"}}
+	require.NoError(t, env.Client.Create(ctx, a))
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "agentboot-system", Name: hosts.LeaseName(a.Namespace, a.Name)}}
+	require.NoError(t, env.Client.Create(ctx, lease))
+
+	sch, err := scheme.New()
+	require.NoError(t, err)
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: sch})
+	require.NoError(t, err)
+	// The cache has not seen the Agent yet.
+	lagging := interceptor.NewClient(direct, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*v1beta1.Agent); ok {
+				return apierrors.NewNotFound(v1beta1.GroupVersion.WithResource("agents").GroupResource(), key.Name)
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
+	r := &Reconciler{Client: lagging, APIReader: env.Client, Events: &events.FakeRecorder{}, LeaseNamespace: "agentboot-system",
+		DisconnectAfter: 3 * time.Minute, Now: time.Now}
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(a)}
+	_, err = r.Reconcile(ctx, req)
+	require.NoError(t, err)
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(lease), lease), "the Lease of an Agent the cache has not seen yet was deleted")
+
+	// Gone for real: the Lease goes too.
+	require.NoError(t, env.Client.Delete(ctx, a))
+	_, err = r.Reconcile(ctx, req)
+	require.NoError(t, err)
+	require.True(t, apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(lease), lease)), "the Lease of a deleted Agent is kept")
+}
