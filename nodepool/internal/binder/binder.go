@@ -47,6 +47,11 @@ const (
 // agentMachineGVK is cluster-api-provider-agent's machine kind.
 var agentMachineGVK = schema.GroupVersionKind{Group: "capi-provider.agent-install.openshift.io", Version: "v1beta1", Kind: "AgentMachineList"}
 
+// nodePoolMetadata is a NodePool read for its existence only.
+func nodePoolMetadata() *metav1.PartialObjectMetadata {
+	return &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: hypershift.GroupVersion.String(), Kind: "NodePool"}}
+}
+
 // Reconciler binds Agents to NodePools.
 type Reconciler struct {
 	Client    client.Client
@@ -74,7 +79,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	np := &hypershift.NodePool{}
 	if err := r.Client.Get(ctx, req.NamespacedName, np); err != nil {
 		if apierrors.IsNotFound(err) {
-			// A deleted NodePool wants no Agents.
+			// A deleted NodePool wants no Agents. The cache may only be
+			// late, as when another replica bound an Agent to a NodePool
+			// created a moment ago: only the apiserver can tell.
+			if err := r.APIReader.Get(ctx, req.NamespacedName, nodePoolMetadata()); !apierrors.IsNotFound(err) {
+				return ctrl.Result{}, err
+			}
 			return r.release(ctx, req.NamespacedName, nil, 0)
 		}
 		return ctrl.Result{}, err
