@@ -6,16 +6,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
-	"github.com/agentboot/agentboot/internal/scheme"
 	"github.com/agentboot/agentboot/internal/testenv"
 )
 
@@ -39,19 +36,9 @@ func TestLateCacheDoesNotReleaseAgents(t *testing.T) {
 			ClusterDeploymentName: &v1beta1.ClusterReference{Namespace: "clusters", Name: "vcluster2"}}}
 	require.NoError(t, env.Client.Create(ctx, a))
 
-	sch, err := scheme.New()
+	late, err := env.LateCache(&hypershift.NodePool{})
 	require.NoError(t, err)
-	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: sch})
-	require.NoError(t, err)
-	late := interceptor.NewClient(direct, interceptor.Funcs{
-		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-			if _, ok := obj.(*hypershift.NodePool); ok {
-				return apierrors.NewNotFound(hypershift.GroupVersion.WithResource("nodepools").GroupResource(), key.Name)
-			}
-			return c.Get(ctx, key, obj, opts...)
-		},
-	})
-	r := &Reconciler{Client: late, APIReader: direct, Events: &events.FakeRecorder{}}
+	r := &Reconciler{Client: late, APIReader: env.Client, Events: &events.FakeRecorder{}}
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(np)}
 	_, err = r.Reconcile(ctx, req)
 	require.NoError(t, err)

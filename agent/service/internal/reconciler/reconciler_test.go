@@ -12,12 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/scheme"
 	"github.com/agentboot/agentboot/internal/testenv"
 )
 
@@ -37,19 +35,9 @@ func TestLeaseOutlivesALaggingCache(t *testing.T) {
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "agentboot-system", Name: hosts.LeaseName(a.Namespace, a.Name)}}
 	require.NoError(t, env.Client.Create(ctx, lease))
 
-	sch, err := scheme.New()
-	require.NoError(t, err)
-	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: sch})
-	require.NoError(t, err)
 	// The cache has not seen the Agent yet.
-	lagging := interceptor.NewClient(direct, interceptor.Funcs{
-		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-			if _, ok := obj.(*v1beta1.Agent); ok {
-				return apierrors.NewNotFound(v1beta1.GroupVersion.WithResource("agents").GroupResource(), key.Name)
-			}
-			return c.Get(ctx, key, obj, opts...)
-		},
-	})
+	lagging, err := env.LateCache(&v1beta1.Agent{})
+	require.NoError(t, err)
 	r := &Reconciler{Client: lagging, APIReader: env.Client, Events: &events.FakeRecorder{}, LeaseNamespace: "agentboot-system",
 		DisconnectAfter: 3 * time.Minute, Now: time.Now}
 	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(a)}
