@@ -2,97 +2,43 @@ package nodepool_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
-	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/nodepool"
+	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/stack"
 )
 
-// hostedCluster is a second kube-apiserver playing the hosted cluster.
-type hostedCluster struct {
-	env   *testenv.Env
-	admin kubernetes.Interface
-}
-
 // startHosted starts the hosted cluster's apiserver and, unless publish is
 // false, publishes its kubeconfig as HyperShift does (status.kubeConfig).
-func (e *env) startHosted(publish bool) *hostedCluster {
-	env, err := testenv.Start(testenv.Options{NoCRDs: true})
-	require.NoError(e.t, err)
-	e.t.Cleanup(func() { _ = env.Stop() })
-	h := &hostedCluster{env: env, admin: kubernetes.NewForConfigOrDie(env.Config)}
-	// Kubelets (bootstrapping or not) may ask for certificates, as in a
-	// real cluster.
-	_, err = h.admin.RbacV1().ClusterRoleBindings().Create(context.Background(), &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubelets-request-certificates"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:node-bootstrapper"},
-		Subjects:   []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: "system:authenticated"}},
-	}, metav1.CreateOptions{})
-	require.NoError(e.t, err)
+func (e *env) startHosted(publish bool) *hosted.Cluster {
+	h := hosted.Start(e.t)
 	if publish {
-		e.publishKubeconfig(h)
+		h.Publish(e.t, e.Client, e.hc)
 	}
 	return h
 }
 
-func (e *env) publishKubeconfig(h *hostedCluster) {
-	ctx := context.Background()
-	kc, err := os.ReadFile(h.env.Kubeconfig)
-	require.NoError(e.t, err)
-	require.NoError(e.t, e.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.hc.Namespace, Name: e.hc.Name + "-admin-kubeconfig"},
-		Data: map[string][]byte{"kubeconfig": kc}}))
-	patch := client.MergeFrom(e.hc.DeepCopy())
-	e.hc.Status.KubeConfig = &hypershift.KubeconfigSecretRef{Name: e.hc.Name + "-admin-kubeconfig"}
-	require.NoError(e.t, e.Client.Status().Patch(ctx, e.hc, patch))
-}
-
-// userData is HyperShift's user-data Secret for a NodePool, in the
-// control-plane namespace.
+// userData is HyperShift's user-data Secret for a NodePool.
 func (e *env) userData(np string) string {
-	ctx := context.Background()
-	cp := e.hc.Namespace + "-" + e.hc.Name
-	if err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cp}}); err != nil && !apierrors.IsAlreadyExists(err) {
-		require.NoError(e.t, err)
-	}
 	value := fmt.Sprintf(`{"ignition":{"version":"3.2.0","config":{"merge":[{"source":"https://ignition.example:443/ignition","httpHeaders":[{"name":"Authorization","value":"Bearer c2VjcmV0"},{"name":"NodePool","value":"%s/%s"}]}]}}}`, e.hc.Namespace, np)
-	require.NoError(e.t, e.Client.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: cp, Name: "user-data-" + np + "-4f2a9c1e",
-			Annotations: map[string]string{nodepool.UserDataAnnotation: e.hc.Namespace + "/" + np}},
-		Data: map[string][]byte{"value": []byte(value)}}))
-	// A Secret of another NodePool is never picked.
-	_ = e.Client.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: cp, Name: "user-data-other-0000",
-			Annotations: map[string]string{nodepool.UserDataAnnotation: e.hc.Namespace + "/other"}},
-		Data: map[string][]byte{"value": []byte(`{"ignition":{"version":"3.2.0"}}`)}})
+	hosted.UserData(e.t, e.Client, e.hc, np, value)
 	return value
 }
 
@@ -148,73 +94,6 @@ func installed(reason string) func(a *v1beta1.Agent) bool {
 	}
 }
 
-// kubelet plays a host's kubelet against the hosted cluster.
-type kubelet struct {
-	t    *testing.T
-	h    *hostedCluster
-	name string
-}
-
-// csr submits a CSR for CN system:node:<cn> as user, with the SANs.
-func (k *kubelet) csr(name, signer, user, cn string, dns []string, ips []net.IP, usages ...certificatesv1.KeyUsage) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(k.t, err)
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject: pkix.Name{CommonName: "system:node:" + cn, Organization: []string{"system:nodes"}}, DNSNames: dns, IPAddresses: ips}, key)
-	require.NoError(k.t, err)
-	cfg := rest.CopyConfig(k.h.env.Config)
-	groups := []string{"system:authenticated"}
-	if strings.HasPrefix(user, "system:node:") {
-		groups = append(groups, "system:nodes")
-	}
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
-	c := kubernetes.NewForConfigOrDie(cfg)
-	_, err = c.CertificatesV1().CertificateSigningRequests().Create(context.Background(), &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: certificatesv1.CertificateSigningRequestSpec{Request: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
-			SignerName: signer, Usages: usages},
-	}, metav1.CreateOptions{})
-	require.NoError(k.t, err)
-}
-
-func (k *kubelet) approved(name string) bool {
-	csr, err := k.h.admin.CertificatesV1().CertificateSigningRequests().Get(context.Background(), name, metav1.GetOptions{})
-	require.NoError(k.t, err)
-	for _, c := range csr.Status.Conditions {
-		if c.Type == certificatesv1.CertificateApproved && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
-}
-
-// register creates the Node, as kubelet does once it has its certificate.
-func (k *kubelet) register() {
-	_, err := k.h.admin.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: k.name}}, metav1.CreateOptions{})
-	require.NoError(k.t, err)
-}
-
-func (k *kubelet) ready() {
-	ctx := context.Background()
-	n, err := k.h.admin.CoreV1().Nodes().Get(ctx, k.name, metav1.GetOptions{})
-	require.NoError(k.t, err)
-	now := metav1.Now()
-	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
-	_, err = k.h.admin.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-	require.NoError(k.t, err)
-}
-
-const (
-	clientSigner  = certificatesv1.KubeAPIServerClientKubeletSignerName
-	servingSigner = certificatesv1.KubeletServingSignerName
-	bootstrapper  = "system:serviceaccount:openshift-machine-config-operator:node-bootstrapper"
-)
-
-var (
-	clientUsages  = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
-	servingUsages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageKeyEncipherment, certificatesv1.UsageServerAuth}
-)
-
 // TestInstallJoinAndRelease: NodePool 0→1 binds a host, which gets its
 // install step (disk, the catalog's disk image, the NodePool's user-data),
 // reports its stages, reboots; its kubelet's CSRs are approved (only its
@@ -225,7 +104,7 @@ var (
 func TestInstallJoinAndRelease(t *testing.T) {
 	e := start(t, 0)
 	ctx := context.Background()
-	hosted := e.startHosted(true)
+	hc := e.startHosted(true)
 	h := e.readyHost(1, map[string]string{"pool": "a"})
 	ignition := e.userData("vcluster2")
 	np := e.nodePool("vcluster2", 0, map[string]string{"pool": "a"})
@@ -268,25 +147,25 @@ func TestInstallJoinAndRelease(t *testing.T) {
 
 	// The installed host's kubelet bootstraps. Only its own CSRs, from the
 	// right identities, with its own names and addresses, are approved.
-	kl := &kubelet{t: t, h: hosted, name: "host-1"}
-	kl.csr("intruder", clientSigner, bootstrapper, "host-9", nil, nil, clientUsages...)
-	kl.csr("wrong-user", clientSigner, "mallory", "host-1", nil, nil, clientUsages...)
-	kl.csr("client", clientSigner, bootstrapper, "host-1", nil, nil, clientUsages...)
-	require.Eventually(t, func() bool { return kl.approved("client") }, wait, 100*time.Millisecond)
+	kl := &hosted.Kubelet{T: t, C: hc, Name: "host-1"}
+	kl.CSR("intruder", hosted.ClientSigner, hosted.Bootstrapper, "host-9", nil, nil, hosted.ClientUsages...)
+	kl.CSR("wrong-user", hosted.ClientSigner, "mallory", "host-1", nil, nil, hosted.ClientUsages...)
+	kl.CSR("client", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
+	require.Eventually(t, func() bool { return kl.Approved("client") }, wait, 100*time.Millisecond)
 	e.waitAgent(h, "configuring", func(a *v1beta1.Agent) bool { return a.Status.Progress.CurrentStage == v1beta1.StageConfiguring })
-	kl.register()
+	kl.Register()
 	e.waitAgent(h, "joined", func(a *v1beta1.Agent) bool { return a.Status.Progress.CurrentStage == v1beta1.StageJoined })
-	kl.csr("serving-bad-ip", servingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.99")}, servingUsages...)
-	kl.csr("serving", servingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.10")}, servingUsages...)
-	require.Eventually(t, func() bool { return kl.approved("serving") }, wait, 100*time.Millisecond)
-	kl.ready()
+	kl.CSR("serving-bad-ip", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.99")}, hosted.ServingUsages...)
+	kl.CSR("serving", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.10")}, hosted.ServingUsages...)
+	require.Eventually(t, func() bool { return kl.Approved("serving") }, wait, 100*time.Millisecond)
+	kl.Ready()
 	a = e.waitAgent(h, "done", func(a *v1beta1.Agent) bool {
 		return a.Status.DebugInfo.State == "added-to-existing-cluster" && installed(v1beta1.InstallationCompletedReason)(a)
 	})
 	require.Equal(t, v1beta1.StageDone, a.Status.Progress.CurrentStage)
 	require.EqualValues(t, 100, a.Status.Progress.InstallationPercentage)
 	for _, name := range []string{"intruder", "wrong-user", "serving-bad-ip"} {
-		require.False(t, kl.approved(name), "CSR %s must not be approved", name)
+		require.False(t, kl.Approved(name), "CSR %s must not be approved", name)
 	}
 	out, err := e.Env.Kubectl(ctx, "", "-n", e.agentsNS, "get", "agents")
 	require.NoError(t, err)
@@ -294,39 +173,39 @@ func TestInstallJoinAndRelease(t *testing.T) {
 	require.Regexp(t, h.ID+`\s+vcluster2\s+true\s+worker\s+Done`, out)
 
 	// 1 → 0: a PodDisruptionBudget holds the drain until it goes.
-	_, err = hosted.admin.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	_, err = hc.Admin.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
 	if !apierrors.IsAlreadyExists(err) {
 		require.NoError(t, err)
 	}
-	_, err = hosted.admin.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app", Labels: map[string]string{"app": "x"}},
+	_, err = hc.Admin.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app", Labels: map[string]string{"app": "x"}},
 		Spec: corev1.PodSpec{NodeName: "host-1", Containers: []corev1.Container{{Name: "c", Image: "example.invalid/app"}}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	// Running and Ready, as its kubelet would say: only such pods are
 	// protected by a PodDisruptionBudget.
-	pod, err := hosted.admin.CoreV1().Pods("default").Get(ctx, "app", metav1.GetOptions{})
+	pod, err := hc.Admin.CoreV1().Pods("default").Get(ctx, "app", metav1.GetOptions{})
 	require.NoError(t, err)
 	pod.Status.Phase = corev1.PodRunning
 	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-	_, err = hosted.admin.CoreV1().Pods("default").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	_, err = hc.Admin.CoreV1().Pods("default").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 	require.NoError(t, err)
-	_, err = hosted.admin.PolicyV1().PodDisruptionBudgets("default").Create(ctx, &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "app"},
+	_, err = hc.Admin.PolicyV1().PodDisruptionBudgets("default").Create(ctx, &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "app"},
 		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptrTo(intstr.FromInt32(1)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	// The status the disruption controller would compute: no disruption
 	// allowed.
-	pdb, err := hosted.admin.PolicyV1().PodDisruptionBudgets("default").Get(ctx, "app", metav1.GetOptions{})
+	pdb, err := hc.Admin.PolicyV1().PodDisruptionBudgets("default").Get(ctx, "app", metav1.GetOptions{})
 	require.NoError(t, err)
 	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: pdb.Generation, DisruptionsAllowed: 0, CurrentHealthy: 1, DesiredHealthy: 1, ExpectedPods: 1}
-	_, err = hosted.admin.PolicyV1().PodDisruptionBudgets("default").UpdateStatus(ctx, pdb, metav1.UpdateOptions{})
+	_, err = hc.Admin.PolicyV1().PodDisruptionBudgets("default").UpdateStatus(ctx, pdb, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	e.scale(np, 0)
 	e.waitAgent(h, "drain held by the PodDisruptionBudget", func(a *v1beta1.Agent) bool {
 		return strings.Contains(a.Status.Progress.ProgressInfo, "default/app: a PodDisruptionBudget does not allow its eviction now")
 	})
-	node, err := hosted.admin.CoreV1().Nodes().Get(ctx, "host-1", metav1.GetOptions{})
+	node, err := hc.Admin.CoreV1().Nodes().Get(ctx, "host-1", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.True(t, node.Spec.Unschedulable, "cordoned")
-	require.NoError(t, hosted.admin.PolicyV1().PodDisruptionBudgets("default").Delete(ctx, "app", metav1.DeleteOptions{}))
+	require.NoError(t, hc.Admin.PolicyV1().PodDisruptionBudgets("default").Delete(ctx, "app", metav1.DeleteOptions{}))
 	a = e.waitAgent(h, "released, waiting for a reboot into discovery", func(a *v1beta1.Agent) bool {
 		c := conditions.Find(a.Status.Conditions, v1beta1.BoundCondition)
 		return a.Spec.ClusterDeploymentName == nil && c != nil && c.Reason == v1beta1.UnbindingPendingUserActionRsn &&
@@ -334,9 +213,9 @@ func TestInstallJoinAndRelease(t *testing.T) {
 	})
 	require.Contains(t, conditions.Find(a.Status.Conditions, v1beta1.BoundCondition).Message, "reboot the host into the discovery image")
 	require.False(t, discovery.BootsFromDisk(a), "a released host boots discovery")
-	_, err = hosted.admin.CoreV1().Nodes().Get(ctx, "host-1", metav1.GetOptions{})
+	_, err = hc.Admin.CoreV1().Nodes().Get(ctx, "host-1", metav1.GetOptions{})
 	require.True(t, apierrors.IsNotFound(err), "the Node is deleted: %v", err)
-	pod, err = hosted.admin.CoreV1().Pods("default").Get(ctx, "app", metav1.GetOptions{})
+	pod, err = hc.Admin.CoreV1().Pods("default").Get(ctx, "app", metav1.GetOptions{})
 	require.True(t, apierrors.IsNotFound(err) || !pod.DeletionTimestamp.IsZero(), "the pod was evicted")
 	out, err = e.Env.Kubectl(ctx, "", "-n", e.agentsNS, "get", "agents")
 	require.NoError(t, err)
@@ -376,8 +255,8 @@ func TestInstallFaults(t *testing.T) {
 		return c != nil && c.Reason == v1beta1.InstallationNotStartedReason && strings.Contains(c.Message, "has no user-data Secret in namespace "+e.hc.Namespace+"-vcluster2")
 	})
 	e.userData("vcluster2")
-	hosted := e.startHosted(false)
-	(&kubelet{t: t, h: hosted, name: "host-4"}).register()
+	hc := e.startHosted(false)
+	(&hosted.Kubelet{T: t, C: hc, Name: "host-4"}).Register()
 	for _, h := range hosts {
 		e.installStep(h)
 	}
@@ -397,7 +276,7 @@ func TestInstallFaults(t *testing.T) {
 	e.waitAgent(hosts[3], "waiting for the kubeconfig", func(a *v1beta1.Agent) bool {
 		return strings.Contains(a.Status.Progress.ProgressInfo, "has not published status.kubeConfig yet")
 	})
-	e.publishKubeconfig(hosted)
+	hc.Publish(t, e.Client, e.hc)
 	e.waitAgent(hosts[1], "failed: stopped reporting", func(a *v1beta1.Agent) bool {
 		return a.Status.DebugInfo.State == "error" && installed(v1beta1.InstallationFailedReason)(a) &&
 			strings.Contains(a.Status.Progress.ProgressInfo, `stopped reporting during "Writing image to disk"`)

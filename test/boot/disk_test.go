@@ -2,10 +2,8 @@ package boot_test
 
 import (
 	"crypto/sha256"
-	"crypto/tls"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,73 +18,18 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/testenv"
-	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/vm"
 )
 
-// workerMarker is what the worker config, fetched through the pointer
-// config, prints on the console.
-const workerMarker = "agentboot-test: worker config applied"
-
-// ignitionEndpoint plays a hosted cluster's Ignition endpoint (HTTPS with
-// its own CA, a bearer token) and returns the pointer config HyperShift
-// would put in the NodePool's user-data Secret, and what the endpoint saw.
-func ignitionEndpoint(t *testing.T) (pointer []byte, seen func() []string) {
+// ignitionEndpoint is the hosted cluster's Ignition endpoint, reached
+// from qemu's user network.
+func ignitionEndpoint(t *testing.T) *hosted.Endpoint {
 	t.Helper()
-	certFile, keyFile, caPEM, err := stack.Certificates(t.TempDir(), hostFromGuest)
-	require.NoError(t, err)
-	const token = "bm9kZXBvb2wtdG9rZW4"
-	var mu sync.Mutex
-	var requests []string
-	worker := ignitionConfig(t, map[string]any{
-		"storage": map[string]any{"files": []any{map[string]any{
-			"path": "/usr/local/bin/joined", "mode": 0o755,
-			"contents": map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString([]byte("#!/bin/sh\necho "+workerMarker+" > /dev/ttyS0\n"))},
-		}}},
-		"systemd": map[string]any{"units": []any{map[string]any{
-			"name": "joined.service", "enabled": true,
-			"contents": "[Service]\nExecStart=/usr/local/bin/joined\n[Install]\nWantedBy=multi-user.target\n",
-		}}},
-	})
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		requests = append(requests, r.URL.Path+" "+r.Header.Get("Authorization")+" "+r.Header.Get("NodePool"))
-		mu.Unlock()
-		if r.URL.Path != "/ignition" || r.Header.Get("Authorization") != "Bearer "+token {
-			http.Error(w, "wrong token", http.StatusUnauthorized)
-			return
-		}
-		_, _ = w.Write(worker)
-	})}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	go func() { _ = srv.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})) }()
-	t.Cleanup(func() { srv.Close() })
-	pointer = ignitionConfig(t, map[string]any{
-		"ignition": map[string]any{
-			"version": "3.4.0",
-			"config": map[string]any{"merge": []any{map[string]any{
-				"source": fmt.Sprintf("https://%s:%d/ignition", hostFromGuest, ln.Addr().(*net.TCPAddr).Port),
-				"httpHeaders": []any{
-					map[string]any{"name": "Authorization", "value": "Bearer " + token},
-					map[string]any{"name": "NodePool", "value": "clusters/vcluster2"},
-				},
-			}}},
-			"security": map[string]any{"tls": map[string]any{"certificateAuthorities": []any{
-				map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString(caPEM)},
-			}}},
-		},
-	})
-	return pointer, func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), requests...)
-	}
+	return hosted.IgnitionEndpoint(t, ln, hostFromGuest)
 }
-
-const wantRequest = "/ignition Bearer bm9kZXBvb2wtdG9rZW4 clusters/vcluster2"
 
 func devDisk(t *testing.T) string {
 	t.Helper()
@@ -106,17 +48,17 @@ func TestInstalledDiskFetchesPointerIgnition(t *testing.T) {
 	require.NoError(t, err, "make dev-image builds the raw disk image")
 	disk := filepath.Join(t.TempDir(), "disk.raw")
 	require.NoError(t, os.WriteFile(disk, data, 0o644))
-	pointer, seen := ignitionEndpoint(t)
+	ep := ignitionEndpoint(t)
 	ign := filepath.Join(t.TempDir(), "config.ign")
-	require.NoError(t, os.WriteFile(ign, pointer, 0o644))
+	require.NoError(t, os.WriteFile(ign, ep.Pointer, 0o644))
 	if out, err := exec.Command("mcopy", "-i", disk+"@@1M", ign, "::ignition/config.ign").CombinedOutput(); err != nil {
 		t.Fatalf("mcopy: %v: %s", err, out)
 	}
 	v := vm.Start(t, vm.Options{Name: "installed-disk", Disks: []string{disk}, Boot: "c", Net: "user", MemoryMB: 1024})
-	_, err = v.WaitFor(t.Context(), regexp.MustCompile(workerMarker), bootTimeout)
+	_, err = v.WaitFor(t.Context(), regexp.MustCompile(hosted.WorkerMarker), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", v.Tail(40))
 	requireSerialLog(t, v, "booted from disk /dev/vda1", "ignition: found /boot/ignition/config.ign")
-	require.Contains(t, seen(), wantRequest, "the pointer config's headers reached the endpoint")
+	require.Contains(t, ep.Seen(), hosted.WantRequest, "the pointer config's headers reached the endpoint")
 }
 
 // `agent install`, run in the discovery OS booted from the InfraEnv ISO,
@@ -134,14 +76,14 @@ func TestAgentInstallThenBootFromDisk(t *testing.T) {
 	require.NoError(t, err)
 	go func() { _ = imgSrv.Serve(ln) }()
 	t.Cleanup(func() { imgSrv.Close() })
-	pointer, seen := ignitionEndpoint(t)
+	ep := ignitionEndpoint(t)
 
 	cmd := fmt.Sprintf("/usr/local/bin/agent install --disk /dev/vda --image-url http://%s:%d/disk.raw --image-sha256 %s --ignition-file /etc/agentboot-test/pointer.ign --reboot",
 		hostFromGuest, ln.Addr().(*net.TCPAddr).Port, hex.EncodeToString(sum[:]))
-	override := ignitionConfig(t, map[string]any{
+	override := hosted.IgnitionConfig(t, map[string]any{
 		"storage": map[string]any{"files": []any{map[string]any{
 			"path": "/etc/agentboot-test/pointer.ign", "mode": 0o600,
-			"contents": map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString(pointer)},
+			"contents": map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString(ep.Pointer)},
 		}}},
 		"systemd": map[string]any{"units": []any{map[string]any{
 			"name": "install.service", "enabled": true,
@@ -163,19 +105,9 @@ func TestAgentInstallThenBootFromDisk(t *testing.T) {
 
 	// First boot from the installed disk.
 	v2 := vm.Start(t, vm.Options{Name: "agent-installed", Disks: []string{disk}, Boot: "c", Net: "user", MemoryMB: 1024})
-	_, err = v2.WaitFor(t.Context(), regexp.MustCompile(workerMarker), bootTimeout)
+	_, err = v2.WaitFor(t.Context(), regexp.MustCompile(hosted.WorkerMarker), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", v2.Tail(40))
-	require.Contains(t, seen(), wantRequest)
-}
-
-func ignitionConfig(t *testing.T, c map[string]any) []byte {
-	t.Helper()
-	if _, ok := c["ignition"]; !ok {
-		c["ignition"] = map[string]any{"version": "3.4.0"}
-	}
-	data, err := json.Marshal(c)
-	require.NoError(t, err)
-	return data
+	require.Contains(t, ep.Seen(), hosted.WantRequest)
 }
 
 func requireSerialLog(t *testing.T, v *vm.VM, patterns ...string) {

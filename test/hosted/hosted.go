@@ -1,0 +1,168 @@
+// Package hosted plays, for tests, what HyperShift and a hosted cluster's
+// nodes do around agentboot: a second kube-apiserver as the hosted cluster,
+// its kubeconfig published on the HostedCluster, a NodePool's user-data
+// Secret, and a kubelet bootstrapping against it.
+package hosted
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"net"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
+	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/nodepool"
+)
+
+// Cluster is a second kube-apiserver playing the hosted cluster.
+type Cluster struct {
+	Env   *testenv.Env
+	Admin kubernetes.Interface
+}
+
+// Start starts the hosted cluster's apiserver for the duration of t.
+func Start(t testing.TB) *Cluster {
+	t.Helper()
+	env, err := testenv.Start(testenv.Options{NoCRDs: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = env.Stop() })
+	c := &Cluster{Env: env, Admin: kubernetes.NewForConfigOrDie(env.Config)}
+	// Kubelets (bootstrapping or not) may ask for certificates, as in a
+	// real cluster.
+	_, err = c.Admin.RbacV1().ClusterRoleBindings().Create(context.Background(), &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubelets-request-certificates"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:node-bootstrapper"},
+		Subjects:   []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: "system:authenticated"}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return c
+}
+
+// Publish publishes the cluster's admin kubeconfig on hc as HyperShift
+// does (a Secret named by status.kubeConfig).
+func (c *Cluster) Publish(t testing.TB, mgmt client.Client, hc *hypershift.HostedCluster) {
+	t.Helper()
+	ctx := context.Background()
+	kc, err := os.ReadFile(c.Env.Kubeconfig)
+	require.NoError(t, err)
+	require.NoError(t, mgmt.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: hc.Namespace, Name: hc.Name + "-admin-kubeconfig"},
+		Data: map[string][]byte{"kubeconfig": kc}}))
+	patch := client.MergeFrom(hc.DeepCopy())
+	hc.Status.KubeConfig = &hypershift.KubeconfigSecretRef{Name: hc.Name + "-admin-kubeconfig"}
+	require.NoError(t, mgmt.Status().Patch(ctx, hc, patch))
+}
+
+// UserData creates HyperShift's user-data Secret for NodePool np of hc in
+// the control-plane namespace, holding the pointer Ignition config value,
+// next to another NodePool's, which must never be picked.
+func UserData(t testing.TB, mgmt client.Client, hc *hypershift.HostedCluster, np, value string) {
+	t.Helper()
+	ctx := context.Background()
+	cp := hc.Namespace + "-" + hc.Name
+	if err := mgmt.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cp}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		require.NoError(t, err)
+	}
+	require.NoError(t, mgmt.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cp, Name: "user-data-" + np + "-4f2a9c1e",
+			Annotations: map[string]string{nodepool.UserDataAnnotation: hc.Namespace + "/" + np}},
+		Data: map[string][]byte{"value": []byte(value)}}))
+	err := mgmt.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cp, Name: "user-data-other-0000",
+			Annotations: map[string]string{nodepool.UserDataAnnotation: hc.Namespace + "/other"}},
+		Data: map[string][]byte{"value": []byte(`{"ignition":{"version":"3.2.0"}}`)}})
+	if !apierrors.IsAlreadyExists(err) {
+		require.NoError(t, err)
+	}
+}
+
+// Signers, identities and key usages of kubelet CSRs.
+const (
+	ClientSigner  = certificatesv1.KubeAPIServerClientKubeletSignerName
+	ServingSigner = certificatesv1.KubeletServingSignerName
+	// Bootstrapper is the identity an OpenShift node's kubelet bootstraps as.
+	Bootstrapper = "system:serviceaccount:openshift-machine-config-operator:node-bootstrapper"
+)
+
+var (
+	ClientUsages  = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
+	ServingUsages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageKeyEncipherment, certificatesv1.UsageServerAuth}
+)
+
+// Kubelet plays a host's kubelet against the hosted cluster.
+type Kubelet struct {
+	T    testing.TB
+	C    *Cluster
+	Name string
+}
+
+// CSR submits a CSR for CN system:node:<cn> as user, with the SANs.
+func (k *Kubelet) CSR(name, signer, user, cn string, dns []string, ips []net.IP, usages ...certificatesv1.KeyUsage) {
+	k.T.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(k.T, err)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: "system:node:" + cn, Organization: []string{"system:nodes"}}, DNSNames: dns, IPAddresses: ips}, key)
+	require.NoError(k.T, err)
+	cfg := rest.CopyConfig(k.C.Env.Config)
+	groups := []string{"system:authenticated"}
+	if strings.HasPrefix(user, "system:node:") {
+		groups = append(groups, "system:nodes")
+	}
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
+	c := kubernetes.NewForConfigOrDie(cfg)
+	_, err = c.CertificatesV1().CertificateSigningRequests().Create(context.Background(), &certificatesv1.CertificateSigningRequest{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: certificatesv1.CertificateSigningRequestSpec{Request: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
+			SignerName: signer, Usages: usages},
+	}, metav1.CreateOptions{})
+	require.NoError(k.T, err)
+}
+
+// Approved reports whether CSR name was approved.
+func (k *Kubelet) Approved(name string) bool {
+	csr, err := k.C.Admin.CertificatesV1().CertificateSigningRequests().Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(k.T, err)
+	for _, c := range csr.Status.Conditions {
+		if c.Type == certificatesv1.CertificateApproved && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// Register creates the Node, as kubelet does once it has its certificate.
+func (k *Kubelet) Register() {
+	k.T.Helper()
+	_, err := k.C.Admin.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: k.Name}}, metav1.CreateOptions{})
+	require.NoError(k.T, err)
+}
+
+// Ready reports the Node Ready.
+func (k *Kubelet) Ready() {
+	k.T.Helper()
+	ctx := context.Background()
+	n, err := k.C.Admin.CoreV1().Nodes().Get(ctx, k.Name, metav1.GetOptions{})
+	require.NoError(k.T, err)
+	now := metav1.Now()
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
+	_, err = k.C.Admin.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	require.NoError(k.T, err)
+}
