@@ -33,6 +33,12 @@ type Options struct {
 	Serial string
 	// Boot order for qemu's -boot (d: CD, n: network, c: disk).
 	Boot string
+	// BootOnce is the device of the first boot only, as a BMC's one-time
+	// boot override; later boots follow Boot (BIOS only).
+	BootOnce string
+	// Reboot lets a guest reboot restart the firmware, as a server does;
+	// by default qemu ends instead (-no-reboot).
+	Reboot bool
 	// CDROM is an ISO to insert.
 	CDROM string
 	// Disks are raw or qcow2 disk images (virtio).
@@ -149,8 +155,11 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	}
 	logPath := filepath.Join(LogDir(), fmt.Sprintf("%s-%s-%d.log", sanitize(t.Name()), o.Name, time.Now().UnixNano()))
 	args := []string{"-name", o.Name, "-m", fmt.Sprint(o.MemoryMB), "-smp", fmt.Sprint(o.CPUs),
-		"-nographic", "-display", "none", "-monitor", "none", "-no-reboot",
+		"-nographic", "-display", "none", "-monitor", "none",
 		"-serial", "file:" + logPath}
+	if !o.Reboot {
+		args = append(args, "-no-reboot")
+	}
 	for _, a := range Accelerators() {
 		args = append(args, "-accel", a)
 	}
@@ -181,7 +190,10 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	}
 	// OVMF follows bootindex, not -boot, to boot from the network first.
 	netFirst := o.UEFI && strings.HasPrefix(o.Boot, "n")
-	if o.Boot != "" && !netFirst {
+	switch {
+	case o.BootOnce != "" && !o.UEFI:
+		args = append(args, "-boot", "order="+o.Boot+",once="+o.BootOnce)
+	case o.Boot != "" && !netFirst:
 		args = append(args, "-boot", o.Boot)
 	}
 	if o.Net != "" {
@@ -335,9 +347,10 @@ func (v *VM) find(re *regexp.Regexp) string {
 }
 
 // Machine is a server made of VMs: each power-on boots a new qemu with the
-// same disks, NIC and MAC, from the device a BMC chose. It implements
-// test/bmcsim's Machine. qemu runs with -no-reboot, so a guest reboot is a
-// power-off, as a BMC would then see it.
+// same disks, NIC and MAC, from the device a BMC chose for that boot. It
+// implements test/bmcsim's Machine. A guest reboot restarts the firmware,
+// which (BIOS) boots from the disk when it is bootable, as a server whose
+// BMC set a one-time boot override does; with UEFI the override stays.
 type Machine struct {
 	t  testing.TB
 	o  Options
@@ -356,16 +369,18 @@ func (m *Machine) PowerOn(dev, cdrom string) error {
 		return nil
 	}
 	o := m.o
+	o.Boot, o.Reboot = "c", true
 	switch dev {
 	case "pxe":
-		o.Boot = "n"
+		o.Boot, o.BootOnce = "n", "n"
+		if !o.UEFI {
+			o.Boot = "cn"
+		}
 	case "cdrom":
 		if cdrom == "" {
 			return errors.New("boot from CD with no virtual media inserted")
 		}
-		o.CDROM, o.Boot = cdrom, "d"
-	default:
-		o.Boot = "c"
+		o.CDROM, o.Boot, o.BootOnce = cdrom, "cd", "d"
 	}
 	v, err := StartVM(m.t, o)
 	if err != nil {

@@ -1,0 +1,222 @@
+//go:build e2e
+
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/test/bmcsim"
+	"github.com/agentboot/agentboot/test/e2e/lab"
+	"github.com/agentboot/agentboot/test/hosted"
+	"github.com/agentboot/agentboot/test/vm"
+)
+
+// installTimeout covers writing the disk image and booting it under TCG.
+const installTimeout = 12 * time.Minute
+
+// poolHost is a BMC-managed server of the NodePool scenario.
+type poolHost struct {
+	m     *vm.Machine
+	sim   *bmcsim.Redfish
+	bmh   *metal3.BareMetalHost
+	agent string
+}
+
+// TestLabNodePool: HostedCluster and NodePool objects as HyperShift
+// creates them, a second kube-apiserver as the hosted cluster, and two
+// servers behind Redfish BMCs booted into discovery through virtual media.
+// NodePool 0→2: both install the dev disk image, reboot from disk, fetch
+// their pointer Ignition from the hosted cluster's endpoint (token
+// checked), and join as the test plays their kubelets: Done. 2→1: one is
+// drained and released; its BMC boots it into discovery and it is back
+// in the free pool, as the same Agent. `kubectl get agents` is recorded
+// at each step.
+func TestLabNodePool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ie := s.CreateInfraEnv(t, "pool", "pool", func(ie *v1beta1.InfraEnv) {
+		ie.Spec.HostRequirements = &v1beta1.HostRequirements{MinCPUCores: 1, MinMemoryMiB: 1024, MinDiskSizeGB: 10}
+	})
+	hc := &hypershift.HostedCluster{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace(t, "clusters"), Name: "vcluster2"},
+		Spec: hypershift.HostedClusterSpec{Platform: hypershift.PlatformSpec{Type: hypershift.AgentPlatform,
+			Agent: &hypershift.AgentPlatformSpec{AgentNamespace: ie.Namespace}}}}
+	require.NoError(t, s.Client.Create(ctx, hc))
+	cluster := hosted.Start(t)
+	cluster.Publish(t, s.Client, hc)
+	ln, err := theLab.Listen("tcp", lab.HostIP+":0")
+	require.NoError(t, err)
+	endpoint := hosted.IgnitionEndpoint(t, ln, lab.HostIP)
+	hosted.UserData(t, s.Client, hc, "vcluster2", string(endpoint.Pointer))
+	replicas := int32(0)
+	np := &hypershift.NodePool{ObjectMeta: metav1.ObjectMeta{Namespace: hc.Namespace, Name: "vcluster2"},
+		Spec: hypershift.NodePoolSpec{ClusterName: hc.Name, Replicas: &replicas,
+			Platform: hypershift.NodePoolPlatform{Type: hypershift.AgentPlatform,
+				Agent: &hypershift.AgentNodePoolPlatform{AgentLabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "lab"}}}}}}
+	require.NoError(t, s.Client.Create(ctx, np))
+
+	// Two servers enrolled through their BMCs come up in discovery,
+	// approved; the admin labels them for the pool.
+	hosts := make([]*poolHost, 2)
+	for i := range hosts {
+		name, mac := fmt.Sprintf("np-%d", i+1), fmt.Sprintf("52:54:00:2d:01:%02d", i+1)
+		h := &poolHost{m: machineOn(t, "br0", vm.Options{Name: name, MAC: mac, MemoryMB: 1536, Disks: []string{sparseDisk(t, 20_000_000_000)}})}
+		h.sim = &bmcsim.Redfish{User: "admin", Password: bmcPassword, Machine: h.m, MediaDir: t.TempDir(), Client: &http.Client{Transport: localTransport{}}}
+		srv := httptest.NewServer(h.sim)
+		t.Cleanup(srv.Close)
+		h.bmh = enroll(t, ie, name, "redfish-virtualmedia+http://"+strings.TrimPrefix(srv.URL, "http://")+"/redfish/v1/Systems/1", mac)
+		hosts[i] = h
+	}
+	for _, h := range hosts {
+		a := approvedAgent(t, h.bmh, h.m)
+		h.agent = a.Name
+		patch := client.MergeFrom(a.DeepCopy())
+		a.Labels["pool"] = "lab"
+		require.NoError(t, s.Client.Patch(ctx, &a, patch))
+	}
+	for _, h := range hosts {
+		h.wait(t, "validated and connected", bootTimeout, func(a *v1beta1.Agent) bool {
+			return conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) && conditions.IsTrue(a.Status.Conditions, v1beta1.ConnectedCondition)
+		})
+	}
+	getAgents(t, ie.Namespace, "in the free pool", `\s+true\s+auto-assign\s*$`, hosts...)
+
+	// 0 → 2: both install, boot their disks and fetch the worker config.
+	kubectlScale(t, np, 2)
+	for _, h := range hosts {
+		h.wait(t, "bound and installing", 2*time.Minute, func(a *v1beta1.Agent) bool {
+			return a.Spec.ClusterDeploymentName != nil && a.Status.Progress.CurrentStage != ""
+		})
+	}
+	getAgents(t, ie.Namespace, "bound, installing", `\s+vcluster2\s+true\s+worker\s+\S+`, hosts...)
+	for _, h := range hosts {
+		_, err := h.m.VM().WaitFor(t.Context(), regexp.MustCompile(regexp.QuoteMeta(hosted.WorkerMarker)), installTimeout)
+		require.NoError(t, err, "%s never applied its worker config; Agent %+v", h.bmh.Name, h.get(t).Status.Progress)
+		log := h.m.VM().Log()
+		require.Contains(t, log, "booted from disk", "%s booted its installed disk", h.bmh.Name)
+	}
+	require.Contains(t, endpoint.Seen(), hosted.WantRequest, "the pointer config reached the endpoint with its token")
+	for _, seen := range endpoint.Seen() {
+		require.Equal(t, hosted.WantRequest, seen, "only requests with the token were made")
+	}
+	getAgents(t, ie.Namespace, "rebooted into the installed disk", `\s+vcluster2\s+true\s+worker\s+(Rebooting|Configuring)`, hosts...)
+
+	// Each host's kubelet bootstraps, registers its Node, and it turns
+	// Ready: Done.
+	for _, h := range hosts {
+		a := h.get(t)
+		k := &hosted.Kubelet{T: t, C: cluster, Name: strings.ToLower(a.Spec.Hostname)}
+		k.CSR(h.bmh.Name+"-client", hosted.ClientSigner, hosted.Bootstrapper, k.Name, nil, nil, hosted.ClientUsages...)
+		require.Eventually(t, func() bool { return k.Approved(h.bmh.Name + "-client") }, 2*time.Minute, time.Second, "%s's client CSR never approved", k.Name)
+		k.Register()
+		k.Ready()
+	}
+	for _, h := range hosts {
+		h.wait(t, "done", 2*time.Minute, func(a *v1beta1.Agent) bool {
+			return a.Status.Progress.CurrentStage == v1beta1.StageDone && a.Status.DebugInfo.State == "added-to-existing-cluster"
+		})
+	}
+	getAgents(t, ie.Namespace, "joined", `\s+vcluster2\s+true\s+worker\s+Done`, hosts...)
+
+	// 2 → 1: the newer Agent is drained, its Node deleted, and it is
+	// unbound; its BMC boots it into discovery and it registers again.
+	kubectlScale(t, np, 1)
+	var released, kept *poolHost
+	var releasedAt time.Time
+	require.Eventually(t, func() bool {
+		for i, h := range hosts {
+			a := h.get(t)
+			if a.Annotations["agentboot.io/release"] != "" || a.Spec.ClusterDeploymentName == nil {
+				released, kept = h, hosts[1-i]
+				return true
+			}
+		}
+		return false
+	}, 2*time.Minute, time.Second, "scaling to 1 released no host")
+	released.wait(t, "unbound and rebooting into discovery", 3*time.Minute, func(a *v1beta1.Agent) bool {
+		c := conditions.Find(a.Status.Conditions, v1beta1.BoundCondition)
+		if a.Spec.ClusterDeploymentName == nil && (a.Status.DebugInfo.State == "unbinding" || c != nil && c.Reason == v1beta1.UnbindingReason) {
+			releasedAt = time.Now()
+			return true
+		}
+		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == "known-unbound"
+	})
+	getAgents(t, ie.Namespace, "one released", `\s+true\s+auto-assign\b`, released)
+	_, err = cluster.Admin.CoreV1().Nodes().Get(ctx, strings.ToLower(released.get(t).Spec.Hostname), metav1.GetOptions{})
+	require.Error(t, err, "the released host's Node is deleted")
+	released.wait(t, "back in the free pool", bootTimeout, func(a *v1beta1.Agent) bool {
+		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == "known-unbound" && a.Status.Progress.CurrentStage == ""
+	})
+	t.Logf("released host back in the pool %s after it was unbound", time.Since(releasedAt).Round(time.Second))
+	require.GreaterOrEqual(t, strings.Count(strings.Join(released.sim.Events(), "\n"), "power on cdrom"), 2,
+		"the BMC booted the released host from the discovery ISO again: %v", released.sim.Events())
+	kept.wait(t, "still done", time.Second, func(a *v1beta1.Agent) bool {
+		return a.Spec.ClusterDeploymentName != nil && a.Status.Progress.CurrentStage == v1beta1.StageDone
+	})
+	getAgents(t, ie.Namespace, "scaled down to 1", `\s+vcluster2\s+true\s+worker\s+Done`, kept)
+	getAgents(t, ie.Namespace, "scaled down to 1", `\s+true\s+auto-assign\s*$`, released)
+}
+
+func (h *poolHost) get(t *testing.T) *v1beta1.Agent {
+	t.Helper()
+	a := &v1beta1.Agent{}
+	require.NoError(t, s.Client.Get(context.Background(), client.ObjectKey{Namespace: h.bmh.Namespace, Name: h.agent}, a))
+	return a
+}
+
+// wait polls the host's Agent until ok, failing with its state and the
+// host's console.
+func (h *poolHost) wait(t *testing.T, what string, timeout time.Duration, ok func(*v1beta1.Agent) bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		a := h.get(t)
+		if ok(a) {
+			return
+		}
+		if time.Now().After(deadline) {
+			tail := ""
+			if v := h.m.VM(); v != nil {
+				tail = v.Tail(40)
+			}
+			t.Fatalf("%s (Agent %s) never %s: state %q, progress %+v, conditions %+v\nserial log:\n%s",
+				h.bmh.Name, h.agent, what, a.Status.DebugInfo.State, a.Status.Progress, a.Status.Conditions, tail)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// kubectlScale does what `kubectl scale nodepool/<name> --replicas n` does.
+func kubectlScale(t *testing.T, np *hypershift.NodePool, n int) {
+	t.Helper()
+	out, err := s.Env.Kubectl(context.Background(), "", "-n", np.Namespace, "scale", "nodepool/"+np.Name, "--replicas", fmt.Sprint(n))
+	require.NoError(t, err, out)
+}
+
+// getAgents records `kubectl get agents` and checks each host's row
+// against the shape in api.md (NAME CLUSTER APPROVED ROLE STAGE): its
+// columns after the name match cols.
+func getAgents(t *testing.T, ns, step, cols string, hosts ...*poolHost) {
+	t.Helper()
+	out, err := s.Env.Kubectl(context.Background(), "", "-n", ns, "get", "agents")
+	require.NoError(t, err)
+	t.Logf("kubectl get agents (%s):\n%s", step, out)
+	require.Regexp(t, `^NAME\s+CLUSTER\s+APPROVED\s+ROLE\s+STAGE\n`, out)
+	for _, h := range hosts {
+		require.Regexp(t, `(?m)^`+h.agent+cols, out, "%s: row of %s", step, h.bmh.Name)
+	}
+}
