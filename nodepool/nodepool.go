@@ -18,6 +18,10 @@ type Timeouts = worker.Timeouts
 
 // Config tunes the NodePool binder.
 type Config struct {
+	// Off leaves every NodePool alone: neither the binder nor the worker
+	// controller runs, as for sites where cluster-api-provider-agent
+	// serves all Agent-platform NodePools.
+	Off bool
 	// RetryAfter is how often a NodePool that cannot be served (no
 	// HostedCluster yet, too few Agents) is looked at again, besides the
 	// Agent changes that wake it (30s).
@@ -36,6 +40,10 @@ type Config struct {
 // exists in the cluster; without it there is nothing to bind, and the
 // manager must be restarted after HyperShift is installed.
 func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
+	if cfg.Off {
+		cfg.Log.Info("NodePool binding is off (--nodepools=false)")
+		return nil
+	}
 	gk := hypershift.GroupVersion.WithKind("NodePool").GroupKind()
 	if _, err := mgr.GetRESTMapper().RESTMapping(gk, hypershift.GroupVersion.Version); err != nil {
 		if meta.IsNoMatchError(err) {

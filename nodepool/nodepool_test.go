@@ -2,9 +2,11 @@ package nodepool_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,8 +14,11 @@ import (
 	"github.com/stretchr/testify/require"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
@@ -258,4 +263,81 @@ func eventNotes(e *env, name string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// runBinder runs a manager with only the NodePool controllers until ctx
+// ends, its client wrapped by wrap; the returned channel closes when it
+// has stopped.
+func runBinder(t *testing.T, e *env, ctx context.Context, wrap func(client.WithWatch) client.WithWatch) <-chan struct{} {
+	t.Helper()
+	sch, err := scheme.New()
+	require.NoError(t, err)
+	skip := true
+	mgr, err := ctrl.NewManager(e.Env.Config, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Controller: config.Controller{SkipNameValidation: &skip},
+		NewClient: func(cfg *rest.Config, o client.Options) (client.Client, error) {
+			c, err := client.NewWithWatch(cfg, o)
+			if err != nil {
+				return nil, err
+			}
+			return wrap(c), nil
+		}})
+	require.NoError(t, err)
+	require.NoError(t, nodepool.SetupWithManager(mgr, nodepool.Config{RetryAfter: time.Second}))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = mgr.Start(ctx)
+	}()
+	return done
+}
+
+// The manager is killed right after its first binding write of the three
+// a NodePool wants: the next manager counts what is bound and binds only
+// the rest; no Agent is bound twice or lost.
+func TestManagerKilledMidBinding(t *testing.T) {
+	e := startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{Off: true}}), 4)
+	np := e.nodePool("vcluster2", 3, map[string]string{"pool": "a"})
+
+	ctx, kill := context.WithCancel(context.Background())
+	defer kill()
+	var killed atomic.Bool
+	stopped := runBinder(t, e, ctx, func(c client.WithWatch) client.WithWatch {
+		return interceptor.NewClient(c, interceptor.Funcs{
+			Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+				if killed.Load() {
+					return errors.New("the manager was killed")
+				}
+				if err := c.Update(ctx, obj, opts...); err != nil {
+					return err
+				}
+				if obj.GetLabels()["agentboot.io/nodepool"] != "" {
+					killed.Store(true)
+					kill()
+				}
+				return nil
+			},
+		})
+	})
+	select {
+	case <-stopped:
+	case <-time.After(wait):
+		t.Fatal("the first manager never bound an Agent")
+	}
+	first := e.boundTo(np)
+	require.Len(t, first, 1, "killed after one binding")
+
+	ctx2, stop := context.WithCancel(context.Background())
+	t.Cleanup(func() { stop() })
+	stopped2 := runBinder(t, e, ctx2, func(c client.WithWatch) client.WithWatch { return c })
+	t.Cleanup(func() { stop(); <-stopped2 })
+	bound := e.waitBound(np, 3)
+	names := map[string]bool{}
+	for _, a := range bound {
+		require.False(t, names[a.Name])
+		names[a.Name] = true
+		require.Equal(t, "vcluster2", a.Spec.ClusterDeploymentName.Name)
+		require.Equal(t, v1beta1.AgentRoleWorker, a.Spec.Role)
+	}
+	require.True(t, names[first[0].Name], "the Agent bound before the kill stays bound")
 }

@@ -151,7 +151,7 @@ func runDev(ctx context.Context, args []string) error {
 		}
 	}
 	img.cfg.AgentBinary = disc.agentBinary
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &img.cfg, AgentService: ag.config()}, log); err != nil {
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &img.cfg, AgentService: ag.config(), NodePool: m.nodePool()}, log); err != nil {
 		return err
 	}
 

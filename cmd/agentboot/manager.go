@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentboot/agentboot/internal/app"
 	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/nodepool"
 )
 
 // managerFlags are the settings of the manager, whether it runs alone
@@ -22,6 +23,7 @@ type managerFlags struct {
 	metricsAddr   string
 	metricsSecure bool
 	probeAddr     string
+	nodePools     bool
 }
 
 func (m *managerFlags) register(fs *flag.FlagSet) {
@@ -34,7 +36,10 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.metricsAddr, "metrics-bind-address", ":8443", "address of the Prometheus metrics endpoint; 0 disables it")
 	fs.BoolVar(&m.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS with Kubernetes authentication and authorization")
 	fs.StringVar(&m.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
+	fs.BoolVar(&m.nodePools, "nodepools", true, "bind, install and release Agents for HyperShift NodePools of platform Agent; false leaves every NodePool to cluster-api-provider-agent")
 }
+
+func (m managerFlags) nodePool() nodepool.Config { return nodepool.Config{Off: !m.nodePools} }
 
 func (m managerFlags) options() app.ManagerOptions {
 	return app.ManagerOptions{Namespace: m.namespace, LeaderElect: m.leaderElect, MetricsAddr: m.metricsAddr, MetricsSecure: m.metricsSecure, ProbeAddr: m.probeAddr}
@@ -90,7 +95,7 @@ func runManager(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, AgentService: ag.config()}, log); err != nil {
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, AgentService: ag.config(), NodePool: m.nodePool()}, log); err != nil {
 		return err
 	}
 	log.Info("starting manager", "version", version, "namespace", m.namespace)
