@@ -93,7 +93,7 @@ func (c *Config) defaults() {
 // per manager, before SetupAPI or SetupController.
 func IndexAgents(mgr manager.Manager) error {
 	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.Agent{}, hosts.HostnameIndex, func(o client.Object) []string {
-		if h := hosts.Hostname(o.(*v1beta1.Agent)); h != "" {
+		if h := o.(*v1beta1.Agent).Hostname(); h != "" {
 			return []string{h}
 		}
 		return nil

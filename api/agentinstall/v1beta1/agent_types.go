@@ -516,6 +516,15 @@ type Agent struct {
 	Status AgentStatus `json:"status,omitempty"`
 }
 
+// Hostname is the name the host goes by: spec.hostname when set, else the
+// one it reported. Its Node in a cluster has this name.
+func (a *Agent) Hostname() string {
+	if a.Spec.Hostname != "" {
+		return a.Spec.Hostname
+	}
+	return a.Status.Inventory.Hostname
+}
+
 // AgentList is a list of Agents.
 //
 // +kubebuilder:object:root=true

@@ -48,7 +48,7 @@ func (r *Reconciler) release(ctx context.Context, a *v1beta1.Agent) (ctrl.Result
 		}
 		return r.wait(ctx, a, err)
 	}
-	name := hostname(a)
+	name := a.Hostname()
 	node, err := hc.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return ctrl.Result{}, r.unbind(ctx, a, "its Node "+name+" does not exist")

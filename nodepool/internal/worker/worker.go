@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -125,9 +124,9 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	if p.StageStartTime != nil {
 		started = p.StageStartTime.Time
 	}
-	limit, what := r.Timeouts.Join, "no Node named "+hostname(a)+" appeared"
+	limit, what := r.Timeouts.Join, "no Node named "+a.Hostname()+" appeared"
 	if p.CurrentStage == v1beta1.StageJoined {
-		limit, what = r.Timeouts.Ready, "Node "+hostname(a)+" did not become Ready"
+		limit, what = r.Timeouts.Ready, "Node "+a.Hostname()+" did not become Ready"
 	}
 	if now.Sub(started) >= limit {
 		return r.fail(ctx, a, fmt.Sprintf("%s within %s of %q", what, limit, p.CurrentStage))
@@ -136,7 +135,7 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	if err != nil {
 		return r.wait(ctx, a, err)
 	}
-	name := hostname(a)
+	name := a.Hostname()
 	node, err := hc.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -227,16 +226,6 @@ func updated(p *v1beta1.HostProgressInfo) time.Time {
 		return p.StageStartTime.Time
 	}
 	return time.Time{}
-}
-
-// hostname is the Node name the host registers with: its requested
-// hostname, else the one it reported, lower-cased as kubelet does.
-func hostname(a *v1beta1.Agent) string {
-	h := a.Spec.Hostname
-	if h == "" {
-		h = a.Status.Inventory.Hostname
-	}
-	return strings.ToLower(h)
 }
 
 func nodeReady(n *corev1.Node) bool {

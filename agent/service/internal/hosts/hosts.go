@@ -40,15 +40,6 @@ func LeaseOf(l *coordinationv1.Lease) (ns, name string, ok bool) {
 	return l.Labels[LeaseNamespaceLabel], l.Labels[LeaseNameLabel], true
 }
 
-// Hostname is the name the host goes by: the requested one, else the one it
-// reported.
-func Hostname(a *v1beta1.Agent) string {
-	if a.Spec.Hostname != "" {
-		return a.Spec.Hostname
-	}
-	return a.Status.Inventory.Hostname
-}
-
 // MACs joins sorted, lower-cased MAC addresses for the annotation.
 func MACs(macs []string) string {
 	out := make([]string, 0, len(macs))

@@ -150,7 +150,7 @@ func (r *Reconciler) observe(ctx context.Context, a *v1beta1.Agent) (*facts, err
 	case err != nil:
 		return nil, err
 	}
-	if h := hosts.Hostname(a); h != "" {
+	if h := a.Hostname(); h != "" {
 		var same v1beta1.AgentList
 		if err := r.Client.List(ctx, &same, client.InNamespace(a.Namespace), client.MatchingFields{hosts.HostnameIndex: h}); err != nil {
 			return nil, err

@@ -163,7 +163,7 @@ func hasMinValidDisks(f *facts) result {
 var hostnamePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
 
 func hostnameValid(f *facts) result {
-	h := hostname(f.agent)
+	h := f.agent.Hostname()
 	if h == "" {
 		return pending
 	}
@@ -176,15 +176,8 @@ func hostnameValid(f *facts) result {
 	return ok("Hostname %s is valid", h)
 }
 
-func hostname(a *v1beta1.Agent) string {
-	if a.Spec.Hostname != "" {
-		return a.Spec.Hostname
-	}
-	return a.Status.Inventory.Hostname
-}
-
 func hostnameUnique(f *facts) result {
-	h := hostname(f.agent)
+	h := f.agent.Hostname()
 	if h == "" {
 		return pending
 	}
