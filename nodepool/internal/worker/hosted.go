@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"net/http"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -23,11 +25,18 @@ type waiting struct{ msg string }
 
 func (w waiting) Error() string { return w.msg }
 
-// clients caches hosted-cluster clients by kubeconfig content, so a rotated
-// kubeconfig gets a new client and an unchanged one is reused.
+// clients caches one client per HostedCluster, with the kubeconfig it was
+// made from: a rotated kubeconfig replaces it (closing its idle
+// connections), an unchanged one is reused.
 type clients struct {
 	mu sync.Mutex
-	m  map[[32]byte]kubernetes.Interface
+	m  map[client.ObjectKey]hostedClient
+}
+
+type hostedClient struct {
+	sum    [32]byte
+	client kubernetes.Interface
+	http   *http.Client
 }
 
 // hosted returns a client for the hosted cluster an Agent is bound to,
@@ -59,21 +68,29 @@ func (r *Reconciler) hosted(ctx context.Context, a *v1beta1.Agent) (kubernetes.I
 	sum := sha256.Sum256(raw)
 	r.clients.mu.Lock()
 	defer r.clients.mu.Unlock()
-	if c, ok := r.clients.m[sum]; ok {
-		return c, nil
+	cur, ok := r.clients.m[key]
+	if ok && cur.sum == sum {
+		return cur.client, nil
 	}
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(raw)
 	if err != nil {
 		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of HostedCluster %s is not a usable kubeconfig: %v", sk, key, err)}
 	}
 	cfg.Timeout = r.CallTimeout
-	c, err := kubernetes.NewForConfig(cfg)
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of HostedCluster %s is not a usable kubeconfig: %v", sk, key, err)}
+	}
+	c, err := kubernetes.NewForConfigAndClient(cfg, httpClient)
 	if err != nil {
 		return nil, err
 	}
-	if r.clients.m == nil {
-		r.clients.m = map[[32]byte]kubernetes.Interface{}
+	if ok {
+		cur.http.CloseIdleConnections()
 	}
-	r.clients.m[sum] = c
+	if r.clients.m == nil {
+		r.clients.m = map[client.ObjectKey]hostedClient{}
+	}
+	r.clients.m[key] = hostedClient{sum: sum, client: c, http: httpClient}
 	return c, nil
 }
