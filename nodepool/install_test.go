@@ -246,11 +246,13 @@ func TestInstallFaults(t *testing.T) {
 	np := e.nodePool("vcluster2", 4, map[string]string{"pool": "a"})
 	e.waitBound(np, 4)
 
-	// No user-data Secret yet: said, not guessed; no step.
-	in, err := hosts[1].Heartbeat()
-	require.NoError(t, err)
-	require.Empty(t, in.Steps)
+	// No user-data Secret yet: said, not guessed; no step. (Heartbeats go
+	// on: the cheaper checks, such as the disk image being downloaded,
+	// are reported first.)
 	e.waitAgent(hosts[1], "waiting for user-data", func(a *v1beta1.Agent) bool {
+		in, err := hosts[1].Heartbeat()
+		require.NoError(t, err)
+		require.Empty(t, in.Steps)
 		c := conditions.Find(a.Status.Conditions, v1beta1.InstalledCondition)
 		return c != nil && c.Reason == v1beta1.InstallationNotStartedReason && strings.Contains(c.Message, "has no user-data Secret in namespace "+e.hc.Namespace+"-vcluster2")
 	})

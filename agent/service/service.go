@@ -60,7 +60,7 @@ type Config struct {
 	// install). Without Ignition no host is given an installation.
 	Catalog  *osimage.Catalog
 	Settings discovery.Settings
-	Ignition func(ctx context.Context, a *v1beta1.Agent) (config string, ok bool, err error)
+	Ignition func(a *v1beta1.Agent) (fetch func(ctx context.Context) (string, error), ours bool)
 	Log      logr.Logger
 }
 

@@ -38,10 +38,11 @@ type Catalog interface {
 	DiskStatus(k osimage.Key) osimage.Status
 }
 
-// IgnitionFunc returns the config a bound Agent's installed OS boots with.
-// ok is false for Agents agentboot does not install (bound by someone
-// else); err says why an Agent it installs cannot have one yet.
-type IgnitionFunc func(ctx context.Context, a *v1beta1.Agent) (config string, ok bool, err error)
+// IgnitionFunc says, without reading anything, whether agentboot installs
+// a bound Agent (ours false: bound by someone else), and returns how to
+// fetch the config its installed OS boots with; the fetch's error says why
+// it cannot have one yet.
+type IgnitionFunc func(a *v1beta1.Agent) (fetch func(ctx context.Context) (string, error), ours bool)
 
 // Steps implements api.Steps.
 type Steps struct {
@@ -66,14 +67,14 @@ func (s *Steps) Next(ctx context.Context, ref *api.AgentRef) ([]agentapi.Step, e
 	if a.Spec.ClusterDeploymentName == nil || !a.Spec.Approved || a.Status.Progress.CurrentStage != "" {
 		return nil, nil
 	}
-	ign, ours, err := s.Ignition(ctx, a)
+	fetch, ours := s.Ignition(a)
 	if !ours {
-		return nil, err
+		return nil, nil
 	}
-	var step *agentapi.InstallStep
-	var disk v1beta1.HostDisk
+	// The cheap checks first: fetching the config reads the apiserver.
+	step, disk, err := s.installStep(ref)
 	if err == nil {
-		step, disk, err = s.installStep(ref, ign)
+		step.Ignition, err = fetch(ctx)
 	}
 	if err != nil {
 		return nil, s.block(ctx, a, err.Error())
@@ -91,8 +92,9 @@ func (s *Steps) Next(ctx context.Context, ref *api.AgentRef) ([]agentapi.Step, e
 	return []agentapi.Step{{ID: InstallStepID, Kind: agentapi.StepInstall, Install: step}}, nil
 }
 
-// installStep assembles the step: the disk, the OS disk image, the config.
-func (s *Steps) installStep(ref *api.AgentRef, ignition string) (*agentapi.InstallStep, v1beta1.HostDisk, error) {
+// installStep assembles the step but its config: the disk, the OS disk
+// image.
+func (s *Steps) installStep(ref *api.AgentRef) (*agentapi.InstallStep, v1beta1.HostDisk, error) {
 	a := ref.Agent
 	if !conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) {
 		return nil, v1beta1.HostDisk{}, errors.New("waiting for the host's validations to pass")
@@ -117,7 +119,6 @@ func (s *Steps) installStep(ref *api.AgentRef, ignition string) (*agentapi.Insta
 		DiskPath:    disk.Path,
 		ImageURL:    discovery.DiskImageURL(s.Settings, k),
 		ImageSHA256: st.Image.SHA256,
-		Ignition:    ignition,
 	}, disk, nil
 }
 
