@@ -340,4 +340,14 @@ func TestManagerKilledMidBinding(t *testing.T) {
 		require.Equal(t, v1beta1.AgentRoleWorker, a.Spec.Role)
 	}
 	require.True(t, names[first[0].Name], "the Agent bound before the kill stays bound")
+
+	// The stack runs with NodePools off: its agent API hands bound hosts
+	// no installation, and says nothing about one.
+	h := e.Register(t, e.ie, 1)
+	in, err := h.Heartbeat()
+	require.NoError(t, err)
+	require.Empty(t, in.Steps)
+	a := e.agent(h)
+	require.NotNil(t, a.Spec.ClusterDeploymentName)
+	require.Empty(t, a.Status.Progress.ProgressInfo, "NodePools off, yet the install step was considered")
 }

@@ -136,8 +136,11 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 	}
 	agentCfg.Keys, agentCfg.Namespace, agentCfg.Log = keys, c.Namespace, log.WithName("agent-api")
 	// Hosts the NodePool binder bound install the catalog's disk image with
-	// their NodePool's user-data.
-	agentCfg.Catalog, agentCfg.Settings, agentCfg.Ignition = c.Catalog, c.Settings, nodepool.Ignition(mgr.GetAPIReader())
+	// their NodePool's user-data, unless NodePools are left alone.
+	agentCfg.Catalog, agentCfg.Settings = c.Catalog, c.Settings
+	if !c.NodePool.Off {
+		agentCfg.Ignition = nodepool.Ignition(mgr.GetAPIReader())
+	}
 	if c.Controllers {
 		if err := infraenvcontroller.SetupWithManager(mgr, infraenvcontroller.Config{
 			Catalog: c.Catalog, Keys: keys, Settings: c.Settings, Log: log.WithName("infraenv"),
