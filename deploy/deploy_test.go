@@ -20,13 +20,11 @@ import (
 // The kustomize base must be accepted by a real apiserver: schemas, RBAC
 // (which the apiserver checks for escalation) and pod security.
 func TestKustomizeBaseServerDryRun(t *testing.T) {
-	env, err := testenv.Start(testenv.Options{NoCRDs: true})
-	require.NoError(t, err)
-	defer env.Stop()
+	env := testenv.StartT(t, testenv.Options{NoCRDs: true})
 	ctx := context.Background()
 
 	// A server-side dry run cannot create the namespace its objects live in.
-	_, err = env.Kubectl(ctx, "", "create", "namespace", "agentboot-system", "--save-config")
+	_, err := env.Kubectl(ctx, "", "create", "namespace", "agentboot-system", "--save-config")
 	require.NoError(t, err)
 
 	out, stderr, err := env.KubectlWithStderr(ctx, "", "apply", "--dry-run=server", "-k", testenv.RepoRoot()+"/deploy")

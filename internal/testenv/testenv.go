@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -85,6 +86,18 @@ func Start(opts Options) (*Env, error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+// StartT is Start for one test: it fails t when the control plane cannot
+// start and stops it when t ends.
+func StartT(t testing.TB, opts Options) *Env {
+	t.Helper()
+	e, err := Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop() })
+	return e
 }
 
 func (e *Env) setup() error {

@@ -41,13 +41,11 @@ type Cluster struct {
 // Start starts the hosted cluster's apiserver for the duration of t.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
-	env, err := testenv.Start(testenv.Options{NoCRDs: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartT(t, testenv.Options{NoCRDs: true})
 	c := &Cluster{Env: env, Admin: kubernetes.NewForConfigOrDie(env.Config)}
 	// Kubelets (bootstrapping or not) may ask for certificates, as in a
 	// real cluster.
-	_, err = c.Admin.RbacV1().ClusterRoleBindings().Create(context.Background(), &rbacv1.ClusterRoleBinding{
+	_, err := c.Admin.RbacV1().ClusterRoleBindings().Create(context.Background(), &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "kubelets-request-certificates"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:node-bootstrapper"},
 		Subjects:   []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: "system:authenticated"}},

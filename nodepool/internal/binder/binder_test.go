@@ -20,9 +20,7 @@ import (
 // Agent another replica bound to it, leaves that Agent bound; once the
 // NodePool is really gone, its Agents go back to the pool.
 func TestLateCacheDoesNotReleaseAgents(t *testing.T) {
-	env, err := testenv.Start(testenv.Options{HyperShift: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartT(t, testenv.Options{HyperShift: true})
 	ctx := context.Background()
 	for _, ns := range []string{"agents", "clusters"} {
 		require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))

@@ -18,9 +18,7 @@ import (
 // One client per HostedCluster: reused while its kubeconfig is unchanged,
 // replaced (not added to) when it rotates.
 func TestHostedClientPerCluster(t *testing.T) {
-	env, err := testenv.Start(testenv.Options{HyperShift: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartT(t, testenv.Options{HyperShift: true})
 	ctx := context.Background()
 	require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "clusters"}}))
 	kc, err := os.ReadFile(env.Kubeconfig)

@@ -23,9 +23,7 @@ import (
 // watch event reaches the controller before the Agent reaches the cache.
 // The Lease survives that; it goes only with the Agent.
 func TestLeaseOutlivesALaggingCache(t *testing.T) {
-	env, err := testenv.Start(testenv.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartT(t, testenv.Options{})
 	ctx := context.Background()
 	for _, ns := range []string{"agents", "agentboot-system"} {
 		require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))

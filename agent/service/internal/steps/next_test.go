@@ -23,9 +23,7 @@ import (
 // which reads Secrets from the apiserver; Agents bound by someone else
 // are left alone.
 func TestNextChecksCheapReasonsFirst(t *testing.T) {
-	env, err := testenv.Start(testenv.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartT(t, testenv.Options{})
 	ctx := context.Background()
 	require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "agents"}}))
 	a := &v1beta1.Agent{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "00000000-0000-4000-8000-000000000001"},
