@@ -141,7 +141,7 @@ func TestLabNodePool(t *testing.T) {
 		for i, h := range hosts {
 			a := h.get(t)
 			if a.Annotations["agentboot.io/release"] != "" || a.Spec.ClusterDeploymentName == nil {
-				released, kept = h, hosts[1-i]
+				released, kept, releasedAt = h, hosts[1-i], time.Now()
 				return true
 			}
 		}
@@ -149,11 +149,8 @@ func TestLabNodePool(t *testing.T) {
 	}, 2*time.Minute, time.Second, "scaling to 1 released no host")
 	released.wait(t, "unbound and rebooting into discovery", 3*time.Minute, func(a *v1beta1.Agent) bool {
 		c := conditions.Find(a.Status.Conditions, v1beta1.BoundCondition)
-		if a.Spec.ClusterDeploymentName == nil && (a.Status.DebugInfo.State == "unbinding" || c != nil && c.Reason == v1beta1.UnbindingReason) {
-			releasedAt = time.Now()
-			return true
-		}
-		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == "known-unbound"
+		unbinding := a.Status.DebugInfo.State == "unbinding" || c != nil && c.Reason == v1beta1.UnbindingReason
+		return a.Spec.ClusterDeploymentName == nil && (unbinding || a.Status.DebugInfo.State == "known-unbound")
 	})
 	getAgents(t, ie.Namespace, "one released", `\s+true\s+auto-assign\b`, released)
 	_, err = cluster.Admin.CoreV1().Nodes().Get(ctx, strings.ToLower(released.get(t).Spec.Hostname), metav1.GetOptions{})
@@ -161,7 +158,7 @@ func TestLabNodePool(t *testing.T) {
 	released.wait(t, "back in the free pool", bootTimeout, func(a *v1beta1.Agent) bool {
 		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == "known-unbound" && a.Status.Progress.CurrentStage == ""
 	})
-	t.Logf("released host back in the pool %s after it was unbound", time.Since(releasedAt).Round(time.Second))
+	t.Logf("released host back in the pool %s after the scale-down released it", time.Since(releasedAt).Round(time.Second))
 	require.GreaterOrEqual(t, strings.Count(strings.Join(released.sim.Events(), "\n"), "power on cdrom"), 2,
 		"the BMC booted the released host from the discovery ISO again: %v", released.sim.Events())
 	kept.wait(t, "still done", time.Second, func(a *v1beta1.Agent) bool {
