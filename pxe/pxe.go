@@ -121,8 +121,18 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, reg: prometheus.NewRegistry()}
 	files := []string{cfg.BIOSBinary, cfg.EFIBinary, cfg.ARM64Binary}
-	var err error
-	if s.tftp, err = tftpd.New(tftpd.Config{Dir: cfg.TFTPDir, Files: files, SinglePort: cfg.TFTPSinglePort, Log: cfg.Log.WithName("tftp"), Registerer: s.reg}); err != nil {
+	ifi, err := net.InterfaceByName(cfg.Interface)
+	if err != nil {
+		return nil, fmt.Errorf("pxe: interface %s: %w", cfg.Interface, err)
+	}
+	tcfg := tftpd.Config{Dir: cfg.TFTPDir, Files: files, SinglePort: cfg.TFTPSinglePort, Log: cfg.Log.WithName("tftp"), Registerer: s.reg}
+	// A DATA packet is the block plus 4 bytes of TFTP, 8 of UDP and 20 of
+	// IP headers; a block that fits the MTU is never fragmented, which
+	// firmware TFTP clients may not reassemble.
+	if b := min(ifi.MTU-32, 65464); b > 512 {
+		tcfg.MaxBlockSize = b
+	}
+	if s.tftp, err = tftpd.New(tcfg); err != nil {
 		return nil, err
 	}
 	dcfg := dhcp.Config{

@@ -3,6 +3,7 @@ package pxe
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -52,7 +53,7 @@ func freeAddr(t testing.TB, network string) string {
 
 // startTFTPAndHTTP runs the service with DHCP on a throwaway loopback socket
 // (binding port 67 needs root; the VM lab covers it).
-func startServer(t *testing.T, mode Mode) (*Server, string, string) {
+func startServer(t *testing.T, mode Mode, options ...func(*Config)) (*Server, string, string) {
 	t.Helper()
 	dir, _ := binaries(t)
 	tftpAddr, httpAddr := freeAddr(t, "udp"), freeAddr(t, "tcp")
@@ -66,6 +67,9 @@ func startServer(t *testing.T, mode Mode) (*Server, string, string) {
 		cfg.ServerIP, cfg.PrefixLen = netip.MustParseAddr("198.18.0.1"), 24
 		cfg.PoolStart, cfg.PoolEnd = netip.MustParseAddr("198.18.0.100"), netip.MustParseAddr("198.18.0.110")
 		cfg.LeaseFile = filepath.Join(t.TempDir(), "leases.json")
+	}
+	for _, o := range options {
+		o(&cfg)
 	}
 	s, err := New(cfg)
 	require.NoError(t, err)
@@ -87,7 +91,15 @@ func startServer(t *testing.T, mode Mode) (*Server, string, string) {
 }
 
 func TestTFTP(t *testing.T) {
-	_, addr, _ := startServer(t, ProxyDHCP)
+	for _, singlePort := range []bool{false, true} {
+		t.Run(fmt.Sprintf("single-port=%v", singlePort), func(t *testing.T) {
+			_, addr, _ := startServer(t, ProxyDHCP, func(c *Config) { c.TFTPSinglePort = singlePort })
+			testTFTP(t, addr)
+		})
+	}
+}
+
+func testTFTP(t *testing.T, addr string) {
 	_, files := binaries(t)
 	for name, want := range files {
 		for _, blksize := range []int{512, 1468, 8192} {

@@ -37,7 +37,7 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&p.bootScriptURL, prefix+"boot-script-url", "", "the image service's plain-HTTP boot script, e.g. http://images.example:8080/boot.ipxe (iPXE gets it with ?mac=)")
 	fs.StringVar(&p.tftpDir, prefix+"tftp-dir", "/usr/lib/ipxe", "directory with the iPXE binaries (Debian's ipxe package)")
 	fs.StringVar(&p.tftpAddr, prefix+"tftp-addr", ":69", "TFTP listen address")
-	fs.BoolVar(&p.tftpSinglePort, prefix+"tftp-single-port", false, "serve every TFTP transfer from the listen port, about ten times slower (only for firewalls and NAT that pass nothing but port 69)")
+	fs.BoolVar(&p.tftpSinglePort, prefix+"tftp-single-port", false, "serve every TFTP transfer from the listen port instead of a port per transfer (for firewalls and NAT that pass nothing but port 69)")
 	fs.StringVar(&p.httpAddr, prefix+"http-addr", ":8070", "HTTP listen address: iPXE binaries for UEFI HTTP boot under /ipxe/, /metrics, /healthz")
 	fs.StringVar(&p.biosBinary, prefix+"bios-binary", "undionly.kpxe", "iPXE binary for BIOS PXE clients")
 	fs.StringVar(&p.efiBinary, prefix+"efi-binary", "ipxe.efi", "iPXE binary for x86-64 UEFI clients (ipxe.efi, or snponly.efi to use the firmware's network driver)")

@@ -27,12 +27,17 @@ type Config struct {
 	Files []string
 	// Timeout per round trip; a transfer whose client stops answering ends.
 	Timeout time.Duration
-	// SinglePort serves every transfer from the listening socket (slower,
-	// but works where new sockets cannot be opened, such as a listener
-	// inside another network namespace).
+	// SinglePort serves every transfer from the listening socket instead of
+	// a new socket (and port) per transfer, for firewalls that pass only
+	// port 69 and for listeners handed over from another network namespace.
 	SinglePort bool
-	Log        logr.Logger
-	Registerer prometheus.Registerer
+	// MaxBlockSize caps the negotiated blksize: the boot network's MTU less
+	// the IP, UDP and TFTP headers, so no block is fragmented. 0 leaves
+	// pin/tftp's own cap (the receiving interface's MTU less 28) with
+	// per-transfer sockets and 512 in single-port mode.
+	MaxBlockSize int
+	Log          logr.Logger
+	Registerer   prometheus.Registerer
 }
 
 // Server is a TFTP server.
@@ -85,6 +90,15 @@ func New(cfg Config) (*Server, error) {
 	s.srv.SetRetries(5)
 	if cfg.SinglePort {
 		s.srv.EnableSinglePort()
+		// portConn (see Serve) leaves pin/tftp no interface to derive a
+		// cap from: MaxBlockSize is the cap.
+		s.srv.SetBlockSizeNegotiation(false)
+	}
+	if cfg.MaxBlockSize != 0 {
+		if cfg.MaxBlockSize <= 512 || cfg.MaxBlockSize > 65464 {
+			return nil, fmt.Errorf("TFTP: maximum block size %d is outside 513–65464", cfg.MaxBlockSize)
+		}
+		s.srv.SetBlockSize(cfg.MaxBlockSize)
 	}
 	return s, nil
 }
@@ -164,7 +178,16 @@ func sanitize(s string) string {
 }
 
 // Serve serves on conn until Shutdown.
-func (s *Server) Serve(conn net.PacketConn) error { return s.srv.Serve(conn) }
+func (s *Server) Serve(conn net.PacketConn) error {
+	if u, ok := conn.(*net.UDPConn); ok && s.cfg.SinglePort {
+		pc, err := newPortConn(u)
+		if err != nil {
+			return fmt.Errorf("TFTP: %w", err)
+		}
+		conn = pc
+	}
+	return s.srv.Serve(conn)
+}
 
 // Shutdown stops the server.
 func (s *Server) Shutdown() { s.srv.Shutdown() }

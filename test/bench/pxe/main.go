@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -66,6 +67,7 @@ func main() {
 	flag.StringVar(&o.tftpClients, "tftp-clients", "1,8", "concurrent TFTP transfers")
 	flag.IntVar(&o.realRuns, "real-client-runs", 20, "runs of tftp-hpa and udhcpc against each server")
 	flag.StringVar(&o.only, "only", "", "run only dhcp, tftp or real (clients)")
+	flag.BoolVar(&o.tftpSinglePort, "tftp-single-port", false, "run both TFTP servers in single-port mode (every transfer on port 69)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-pxe:", err)
@@ -81,6 +83,8 @@ type options struct {
 	tftpClients string
 	realRuns    int
 	only        string
+	// tftpSinglePort runs both TFTP servers with every transfer on port 69.
+	tftpSinglePort bool
 }
 
 // lab is the two namespaces and what runs in them.
@@ -89,6 +93,7 @@ type lab struct {
 	dir            string
 	agentboot      string
 	self           string
+	tftpSinglePort bool
 }
 
 func run(o options) error {
@@ -105,7 +110,7 @@ func run(o options) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	l := &lab{dir: dir, agentboot: filepath.Join(dir, "agentboot")}
+	l := &lab{dir: dir, agentboot: filepath.Join(dir, "agentboot"), tftpSinglePort: o.tftpSinglePort}
 	if l.self, err = os.Executable(); err != nil {
 		return err
 	}
@@ -199,7 +204,11 @@ func run(o options) error {
 				}
 			}
 			a, d := median(res["agentboot"]), median(res["dnsmasq"])
-			fmt.Printf("| TFTP %s, %s client(s), blksize 1468 | %.1f MB/s | %.1f MB/s | %.2f |\n", file, clients, a/1e6, d/1e6, a/d)
+			ports := ""
+			if o.tftpSinglePort {
+				ports = ", single port"
+			}
+			fmt.Printf("| TFTP %s, %s client(s), blksize 1468%s | %.1f MB/s | %.1f MB/s | %.2f |\n", file, clients, ports, a/1e6, d/1e6, a/d)
 		}
 	}
 	if o.only != "" && o.only != "real" {
@@ -216,6 +225,9 @@ func (l *lab) withServer(name, mode string, fn func() error) error {
 		args = []string{l.agentboot, "pxe", "--interface", "s0", "--mode", mode, "--log-format", "text",
 			"--boot-script-url", "http://" + serverIP + ":8080/boot.ipxe",
 			"--tftp-dir", tftpDir, "--tftp-addr", serverIP + ":69", "--http-addr", serverIP + ":8070"}
+		if l.tftpSinglePort {
+			args = append(args, "--tftp-single-port")
+		}
 		if mode == "authoritative" {
 			args = append(args, "--pool", "198.18.1.0-198.18.255.254", "--lease-file", filepath.Join(l.dir, "agentboot-leases.json"))
 		}
@@ -226,6 +238,13 @@ func (l *lab) withServer(name, mode string, fn func() error) error {
 		args = []string{"dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0", "--interface=s0", "--bind-interfaces",
 			"--enable-tftp", "--tftp-root=" + tftpDir, "--dhcp-leasefile=" + filepath.Join(l.dir, "dnsmasq.leases"), "--no-ping",
 			"--dhcp-lease-max=200000", "--quiet-dhcp", "--quiet-tftp"}
+		if l.tftpSinglePort {
+			// dnsmasq 2.90's single-port mode cannot send with
+			// --bind-interfaces ("failed to send packet: Network is
+			// unreachable"); the namespace has no other interface to
+			// keep it off.
+			args = slices.DeleteFunc(append(args, "--tftp-single-port"), func(a string) bool { return a == "--bind-interfaces" })
+		}
 		if mode == "proxy" {
 			args = append(args, "--dhcp-range=198.18.0.0,proxy,255.255.0.0", `--pxe-service=X86-64_EFI,"Network boot",ipxe.efi`)
 		} else {
@@ -305,7 +324,7 @@ func (l *lab) load(args ...string) (loadResult, error) {
 		return res, fmt.Errorf("%s printed %q: %w", args[0], out, err)
 	}
 	if res.Count == 0 {
-		return res, fmt.Errorf("%s: no answers", args[0])
+		return res, fmt.Errorf("%s: no answers (%d errors, the first: %s)", args[0], res.Errors, res.FirstError)
 	}
 	return res, nil
 }
