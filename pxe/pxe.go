@@ -125,13 +125,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pxe: interface %s: %w", cfg.Interface, err)
 	}
-	tcfg := tftpd.Config{Dir: cfg.TFTPDir, Files: files, SinglePort: cfg.TFTPSinglePort, Log: cfg.Log.WithName("tftp"), Registerer: s.reg}
-	// A DATA packet is the block plus 4 bytes of TFTP, 8 of UDP and 20 of
-	// IP headers; a block that fits the MTU is never fragmented, which
-	// firmware TFTP clients may not reassemble.
-	if b := min(ifi.MTU-32, 65464); b > 512 {
-		tcfg.MaxBlockSize = b
-	}
+	tcfg := tftpd.Config{Dir: cfg.TFTPDir, Files: files, SinglePort: cfg.TFTPSinglePort, MaxBlockSize: maxBlockSize(ifi.MTU),
+		Log: cfg.Log.WithName("tftp"), Registerer: s.reg}
 	if s.tftp, err = tftpd.New(tcfg); err != nil {
 		return nil, err
 	}
@@ -202,6 +197,17 @@ func port(addr string) string {
 		return addr
 	}
 	return p
+}
+
+// maxBlockSize is the largest TFTP block that fits an mtu: a DATA packet is
+// the block plus 4 bytes of TFTP, 8 of UDP and 20 of IP headers, and firmware
+// clients may not reassemble fragments. 0 (no cap beyond 512) when the MTU is
+// too small for more.
+func maxBlockSize(mtu int) int {
+	if b := min(mtu-32, 65464); b > 512 {
+		return b
+	}
+	return 0
 }
 
 // interfaceIPv4 returns want's prefix on the interface or, when want is

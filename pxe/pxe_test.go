@@ -131,6 +131,12 @@ func testTFTP(t *testing.T, addr string) {
 	require.Error(t, err, "read only")
 }
 
+func TestMaxBlockSize(t *testing.T) {
+	for mtu, want := range map[int]int{1500: 1468, 9000: 8968, 65536: 65464, 576: 544, 544: 0, 1280: 1248} {
+		require.Equal(t, want, maxBlockSize(mtu), "MTU %d", mtu)
+	}
+}
+
 // tftp-hpa, a real client, fetches a binary.
 func TestTFTPWithTFTPHPA(t *testing.T) {
 	if _, err := exec.LookPath("tftp"); err != nil {
