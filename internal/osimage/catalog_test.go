@@ -99,6 +99,16 @@ func TestLocalImageAndCacheReuse(t *testing.T) {
 	again, err := st.Image.Minimal()
 	require.NoError(t, err)
 	require.Same(t, min, again)
+	// The second catalog made or waited for the same one; neither
+	// clobbered the other's.
+	min2, err := st2.Image.Minimal()
+	require.NoError(t, err)
+	require.Equal(t, min.SHA256, min2.SHA256)
+	got, err := os.ReadDir(filepath.Dir(st.Image.Path))
+	require.NoError(t, err)
+	for _, e := range got {
+		require.NotContains(t, e.Name(), ".minimal-", "temporary file left behind")
+	}
 }
 
 func TestStreamMetadata(t *testing.T) {
@@ -233,8 +243,15 @@ func TestSubscribeSeesReady(t *testing.T) {
 	require.NoError(t, err)
 	ch := c.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = c.Start(ctx) }()
+	done := make(chan struct{})
+	go func() {
+		_ = c.Start(ctx)
+		close(done)
+	}()
+	defer func() {
+		cancel()
+		<-done // it logs to t until it returns
+	}()
 	deadline := time.After(60 * time.Second)
 	for {
 		select {

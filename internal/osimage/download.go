@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/agentboot/agentboot/internal/liveiso"
@@ -289,11 +290,42 @@ func writeJSONAtomic(p string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+"-*")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, p)
+	defer os.Remove(f.Name())
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), p)
+}
+
+// lockFile takes an exclusive lock on p, creating it, and waits for it
+// as long as another process or catalog holds it.
+func lockFile(p string) (unlock func(), err error) {
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", p, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // redactURL drops credentials and query strings from URLs in logs.
@@ -403,6 +435,14 @@ func (i *Image) makeMinimal() (*Image, error) {
 	}
 	p := filepath.Join(i.dir, "minimal.iso")
 	metaPath := filepath.Join(i.dir, "minimal.json")
+	// Another catalog on the same cache (a second process, or a restart
+	// overlapping the old one) may be making the same minimal ISO: one
+	// makes it, the others wait and then use it.
+	unlock, err := lockFile(filepath.Join(i.dir, ".minimal.lock"))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoMinimal, err)
+	}
+	defer unlock()
 	if meta, ok := readMeta(metaPath); ok && meta.URL == i.SHA256 {
 		if img, err := openImage(p, meta, i.dir); err == nil {
 			return img, nil

@@ -21,8 +21,12 @@ func makeMinimalISO(src, dst string) (cacheMeta, error) {
 	if err != nil {
 		return cacheMeta{}, fmt.Errorf("xorriso is not installed (Debian package xorriso)")
 	}
-	tmp := filepath.Join(filepath.Dir(dst), ".minimal.iso")
-	_ = os.Remove(tmp)
+	tf, err := os.CreateTemp(filepath.Dir(dst), ".minimal-*.iso")
+	if err != nil {
+		return cacheMeta{}, err
+	}
+	tmp := tf.Name()
+	tf.Close()
 	defer os.Remove(tmp)
 	out, err := exec.Command(xorriso, "-indev", src, "-outdev", tmp,
 		"-boot_image", "any", "replay",
