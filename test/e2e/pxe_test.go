@@ -253,9 +253,10 @@ func TestLabPXEAuthoritative(t *testing.T) {
 		}
 	}
 	require.Contains(t, addrs, reserved+"/24", "the reserved address")
-	data, err := os.ReadFile(leases)
+	// On disk as the lease file's journal line, which the next start folds
+	// into the lease file.
+	data, err := os.ReadFile(leases + ".journal")
 	require.NoError(t, err)
-	require.Contains(t, string(data), `"mac": "`+mac+`"`)
-	require.Contains(t, string(data), `"ip": "`+reserved+`"`)
+	require.Contains(t, string(data), `{"op":"ack","lease":{"mac":"`+mac+`","ip":"`+reserved+`"`)
 	require.Contains(t, theLab.Log("pxe-authoritative.out"), "type=ACK mac="+mac)
 }

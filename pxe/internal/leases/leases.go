@@ -1,10 +1,18 @@
 // Package leases allocates addresses for the authoritative DHCP server and
-// keeps every lease it acknowledged in a file, written before the
+// keeps every lease it acknowledged on disk, written before the
 // acknowledgement leaves, so that a restart never hands an address out
 // twice.
+//
+// The lease file is a JSON array of leases. Each acknowledgement or release
+// since it was written is a line appended to the journal next to it
+// (File+".journal") and synced: one sync per acknowledgement, where
+// rewriting the whole file took two and grew with the number of leases.
+// Open replays the journal and folds it into the file, and so does the DB
+// whenever the journal grows past twice the leases.
 package leases
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,6 +83,8 @@ type DB struct {
 	declined map[netip.Addr]time.Time
 	// sweepAt is the number of offers at which expired ones are dropped.
 	sweepAt int
+	// journalLines counts the changes appended since the last compaction.
+	journalLines int
 }
 
 // owner is the MAC an address is acked or offered to.
@@ -112,24 +122,37 @@ func Open(cfg Config) (*DB, error) {
 	if cfg.File == "" {
 		return db, nil
 	}
-	raw, err := os.ReadFile(cfg.File)
+	if err := db.load(); err != nil {
+		return nil, fmt.Errorf("lease file %s: %w", cfg.File, err)
+	}
+	if err := db.replay(); err != nil {
+		return nil, fmt.Errorf("lease journal %s: %w", db.journal(), err)
+	}
+	if err := db.compact(); err != nil {
+		return nil, err
+	}
+	return db, nil
+}
+
+// load reads the lease file, if there is one.
+func (db *DB) load() error {
+	raw, err := os.ReadFile(db.cfg.File)
 	if errors.Is(err, os.ErrNotExist) {
-		return db, nil
+		return nil
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var list []Lease
 	if err := json.Unmarshal(raw, &list); err != nil {
-		return nil, fmt.Errorf("lease file %s: %w", cfg.File, err)
+		return err
 	}
 	for i, l := range list {
-		hw, err := net.ParseMAC(l.MAC)
-		if err != nil || len(hw) != 6 || hw.String() != l.MAC || !l.IP.Is4() {
-			return nil, fmt.Errorf("lease file %s: entry %d (%q, %s) is not a MAC and an IPv4 address", cfg.File, i, l.MAC, l.IP)
+		if err := check(l); err != nil {
+			return fmt.Errorf("entry %d: %w", i, err)
 		}
 		if o := db.owner[l.IP]; o.acked != "" {
-			return nil, fmt.Errorf("lease file %s: %s is leased to both %s and %s", cfg.File, l.IP, o.acked, l.MAC)
+			return fmt.Errorf("%s is leased to both %s and %s", l.IP, o.acked, l.MAC)
 		}
 		if prev, dup := db.acked[l.MAC]; dup {
 			db.unown(prev.IP, func(o *owner) { o.acked = "" })
@@ -137,7 +160,16 @@ func Open(cfg Config) (*DB, error) {
 		db.acked[l.MAC] = l
 		db.own(l.IP, func(o *owner) { o.acked = l.MAC })
 	}
-	return db, nil
+	return nil
+}
+
+// check refuses a lease that is not a MAC and an IPv4 address.
+func check(l Lease) error {
+	hw, err := net.ParseMAC(l.MAC)
+	if err != nil || len(hw) != 6 || hw.String() != l.MAC || !l.IP.Is4() {
+		return fmt.Errorf("(%q, %s) is not a MAC and an IPv4 address", l.MAC, l.IP)
+	}
+	return nil
 }
 
 func (db *DB) own(ip netip.Addr, set func(*owner)) {
@@ -268,7 +300,7 @@ func (db *DB) Ack(mac string, ip netip.Addr, d time.Duration, hostname string) (
 	prev, had := db.acked[mac]
 	displaced, wasDisplaced := db.acked[db.owner[ip].acked]
 	db.setAcked(mac, l)
-	if err := db.persist(); err != nil {
+	if err := db.persist(entry{Op: opAck, Lease: l}); err != nil {
 		db.removeAcked(mac)
 		if had {
 			db.setAcked(mac, prev)
@@ -328,7 +360,7 @@ func (db *DB) dropAcked(mac string, ip netip.Addr) error {
 		return nil
 	}
 	db.removeAcked(mac)
-	if err := db.persist(); err != nil {
+	if err := db.persist(entry{Op: opDrop, Lease: Lease{MAC: mac, IP: ip}}); err != nil {
 		db.setAcked(mac, l)
 		return err
 	}
@@ -347,10 +379,99 @@ func (db *DB) Leases() []Lease {
 	return out
 }
 
-// persist writes the acknowledged leases (expired ones included: a
-// returning client gets its address back while nobody else took it)
-// atomically and durably.
-func (db *DB) persist() error {
+// entry is a line of the journal: a lease acknowledged, or dropped
+// (released or declined).
+type entry struct {
+	Op    string `json:"op"`
+	Lease Lease  `json:"lease"`
+}
+
+const (
+	opAck  = "ack"
+	opDrop = "drop"
+)
+
+func (db *DB) journal() string { return db.cfg.File + ".journal" }
+
+// persist appends a change to the journal and syncs it. A failed write is
+// cut off again, so the journal never holds half a line before a whole one.
+func (db *DB) persist(e entry) error {
+	if db.cfg.File == "" {
+		return nil
+	}
+	line, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	// Opened each time, not created: compact made it, and made its name
+	// durable in the directory.
+	f, err := os.OpenFile(db.journal(), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("lease journal: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("lease journal: %w", err)
+	}
+	if _, err = f.Write(append(line, '\n')); err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
+		_ = f.Truncate(st.Size())
+		return fmt.Errorf("lease journal %s: %w", db.journal(), err)
+	}
+	db.journalLines++
+	if db.journalLines > max(256, 2*len(db.acked)) {
+		// The change is on disk already; a fold that fails is tried
+		// again after the next change.
+		_ = db.compact()
+	}
+	return nil
+}
+
+// replay applies the journal's changes in order. A last line without its
+// newline is a write that never finished, whose acknowledgement was never
+// sent: it is ignored.
+func (db *DB) replay() error {
+	raw, err := os.ReadFile(db.journal())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	lines := bytes.Split(raw, []byte{'\n'})
+	for i, line := range lines[:len(lines)-1] { // the rest after the last newline is torn or empty
+		var e entry
+		dec := json.NewDecoder(bytes.NewReader(line))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&e); err != nil {
+			return fmt.Errorf("line %d: %w", i+1, err)
+		}
+		if err := check(e.Lease); err != nil {
+			return fmt.Errorf("line %d: %w", i+1, err)
+		}
+		switch e.Op {
+		case opAck:
+			db.setAcked(e.Lease.MAC, e.Lease)
+		case opDrop:
+			if cur, ok := db.acked[e.Lease.MAC]; ok && cur.IP == e.Lease.IP {
+				db.removeAcked(e.Lease.MAC)
+			}
+		default:
+			return fmt.Errorf("line %d: operation %q: want ack or drop", i+1, e.Op)
+		}
+	}
+	return nil
+}
+
+// compact writes the acknowledged leases (expired ones included: a
+// returning client gets its address back while nobody else took it) to the
+// lease file, atomically and durably, then empties the journal. A crash in
+// between replays a journal whose changes the file holds already, which
+// changes nothing.
+func (db *DB) compact() error {
 	if db.cfg.File == "" {
 		return nil
 	}
@@ -363,5 +484,12 @@ func (db *DB) persist() error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(db.cfg.File, data, 0o644)
+	if err := atomicfile.Write(db.cfg.File, data, 0o644); err != nil {
+		return fmt.Errorf("lease file: %w", err)
+	}
+	if err := atomicfile.Write(db.journal(), nil, 0o644); err != nil {
+		return fmt.Errorf("lease journal: %w", err)
+	}
+	db.journalLines = 0
+	return nil
 }

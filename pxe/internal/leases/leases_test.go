@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
 	"os"
@@ -143,12 +144,103 @@ func TestBadInput(t *testing.T) {
 		_, err := Open(Config{Pool: pool, File: f})
 		require.ErrorContains(t, err, f, name)
 	}
-	// A lease file that cannot be written fails the ACK, and the lease is
-	// not granted (a directory in its place stops even root).
+	// A journal that cannot be written fails the ACK, and the lease is not
+	// granted (a directory in its place stops even root).
 	file := filepath.Join(dir, "leases.json")
 	db := open(t, Config{Pool: pool, File: file})
-	require.NoError(t, os.Mkdir(file, 0o755))
+	require.NoError(t, os.Remove(file+".journal"))
+	require.NoError(t, os.Mkdir(file+".journal", 0o755))
 	_, err = db.Ack("52:54:00:00:00:01", a("198.18.0.2"), time.Hour, "")
-	require.Error(t, err)
+	require.ErrorContains(t, err, "lease journal")
 	require.Empty(t, db.Leases())
+
+	// A lease file that cannot be written is refused at start, not at the
+	// first ACK.
+	_, err = Open(Config{Pool: pool, File: filepath.Join(dir, "missing", "leases.json")})
+	require.ErrorContains(t, err, "lease file")
+}
+
+const (
+	mac1 = "52:54:00:00:00:01"
+	mac2 = "52:54:00:00:00:02"
+)
+
+// Acknowledgements and releases since the lease file was written are
+// replayed from the journal; a last line cut short by a crash is ignored,
+// a bad line anywhere else is refused with its number.
+func TestJournal(t *testing.T) {
+	pool := Pool{First: a("198.18.0.1"), Last: a("198.18.0.9")}
+	c := &clock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := Config{Pool: pool, File: filepath.Join(t.TempDir(), "leases.json"), Now: c.Now}
+	journal := cfg.File + ".journal"
+	db := open(t, cfg)
+	_, err := db.Ack(mac1, a("198.18.0.2"), time.Hour, "one")
+	require.NoError(t, err)
+	_, err = db.Ack(mac2, a("198.18.0.3"), time.Hour, "two")
+	require.NoError(t, err)
+	require.NoError(t, db.Release(mac1, a("198.18.0.2")))
+	raw, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	require.Equal(t, 3, bytes.Count(raw, []byte("\n")), "one line per change: %s", raw)
+	snapshot, err := os.ReadFile(cfg.File)
+	require.NoError(t, err)
+	require.JSONEq(t, "[]", string(snapshot), "the lease file is written when the journal is folded in")
+
+	// A crash in the middle of the next append.
+	require.NoError(t, os.WriteFile(journal, append(bytes.Clone(raw), `{"op":"ack","lease":{"mac":"52:54:00:00:00:0`...), 0o644))
+	db = open(t, cfg)
+	require.Equal(t, []Lease{{MAC: mac2, IP: a("198.18.0.3"), Expiry: c.now.Add(time.Hour), Hostname: "two"}}, db.Leases())
+	raw, err = os.ReadFile(journal)
+	require.NoError(t, err)
+	require.Empty(t, raw, "Open folds the journal into the lease file")
+
+	// A crash after the lease file was written but before the journal was
+	// emptied: replaying it again changes nothing.
+	_, err = db.Ack(mac1, a("198.18.0.4"), time.Hour, "one again")
+	require.NoError(t, err)
+	require.NoError(t, db.Release(mac2, a("198.18.0.3")))
+	raw, err = os.ReadFile(journal)
+	require.NoError(t, err)
+	db = open(t, cfg)
+	want := db.Leases()
+	require.Len(t, want, 1)
+	require.NoError(t, os.WriteFile(journal, raw, 0o644))
+	require.Equal(t, want, open(t, cfg).Leases())
+
+	// A drop names the address it dropped: one of another address (a
+	// hand-edited journal) leaves the lease alone.
+	require.NoError(t, os.WriteFile(journal, []byte(`{"op":"drop","lease":{"mac":"52:54:00:00:00:01","ip":"198.18.0.9"}}`+"\n"), 0o644))
+	require.Equal(t, want, open(t, cfg).Leases())
+
+	for name, line := range map[string]string{
+		"not JSON":      "{",
+		"unknown op":    `{"op":"grant","lease":{"mac":"52:54:00:00:00:01","ip":"198.18.0.2","expiry":"2026-01-01T00:00:00Z"}}`,
+		"bad MAC":       `{"op":"ack","lease":{"mac":"52-54-00-00-00-01","ip":"198.18.0.2","expiry":"2026-01-01T00:00:00Z"}}`,
+		"unknown field": `{"op":"ack","lease":{"mac":"52:54:00:00:00:01","ip":"198.18.0.2"},"extra":1}`,
+	} {
+		require.NoError(t, os.WriteFile(journal, []byte(line+"\n"+`{"op":"drop","lease":{"mac":"52:54:00:00:00:01","ip":"198.18.0.4"}}`+"\n"), 0o644))
+		_, err := Open(cfg)
+		require.ErrorContains(t, err, "lease journal "+journal+": line 1", name)
+	}
+}
+
+// The journal is folded into the lease file as it grows, so it stays
+// short however many changes there are.
+func TestJournalStaysShort(t *testing.T) {
+	c := &clock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := Config{Pool: Pool{First: a("198.18.0.1"), Last: a("198.18.0.9")}, File: filepath.Join(t.TempDir(), "leases.json"), Now: c.Now}
+	db := open(t, cfg)
+	for i := range 1000 {
+		ip := a(fmt.Sprintf("198.18.0.%d", 1+i%9))
+		_, err := db.Ack(mac1, ip, time.Hour, "")
+		require.NoError(t, err)
+		if i%2 == 0 {
+			require.NoError(t, db.Release(mac1, ip))
+		}
+	}
+	raw, err := os.ReadFile(cfg.File + ".journal")
+	require.NoError(t, err)
+	require.LessOrEqual(t, bytes.Count(raw, []byte("\n")), 256)
+	require.Equal(t, db.Leases(), open(t, cfg).Leases())
+	require.Equal(t, a("198.18.0.1"), db.Leases()[0].IP, "the last ACK (i=999) was of 198.18.0.1")
 }
