@@ -95,3 +95,6 @@ fuzz: dev-image ## every fuzz target for FUZZ_TIME (10s) each
 	go test -run XXX -fuzz FuzzInventory -fuzztime $(FUZZ_TIME) ./agent/service/internal/api/
 	go test -run XXX -fuzz FuzzDHCP -fuzztime $(FUZZ_TIME) ./pxe/
 	go test -run XXX -fuzz FuzzTFTPName -fuzztime $(FUZZ_TIME) ./pxe/
+	go test -run XXX -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZ_TIME) ./pxe/internal/tftpd/
+	go test -run XXX -fuzz '^FuzzTransferAcks$$' -fuzztime $(FUZZ_TIME) ./pxe/internal/tftpd/
+	go test -run XXX -fuzz '^FuzzServerPackets$$' -fuzztime $(FUZZ_TIME) ./pxe/internal/tftpd/

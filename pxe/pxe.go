@@ -287,7 +287,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("TFTP: listen %s: %w", s.cfg.TFTPAddr, err)
 	}
-	closers = append(closers, s.tftp.Shutdown)
+	closers = append(closers, func() { s.tftp.Shutdown(); tconn.Close() })
 	go func() { errs <- s.tftp.Serve(tconn) }()
 	hl, err := s.cfg.Listen("tcp", s.cfg.HTTPAddr)
 	if err != nil {

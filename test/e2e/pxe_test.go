@@ -94,6 +94,10 @@ func TestLabPXEProxy(t *testing.T) {
 		v := bootVMOn(t, "br0", vm.Options{Name: "pxe-uefi", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})
 		agentWithMAC(t, ie.Namespace, mac, v)
 		requireSerial(t, v, "NBP filename is ipxe.efi", "Filename: "+bootScriptURL()+"?mac="+mac)
+		// OVMF asks for windowsize 4 (RFC 7440): real firmware takes four
+		// blocks per acknowledgement from agentboot's TFTP server.
+		require.Regexp(t, `msg="TFTP transfer ended" logger=pxe/tftp client=\S+ file=ipxe.efi result=ok blksize=1468 windowsize=4 `,
+			theLab.Log("pxe-proxy.out"))
 	})
 	t.Run("bios-ipxe-rom", func(t *testing.T) {
 		t.Parallel()

@@ -1,12 +1,8 @@
-// Package tftpd serves the iPXE binaries over TFTP, read only, by name from
-// an allowlist: no paths, no directory listing, no uploads.
 package tftpd
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,7 +11,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/pin/tftp/v3"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -25,47 +20,104 @@ type Config struct {
 	Dir string
 	// Files are the names that may be fetched; others get an error packet.
 	Files []string
-	// Timeout per round trip; a transfer whose client stops answering ends.
+	// Timeout is how long a block waits for its acknowledgement before it
+	// is sent again (2 s; a client's timeout option overrides it), and
+	// Retries how often (5) before the transfer ends.
 	Timeout time.Duration
+	Retries int
 	// SinglePort serves every transfer from the listening socket instead of
 	// a new socket (and port) per transfer, for firewalls that pass only
 	// port 69 and for listeners handed over from another network namespace.
 	SinglePort bool
 	// MaxBlockSize caps the negotiated blksize: the boot network's MTU less
-	// the IP, UDP and TFTP headers, so no block is fragmented. 0 leaves
-	// pin/tftp's own cap (the receiving interface's MTU less 28) with
-	// per-transfer sockets and 512 in single-port mode.
+	// the IP, UDP and TFTP headers, so no block is fragmented. 0 caps it at
+	// 1468 (a 1500-byte MTU).
 	MaxBlockSize int
-	Log          logr.Logger
-	Registerer   prometheus.Registerer
+	// MaxTransfers caps concurrent transfers (1024), and
+	// MaxTransfersPerClient those of one client address (64); requests
+	// beyond them are dropped, so the client asks again later.
+	MaxTransfers, MaxTransfersPerClient int
+	Log                                 logr.Logger
+	Registerer                          prometheus.Registerer
 }
+
+// maxWindow caps the negotiated windowsize: 64 blocks of 1468 bytes fit a
+// socket's default send buffer, and the loop sends a window with one
+// system call.
+const maxWindow = 64
 
 // Server is a TFTP server.
 type Server struct {
-	cfg       Config
-	allowed   map[string]bool
-	srv       *tftp.Server
-	transfers *prometheus.CounterVec
-	bytes     prometheus.Counter
+	cfg     Config
+	allowed map[string]bool
+	m       metrics
 
 	// The binaries are small (tens of KiB to a few MiB) and sent block by
 	// block: serving them from memory saves a read per block.
 	mu    sync.Mutex
 	cache map[string]cached
+
+	// stop ends Serve's loop: see Serve and Shutdown.
+	stopMu   sync.Mutex
+	stopping bool
+	wake     func()
+	done     chan struct{}
 }
 
-// cached is a file's content as of its size and modification time; an
-// upgraded ipxe package is picked up at the next transfer.
+// cached is a file's content as of its size and modification time, checked
+// at most once a second: an upgraded ipxe package is picked up within a
+// second, and a busy server does not stat the file for every transfer.
 type cached struct {
-	data    []byte
-	size    int64
-	modTime time.Time
+	data, netascii []byte
+	size           int64
+	modTime        time.Time
+	checked        time.Time
 }
+
+// recheck is how long a file's cached content is served without a stat.
+const recheck = time.Second
+
+// metrics count transfers by outcome, bytes and dropped packets.
+type metrics struct {
+	transfers *prometheus.CounterVec
+	bytes     prometheus.Counter
+	dropped   *prometheus.CounterVec
+	resent    prometheus.Counter
+	active    prometheus.Gauge
+}
+
+// Transfer outcomes, the result label of agentboot_tftp_requests_total.
+const (
+	resultOK       = "ok"
+	resultNotFound = "not-found"
+	resultRefused  = "refused" // write requests, unsupported modes
+	resultAborted  = "aborted" // the client sent an error or went away
+	resultTimeout  = "timeout"
+	resultError    = "error" // the server could not read the file or open a socket
+)
 
 // New checks the configuration.
 func New(cfg Config) (*Server, error) {
 	if cfg.Timeout == 0 {
-		cfg.Timeout = 5 * time.Second
+		cfg.Timeout = 2 * time.Second
+	}
+	if cfg.Retries == 0 {
+		cfg.Retries = 5
+	}
+	if cfg.MaxTransfers == 0 {
+		cfg.MaxTransfers = 1024
+	}
+	if cfg.MaxTransfersPerClient == 0 {
+		cfg.MaxTransfersPerClient = 64
+	}
+	if cfg.MaxBlockSize == 0 {
+		cfg.MaxBlockSize = 1468
+	}
+	if cfg.MaxBlockSize <= 512 || cfg.MaxBlockSize > 65464 {
+		return nil, fmt.Errorf("TFTP: maximum block size %d is outside 513–65464", cfg.MaxBlockSize)
+	}
+	if cfg.Timeout < 0 || cfg.Retries < 0 || cfg.MaxTransfers < 0 || cfg.MaxTransfersPerClient < 0 {
+		return nil, errors.New("TFTP: timeout, retries and transfer limits must not be negative")
 	}
 	s := &Server{cfg: cfg, allowed: map[string]bool{}, cache: map[string]cached{}}
 	for _, f := range cfg.Files {
@@ -80,31 +132,18 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.allowed[f] = true
 	}
-	s.transfers = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentboot_tftp_requests_total", Help: "TFTP read requests, by outcome."}, []string{"result"})
-	s.bytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "agentboot_tftp_bytes_sent_total", Help: "Bytes sent over TFTP."})
+	s.m = metrics{
+		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentboot_tftp_requests_total", Help: "TFTP requests, by outcome."}, []string{"result"}),
+		bytes:     prometheus.NewCounter(prometheus.CounterOpts{Name: "agentboot_tftp_bytes_sent_total", Help: "Bytes of file content sent over TFTP, resends included."}),
+		dropped:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentboot_tftp_dropped_total", Help: "TFTP packets dropped unanswered, by reason."}, []string{"reason"}),
+		resent:    prometheus.NewCounter(prometheus.CounterOpts{Name: "agentboot_tftp_resent_total", Help: "TFTP packets sent again after a timeout."}),
+		active:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "agentboot_tftp_transfers", Help: "TFTP transfers in progress."}),
+	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(s.transfers, s.bytes)
-	}
-	s.srv = tftp.NewServer(s.read, nil)
-	s.srv.SetTimeout(cfg.Timeout)
-	s.srv.SetRetries(5)
-	if cfg.SinglePort {
-		s.srv.EnableSinglePort()
-		// portConn (see Serve) leaves pin/tftp no interface to derive a
-		// cap from: MaxBlockSize is the cap.
-		s.srv.SetBlockSizeNegotiation(false)
-	}
-	if cfg.MaxBlockSize != 0 {
-		if cfg.MaxBlockSize <= 512 || cfg.MaxBlockSize > 65464 {
-			return nil, fmt.Errorf("TFTP: maximum block size %d is outside 513–65464", cfg.MaxBlockSize)
-		}
-		s.srv.SetBlockSize(cfg.MaxBlockSize)
+		cfg.Registerer.MustRegister(s.m.transfers, s.m.bytes, s.m.dropped, s.m.resent, s.m.active)
 	}
 	return s, nil
 }
-
-// ErrNotAllowed is the answer to a name outside the allowlist.
-var ErrNotAllowed = errors.New("file not found")
 
 // Allowed reports whether a requested name may be served, and the plain name
 // to serve. Clients may ask with a leading slash.
@@ -113,55 +152,37 @@ func (s *Server) Allowed(requested string) (string, bool) {
 	return name, s.allowed[name]
 }
 
-// read answers one read request.
-func (s *Server) read(requested string, rf io.ReaderFrom) error {
-	name, ok := s.Allowed(requested)
-	if !ok {
-		s.transfers.WithLabelValues("not-found").Inc()
-		s.cfg.Log.V(1).Info("TFTP request refused", "file", sanitize(requested))
-		return ErrNotAllowed
-	}
-	data, err := s.content(name)
-	if err != nil {
-		s.transfers.WithLabelValues("error").Inc()
-		s.cfg.Log.Error(err, "TFTP: reading a served file")
-		return ErrNotAllowed
-	}
-	if ot, ok := rf.(tftp.OutgoingTransfer); ok {
-		ot.SetSize(int64(len(data))) // answers tsize
-	}
-	n, err := rf.ReadFrom(bytes.NewReader(data))
-	s.bytes.Add(float64(n))
-	if err != nil {
-		s.transfers.WithLabelValues("aborted").Inc()
-		return err
-	}
-	s.transfers.WithLabelValues("ok").Inc()
-	return nil
-}
-
 // content returns name's current content, from memory unless the file
-// changed.
-func (s *Server) content(name string) ([]byte, error) {
-	path := filepath.Join(s.cfg.Dir, name)
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
+// changed, in netascii form when asked.
+func (s *Server) content(name string, netascii bool, now time.Time) ([]byte, error) {
 	s.mu.Lock()
 	c, ok := s.cache[name]
 	s.mu.Unlock()
-	if ok && c.size == st.Size() && c.modTime.Equal(st.ModTime()) {
-		return c.data, nil
+	if !ok || now.Sub(c.checked) >= recheck {
+		path := filepath.Join(s.cfg.Dir, name)
+		st, err := os.Stat(path)
+		if err != nil {
+			return nil, err
+		}
+		if !ok || c.size != st.Size() || !c.modTime.Equal(st.ModTime()) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return nil, err
+			}
+			c = cached{data: data, size: int64(len(data)), modTime: st.ModTime()}
+		}
+		c.checked = now
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
+	if netascii && c.netascii == nil {
+		c.netascii = toNetascii(c.data)
 	}
 	s.mu.Lock()
-	s.cache[name] = cached{data: data, size: int64(len(data)), modTime: st.ModTime()}
+	s.cache[name] = c
 	s.mu.Unlock()
-	return data, nil
+	if netascii {
+		return c.netascii, nil
+	}
+	return c.data, nil
 }
 
 // sanitize keeps logged names printable and short.
@@ -177,17 +198,34 @@ func sanitize(s string) string {
 	}, s)
 }
 
-// Serve serves on conn until Shutdown.
+// Serve serves on conn, a UDP socket, until Shutdown; conn stays open and
+// is the caller's to close.
 func (s *Server) Serve(conn net.PacketConn) error {
-	if u, ok := conn.(*net.UDPConn); ok && s.cfg.SinglePort {
-		pc, err := newPortConn(u)
-		if err != nil {
-			return fmt.Errorf("TFTP: %w", err)
-		}
-		conn = pc
+	s.stopMu.Lock()
+	if s.stopping {
+		s.stopMu.Unlock()
+		return nil
 	}
-	return s.srv.Serve(conn)
+	l, err := newLoop(s, conn)
+	if err != nil {
+		s.stopMu.Unlock()
+		return fmt.Errorf("TFTP: %w", err)
+	}
+	s.wake, s.done = l.wakeUp, make(chan struct{})
+	s.stopMu.Unlock()
+	defer close(s.done)
+	return l.run()
 }
 
-// Shutdown stops the server.
-func (s *Server) Shutdown() { s.srv.Shutdown() }
+// Shutdown ends Serve: transfers in progress get an error packet. It
+// returns once Serve's sockets are closed.
+func (s *Server) Shutdown() {
+	s.stopMu.Lock()
+	s.stopping = true
+	wake, done := s.wake, s.done
+	s.stopMu.Unlock()
+	if wake != nil {
+		wake()
+		<-done
+	}
+}
