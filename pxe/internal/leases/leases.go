@@ -85,6 +85,8 @@ type DB struct {
 	sweepAt int
 	// journalLines counts the changes appended since the last compaction.
 	journalLines int
+	// torn is set when a failed append could not be cut off again.
+	torn bool
 }
 
 // owner is the MAC an address is acked or offered to.
@@ -399,6 +401,16 @@ func (db *DB) persist(e entry) error {
 	if db.cfg.File == "" {
 		return nil
 	}
+	if db.torn {
+		// The journal may end in half a line, which the next line
+		// would be glued to: write all leases afresh instead (they
+		// include this change already), or acknowledge nothing.
+		if err := db.compact(); err != nil {
+			return err
+		}
+		db.torn = false
+		return nil
+	}
 	line, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -418,7 +430,9 @@ func (db *DB) persist(e entry) error {
 		err = f.Sync()
 	}
 	if err != nil {
-		_ = f.Truncate(st.Size())
+		if terr := f.Truncate(st.Size()); terr != nil {
+			db.torn = true
+		}
 		return fmt.Errorf("lease journal %s: %w", db.journal(), err)
 	}
 	db.journalLines++
@@ -448,6 +462,10 @@ func (db *DB) replay() error {
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&e); err != nil {
 			return fmt.Errorf("line %d: %w", i+1, err)
+		}
+		if rest := bytes.TrimSpace(line[dec.InputOffset():]); len(rest) > 0 {
+			// Two changes glued together, say: the second would be lost.
+			return fmt.Errorf("line %d: %d bytes after the change", i+1, len(rest))
 		}
 		if err := check(e.Lease); err != nil {
 			return fmt.Errorf("line %d: %w", i+1, err)

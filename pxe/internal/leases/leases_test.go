@@ -217,11 +217,38 @@ func TestJournal(t *testing.T) {
 		"unknown op":    `{"op":"grant","lease":{"mac":"52:54:00:00:00:01","ip":"198.18.0.2","expiry":"2026-01-01T00:00:00Z"}}`,
 		"bad MAC":       `{"op":"ack","lease":{"mac":"52-54-00-00-00-01","ip":"198.18.0.2","expiry":"2026-01-01T00:00:00Z"}}`,
 		"unknown field": `{"op":"ack","lease":{"mac":"52:54:00:00:00:01","ip":"198.18.0.2"},"extra":1}`,
+		"two glued":     `{"op":"drop","lease":{"mac":"52:54:00:00:00:01","ip":"198.18.0.4"}}{"op":"drop","lease":{"mac":"52:54:00:00:00:01","ip":"198.18.0.4"}}`,
 	} {
 		require.NoError(t, os.WriteFile(journal, []byte(line+"\n"+`{"op":"drop","lease":{"mac":"52:54:00:00:00:01","ip":"198.18.0.4"}}`+"\n"), 0o644))
 		_, err := Open(cfg)
 		require.ErrorContains(t, err, "lease journal "+journal+": line 1", name)
 	}
+}
+
+// After an append that failed and could not be cut off, the journal may
+// end in half a line: the next change is not glued to it but written with
+// every lease to a fresh lease file and journal.
+func TestTornJournalIsRewritten(t *testing.T) {
+	c := &clock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := Config{Pool: Pool{First: a("198.18.0.1"), Last: a("198.18.0.9")}, File: filepath.Join(t.TempDir(), "leases.json"), Now: c.Now}
+	db := open(t, cfg)
+	_, err := db.Ack(mac1, a("198.18.0.2"), time.Hour, "")
+	require.NoError(t, err)
+	f, err := os.OpenFile(cfg.File+".journal", os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"op":"ack","lease":{"mac":"52:54`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	db.torn = true
+	_, err = db.Ack(mac2, a("198.18.0.3"), time.Hour, "")
+	require.NoError(t, err)
+	raw, err := os.ReadFile(cfg.File + ".journal")
+	require.NoError(t, err)
+	require.Empty(t, raw, "folded into the lease file")
+	_, err = db.Ack(mac1, a("198.18.0.2"), 2*time.Hour, "")
+	require.NoError(t, err)
+	require.Equal(t, db.Leases(), open(t, cfg).Leases())
+	require.Len(t, db.Leases(), 2)
 }
 
 // The journal is folded into the lease file as it grows, so it stays
