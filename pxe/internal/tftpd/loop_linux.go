@@ -265,8 +265,8 @@ func (l *loop) readTransfer(x *xfer, now time.Time) {
 	n, err := rawRead(x.fd, l.buf)
 	switch {
 	case err == unix.EAGAIN || err == unix.EINTR:
-	case err == unix.ECONNREFUSED:
-		l.finish(x, resultAborted, "") // the client's port is closed: it gave up
+	case clientGone(err):
+		l.finish(x, resultAborted, "") // e.g. the client's port is closed: it gave up
 	case err != nil:
 		l.s.cfg.Log.Error(err, "TFTP: read from a transfer's socket", "client", x.peer.String())
 		l.finish(x, resultError, "")
@@ -289,8 +289,10 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		return
 	}
 	if x := l.byPeer[peer]; x != nil {
-		if !x.answered && x.requested == r.filename {
-			// The client asked again before our first answer reached it.
+		if !x.underway() && x.requested == r.filename {
+			// The client asked again before our first answer reached
+			// it; the acknowledgement of that answer, on the transfer's
+			// socket, may have been read first.
 			l.s.m.dropped.WithLabelValues("duplicate-request").Inc()
 			return
 		}
@@ -343,6 +345,7 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 	}
 	x := &xfer{transfer: newTransfer(data, neg.blksize, neg.windowsize, timeout, l.cfg.Retries, oack),
 		fd: -1, peer: peer, peerSA: rawSockaddr(peer), file: name, requested: r.filename, started: now}
+	x.probe = l.cfg.Timeout
 	if l.cfg.SinglePort {
 		x.control = pktinfo(dst)
 	} else if x.fd, err = l.openTransferSocket(dst, peer); err != nil {
@@ -438,7 +441,8 @@ func (l *loop) finish(x *xfer, result, msg string) {
 		if x.fd >= 0 {
 			_, _ = rawWrite(x.fd, appendError(nil, errUndefined, msg))
 		} else {
-			l.sendError(x.peer, netip.Addr{}, errUndefined, msg)
+			sa := x.peerSA
+			l.sendErrorTo(&sa, x.control, errUndefined, msg)
 		}
 	}
 	if x.fd >= 0 {
@@ -522,7 +526,7 @@ func (l *loop) sendBatch(b *txBatch, fd int, x *xfer) {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
-		case err == unix.ECONNREFUSED && x != nil:
+		case clientGone(err) && x != nil:
 			l.finish(x, resultAborted, "")
 		case x != nil:
 			l.s.cfg.Log.Error(err, "TFTP: send", "client", x.peer.String())
@@ -540,8 +544,26 @@ func (l *loop) sendBatch(b *txBatch, fd int, x *xfer) {
 // sendError answers a client from the listening socket.
 func (l *loop) sendError(peer netip.AddrPort, src netip.Addr, code uint16, msg string) {
 	sa := rawSockaddr(peer)
-	l.etx.addTo(&sa, pktinfo(src), appendError(nil, code, msg), nil)
+	l.sendErrorTo(&sa, pktinfo(src), code, msg)
+}
+
+// sendErrorTo answers from the listening socket, from the address control
+// names (none: the kernel's choice).
+func (l *loop) sendErrorTo(sa *unix.RawSockaddrInet4, control []byte, code uint16, msg string) {
+	l.etx.addTo(sa, control, appendError(nil, code, msg), nil)
 	l.sendBatch(&l.etx, l.listen, nil)
+}
+
+// clientGone tells whether a socket error says the client cannot be
+// reached any more: its port closed (ICMP port unreachable), or no route
+// or neighbour answers for it (a forged source address, say). That ends
+// its transfer as aborted; it is no fault of the server's.
+func clientGone(err error) bool {
+	switch err {
+	case unix.ECONNREFUSED, unix.EHOSTUNREACH, unix.ENETUNREACH, unix.EHOSTDOWN:
+		return true
+	}
+	return false
 }
 
 func (l *loop) close() {

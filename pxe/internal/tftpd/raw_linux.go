@@ -43,9 +43,11 @@ func rawEpollAdd(ep, fd int) error {
 	return errnoErr(e)
 }
 
-// rawEpollPoll returns the ready events without waiting.
+// rawEpollPoll returns the ready events without waiting. It is
+// epoll_pwait with no signal mask, as newer architectures (arm64) have no
+// epoll_wait.
 func rawEpollPoll(ep int, events []unix.EpollEvent) (int, error) {
-	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_WAIT, uintptr(ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
 	return int(n), errnoErr(e)
 }
 

@@ -381,6 +381,48 @@ func TestRepeatedRequestIsOneTransfer(t *testing.T) {
 }
 
 // An error packet from the client ends the transfer at once.
+// A request sent again before the first answer arrived may be read after
+// the acknowledgement of that answer (they come on different sockets): it
+// is still the same transfer, which goes on.
+func TestLateRepeatedRequestIsOneTransfer(t *testing.T) {
+	forBothModes(t, func(t *testing.T, singlePort bool) {
+		dir, want := files(t)
+		cfg := config(dir, singlePort)
+		cfg.Timeout = time.Hour
+		s, port := serve(t, cfg)
+		c := newRawClient(t)
+		c.send(localhost(port), rrq("ipxe.efi", "blksize", "1468"))
+		_, from := c.recv()
+		c.send(from, ack(0))
+		p, _ := c.recv()
+		require.Equal(t, want["ipxe.efi"][:1468], p[4:])
+		c.send(localhost(port), rrq("ipxe.efi", "blksize", "1468"))
+		waitFor(t, s.m.dropped.WithLabelValues("duplicate-request"), 1)
+		c.send(from, ack(1))
+		p, again := c.recv()
+		require.Equal(t, from.String(), again.String())
+		require.Equal(t, []byte{0, 3, 0, 2}, p[:4], "block 2 of the running transfer")
+		require.Equal(t, want["ipxe.efi"][1468:2*1468], p[4:])
+		require.Zero(t, counter(t, s.m.transfers.WithLabelValues(resultAborted)))
+	})
+}
+
+// A client's timeout option applies once it acknowledged something: a
+// request from a forged source asking for 255 s holds its transfer only
+// for the server's own retries.
+func TestClientTimeoutOnlyOnceAnswered(t *testing.T) {
+	forBothModes(t, func(t *testing.T, singlePort bool) {
+		dir, _ := files(t)
+		s, port := serve(t, config(dir, singlePort)) // 100 ms, 3 retries
+		c := newRawClient(t)
+		c.send(localhost(port), rrq("ipxe.efi", "timeout", "255"))
+		p, _ := c.recv()
+		require.Equal(t, "255", oack(t, p)["timeout"])
+		waitFor(t, s.m.transfers.WithLabelValues(resultTimeout), 1)
+		require.Equal(t, float64(3), counter(t, s.m.resent), "the OACK, every 100 ms")
+	})
+}
+
 func TestClientErrorEndsTransfer(t *testing.T) {
 	forBothModes(t, func(t *testing.T, singlePort bool) {
 		dir, _ := files(t)
@@ -560,11 +602,13 @@ func TestRequestFromSamePortStartsOver(t *testing.T) {
 		cfg.Timeout = time.Hour
 		s, port := serve(t, cfg)
 		c := newRawClient(t)
-		// Part of ipxe.efi, then the same request again.
+		// Two blocks of ipxe.efi acknowledged, then the same request again.
 		c.send(localhost(port), rrq("ipxe.efi", "blksize", "1468"))
 		_, from := c.recv()
-		c.send(from, ack(0))
-		c.recv() // block 1
+		for block := uint16(0); block <= 2; block++ {
+			c.send(from, ack(block))
+			c.recv() // block+1
+		}
 		require.Equal(t, want["ipxe.efi"], fetch(t, c, localhost(port), "ipxe.efi", 1468))
 		// Nothing of undionly.kpxe acknowledged, then another file.
 		c.send(localhost(port), rrq("undionly.kpxe", "blksize", "1468"))

@@ -18,6 +18,11 @@ type transfer struct {
 	blksize int
 	window  int // blocks sent per acknowledgement (RFC 7440); 1 is lock-step
 	timeout time.Duration
+	// probe is the wait before the client acknowledged anything: the
+	// client's timeout option applies once it proved it is there, so a
+	// request from a forged source holds its transfer for no longer than
+	// the server's own retries.
+	probe   time.Duration
 	retries int
 	oack    []byte // the option acknowledgement, nil when none was sent
 
@@ -39,7 +44,7 @@ type sendRange struct {
 func (r sendRange) empty() bool { return !r.oack && r.from > r.to }
 
 func newTransfer(data []byte, blksize, window int, timeout time.Duration, retries int, oack []byte) *transfer {
-	t := &transfer{data: data, blksize: blksize, window: window, timeout: timeout, retries: retries, oack: oack,
+	t := &transfer{data: data, blksize: blksize, window: window, timeout: timeout, probe: timeout, retries: retries, oack: oack,
 		nblocks: len(data)/blksize + 1}
 	if oack != nil {
 		t.acked = -1
@@ -49,12 +54,25 @@ func newTransfer(data []byte, blksize, window int, timeout time.Duration, retrie
 
 // begin is the first answer to the request: the OACK, or the first window.
 func (t *transfer) begin(now time.Time) sendRange {
-	t.deadline = now.Add(t.timeout)
+	t.deadline = now.Add(t.wait())
 	if t.acked < 0 {
 		return sendRange{oack: true}
 	}
 	return t.nextWindow()
 }
+
+// wait is how long to wait for an acknowledgement.
+func (t *transfer) wait() time.Duration {
+	if t.answered {
+		return t.timeout
+	}
+	return min(t.timeout, t.probe)
+}
+
+// underway tells whether the client acknowledged a block after the first
+// window: any request it sent again before our first answer reached it
+// has arrived by then, so a new request from it means it started over.
+func (t *transfer) underway() bool { return t.acked > t.window }
 
 // nextWindow is the window after the last acknowledged block.
 func (t *transfer) nextWindow() sendRange {
@@ -100,7 +118,7 @@ func (t *transfer) expire(now time.Time) (resend sendRange, failed bool) {
 		return sendRange{from: 1}, true
 	}
 	t.tries++
-	t.deadline = now.Add(t.timeout)
+	t.deadline = now.Add(t.wait())
 	if t.acked < 0 {
 		return sendRange{oack: true}, false
 	}
