@@ -121,7 +121,9 @@ func startDev(t *testing.T, args []string) *devRun {
 		once := sync.Once{}
 		for sc.Scan() {
 			fmt.Fprintln(r.output, sc.Text())
-			if strings.Contains(sc.Text(), "agentboot dev is up") {
+			// The last line of the "agentboot dev is up" message: the
+			// kubeconfig path is read by then.
+			if strings.Contains(sc.Text(), "Ctrl-C stops everything") {
 				once.Do(func() { close(r.ready) })
 			}
 		}
