@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentboot/agentboot/internal/atomicfile"
 	"github.com/agentboot/agentboot/internal/liveiso"
 )
 
@@ -290,22 +291,7 @@ func writeJSONAtomic(p string, v any) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(f.Name(), 0o644)
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), p)
+	return atomicfile.Write(p, data, 0o644)
 }
 
 // lockFile takes an exclusive lock on p, creating it, and waits for it
