@@ -20,7 +20,7 @@ func FuzzServerPackets(f *testing.F) {
 	f.Add([]byte{0, opACK, 0, 0})
 	f.Add([]byte{0, opERROR, 0, 0, 0})
 	f.Add([]byte{0, opDATA, 0, 1, 'x'})
-	dir, _ := files(&testing.T{})
+	dir, _ := files(f)
 	var servers []*net.UDPAddr
 	for _, singlePort := range []bool{false, true} {
 		cfg := config(dir, singlePort)

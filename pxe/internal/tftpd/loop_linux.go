@@ -76,7 +76,7 @@ type xfer struct {
 	control []byte // IP_PKTINFO naming the address to answer from, single-port mode
 	file    string
 	// requested is the name as the client sent it: a request repeated
-	// before any acknowledgement names it again.
+	// before the transfer is underway names it again.
 	requested string
 	started   time.Time
 	sentB     int64

@@ -22,12 +22,11 @@ const (
 
 // TFTP error codes (RFC 1350, RFC 2347).
 const (
-	errUndefined  = 0
-	errNotFound   = 1
-	errAccess     = 2
-	errIllegalOp  = 4
-	errUnknownTID = 5
-	errOptions    = 8
+	errUndefined = 0
+	errNotFound  = 1
+	errAccess    = 2
+	errIllegalOp = 4
+	errOptions   = 8
 )
 
 // request is a parsed read or write request.

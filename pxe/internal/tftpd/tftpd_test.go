@@ -146,7 +146,7 @@ func TestMaxBlockSizeOutOfRange(t *testing.T) {
 }
 
 // files writes the served files and returns the directory.
-func files(t *testing.T) (string, map[string][]byte) {
+func files(t testing.TB) (string, map[string][]byte) {
 	dir := t.TempDir()
 	want := map[string][]byte{"ipxe.efi": content(100_000), "undionly.kpxe": content(74213), "text.cfg": []byte("a\nb\rc\n")}
 	for name, data := range want {
