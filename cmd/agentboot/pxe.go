@@ -48,7 +48,7 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&p.dns, prefix+"dns", "", "authoritative mode: comma-separated DNS servers given to clients")
 	fs.DurationVar(&p.leaseTime, prefix+"lease-time", 12*time.Hour, "authoritative mode: lease duration")
 	fs.Var(&p.reservations, prefix+"reservation", "authoritative mode: MAC=IP, always give this MAC this address (repeatable)")
-	fs.StringVar(&p.leaseFile, prefix+"lease-file", "/var/lib/agentboot/pxe-leases.json", "authoritative mode: where leases are kept, written before each acknowledgement")
+	fs.StringVar(&p.leaseFile, prefix+"lease-file", "/var/lib/agentboot/pxe-leases.json", "authoritative mode: where leases are kept (and each change, before it is acknowledged, in this name plus .journal)")
 }
 
 // config turns the flags into the service's configuration; prefix names the
