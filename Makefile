@@ -40,12 +40,13 @@ generate: controller-gen ## deepcopy functions and CRDs from api/
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/agentinstall/... paths=./api/metal3/... output:crd:dir=deploy/crds
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/hypershift/... output:crd:dir=test/crds
+	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/hive/... paths=./api/hiveext/... output:crd:dir=deploy/components/hive-crds
 
 .PHONY: verify
 verify: generate ## gofmt, go vet, and generated files up to date
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
-	@git diff --exit-code -- api deploy/crds test/crds || { echo "generated files are stale: run make generate and commit"; exit 1; }
+	@git diff --exit-code -- api deploy/crds deploy/components test/crds || { echo "generated files are stale: run make generate and commit"; exit 1; }
 
 .PHONY: dev-image
 dev-image: ## the dev OS live ISO (from Debian packages; cached) in dist/dev-image

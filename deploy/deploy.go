@@ -12,13 +12,19 @@ import (
 	"sort"
 )
 
-//go:embed crds/*.yaml
+//go:embed crds/*.yaml components/hive-crds/*.yaml
 var crdFiles embed.FS
 
 // CRDs returns the CustomResourceDefinition manifests agentboot installs, one
 // YAML document per element, in a stable order.
-func CRDs() ([][]byte, error) {
-	names, err := fs.Glob(crdFiles, "crds/*.yaml")
+func CRDs() ([][]byte, error) { return files("crds/*.yaml") }
+
+// HiveCRDs returns the optional hive-crds component's CRDs
+// (ClusterDeployment, AgentClusterInstall), for clusters without hive.
+func HiveCRDs() ([][]byte, error) { return files("components/hive-crds/*_*.yaml") }
+
+func files(pattern string) ([][]byte, error) {
+	names, err := fs.Glob(crdFiles, pattern)
 	if err != nil {
 		return nil, err
 	}

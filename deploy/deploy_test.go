@@ -56,10 +56,7 @@ func TestRBACIsSufficient(t *testing.T) {
 	var admin *testenv.Env
 	s := stack.Start(t, stack.Options{Identities: func(env *testenv.Env) (*rest.Config, *rest.Config, error) {
 		admin = env
-		if _, err := env.Kubectl(ctx, "", "apply", "-k", testenv.RepoRoot()+"/deploy"); err != nil {
-			return nil, nil, err
-		}
-		return identity(ctx, env, "agentboot-manager"), identity(ctx, env, "agentboot-image-service"), nil
+		return stack.Deployed(env)
 	}})
 	ns := s.Namespace(t, "rbac")
 	ie := stack.NewInfraEnv(ns, "env")
@@ -91,13 +88,11 @@ func TestRBACIsSufficient(t *testing.T) {
 		return s.Client.Get(ctx, client.ObjectKey{Namespace: h.NS, Name: h.ID}, &a) == nil && a.Status.DebugInfo.State == "known-unbound"
 	}, 30*time.Second, 100*time.Millisecond)
 
-	// Least privilege: the image service may not list Secrets; the manager
-	// lists them only because HyperShift's user-data Secret names carry a
-	// hash it cannot know (it reads their metadata, then gets the one), and
-	// may not watch them.
+	// Least privilege: neither may list or watch Secrets; the manager reads
+	// the ones it needs by name.
 	checks := []struct{ verb, sa, want string }{
 		{"list", "agentboot-image-service", "no"},
-		{"list", "agentboot-manager", "yes"},
+		{"list", "agentboot-manager", "no"},
 		{"watch", "agentboot-manager", "no"},
 		{"watch", "agentboot-image-service", "no"},
 	}
@@ -107,15 +102,4 @@ func TestRBACIsSufficient(t *testing.T) {
 	}
 	out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "get", "secrets", "-n", ns, "--as=system:serviceaccount:agentboot-system:agentboot-image-service")
 	require.Equal(t, "no", strings.TrimSpace(out), "the image service never reads pull secrets")
-}
-
-// identity is a client configuration that authenticates as a ServiceAccount.
-func identity(ctx context.Context, env *testenv.Env, sa string) *rest.Config {
-	tok, err := env.Kubectl(ctx, "", "-n", "agentboot-system", "create", "token", sa)
-	if err != nil {
-		panic(err)
-	}
-	cfg := rest.AnonymousClientConfig(env.Config)
-	cfg.BearerToken = strings.TrimSpace(tok)
-	return cfg
 }

@@ -9,26 +9,24 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
-	"github.com/agentboot/agentboot/nodepool/internal/binder"
+	"github.com/agentboot/agentboot/nodepool/internal/shortfall"
 	"github.com/agentboot/agentboot/nodepool/internal/worker"
 )
 
 // Timeouts bound the waits of a bound host's installation and release.
 type Timeouts = worker.Timeouts
 
-// Config tunes the NodePool binder.
+// Config tunes the installation of bound Agents.
 type Config struct {
-	// Off leaves every NodePool alone: neither the binder nor the worker
-	// controller runs, as for sites where cluster-api-provider-agent
-	// serves all Agent-platform NodePools.
+	// Off hands out no installations and follows no bound host, for a
+	// manager that must leave Agents alone (another service installs them).
 	Off bool
-	// RetryAfter is how often a NodePool that cannot be served (no
-	// HostedCluster yet, too few Agents) is looked at again, besides the
-	// Agent changes that wake it (30s).
+	// RetryAfter is how often a NodePool whose machines wait for Agents is
+	// explained again (30s).
 	RetryAfter time.Duration
-	// Timeouts bound each wait of a bound host's installation and release;
-	// zero values take the defaults (install 20m without a report, join 30m,
-	// Ready 20m, drain 10m).
+	// Timeouts bound each wait of a bound host's installation; zero values
+	// take the defaults (install 20m without a report, join 30m, Ready
+	// 20m).
 	Timeouts Timeouts
 	// Poll is how often a hosted cluster is looked at for a joining or
 	// draining host (10s).
@@ -36,35 +34,36 @@ type Config struct {
 	Log  logr.Logger
 }
 
-// SetupWithManager adds the binder to mgr when HyperShift's NodePool kind
-// exists in the cluster; without it there is nothing to bind, and the
-// manager must be restarted after HyperShift is installed.
+// SetupWithManager adds the worker controller, which follows bound hosts
+// into their hosted clusters, and, when HyperShift's NodePool kind exists,
+// the controller that explains NodePool shortfalls (restart the manager
+// after installing HyperShift).
 func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	if cfg.Off {
-		cfg.Log.Info("NodePool binding is off (--nodepools=false)")
+		cfg.Log.Info("installing bound Agents is off (--nodepools=false)")
 		return nil
 	}
-	gk := hypershift.GroupVersion.WithKind("NodePool").GroupKind()
-	if _, err := mgr.GetRESTMapper().RESTMapping(gk, hypershift.GroupVersion.Version); err != nil {
-		if meta.IsNoMatchError(err) {
-			cfg.Log.Info("HyperShift's NodePool kind is not installed; the NodePool binder is off until the manager restarts with it")
-			return nil
-		}
-		return fmt.Errorf("look up the NodePool kind: %w", err)
-	}
-	if err := (&binder.Reconciler{
-		Client:     mgr.GetClient(),
-		APIReader:  mgr.GetAPIReader(),
-		Events:     mgr.GetEventRecorder("agentboot-nodepool-binder"),
-		RetryAfter: cfg.RetryAfter,
-	}).SetupWithManager(mgr); err != nil {
-		return err
-	}
-	return (&worker.Reconciler{
+	if err := (&worker.Reconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
 		Events:    mgr.GetEventRecorder("agentboot-nodepool-worker"),
 		Timeouts:  cfg.Timeouts,
 		Poll:      cfg.Poll,
+	}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	gk := hypershift.GroupVersion.WithKind("NodePool").GroupKind()
+	if _, err := mgr.GetRESTMapper().RESTMapping(gk, hypershift.GroupVersion.Version); err != nil {
+		if meta.IsNoMatchError(err) {
+			cfg.Log.Info("HyperShift's NodePool kind is not installed; NodePool shortfalls are not explained until the manager restarts with it")
+			return nil
+		}
+		return fmt.Errorf("look up the NodePool kind: %w", err)
+	}
+	return (&shortfall.Reconciler{
+		Client:     mgr.GetClient(),
+		APIReader:  mgr.GetAPIReader(),
+		Events:     mgr.GetEventRecorder("agentboot-nodepool"),
+		RetryAfter: cfg.RetryAfter,
 	}).SetupWithManager(mgr)
 }

@@ -2,30 +2,30 @@ package nodepool_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
+	"os/exec"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/coreos/ignition/v2/config/v3_2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vincent-petithory/dataurl"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
-	ctrl "sigs.k8s.io/controller-runtime"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/conditions"
-	"github.com/agentboot/agentboot/internal/scheme"
+	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/nodepool"
+	"github.com/agentboot/agentboot/test/capiagent"
+	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/stack"
 )
 
@@ -33,45 +33,42 @@ import (
 // runs several control planes at once.
 const wait = 2 * time.Minute
 
+// token is HyperShift's NodePool token (base64, as it puts it in the
+// user-data's Authorization header).
+const token = "bm9kZXBvb2wtdG9rZW4"
+
 type env struct {
 	*stack.Stack
 	t        *testing.T
 	agentsNS string // the InfraEnv's namespace, where the Agents live
 	ie       *v1beta1.InfraEnv
-	hc       *hypershift.HostedCluster
+	hosted   *hosted.Cluster
+	cluster  *capiagent.Cluster
 }
 
-// start runs agentboot with a HostedCluster "vcluster2" on the Agent
-// platform whose Agents live in the InfraEnv's namespace, and n ready
-// Agents there labelled pool=a.
-func start(t *testing.T, n int) *env {
-	return startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond}}), n)
-}
-
-// startOn is start on a running stack.
-func startOn(t *testing.T, s *stack.Stack, n int) *env {
-	ctx := context.Background()
-	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "agents", "pool", nil)}
+// start runs agentboot, a hosted cluster "vcluster2" whose Agents live in
+// the InfraEnv's namespace, and HyperShift, Cluster API and (with
+// provider) cluster-api-provider-agent around it.
+func start(t *testing.T, provider bool) *env {
+	// The manager runs with the RBAC deploy/ gives it.
+	s := stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond}, Identities: stack.Deployed})
+	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "agents", "pool", nil), hosted: hosted.Start(t)}
 	e.agentsNS = e.ie.Namespace
-	clusters := s.Namespace(t, "clusters")
-	e.hc = &hypershift.HostedCluster{ObjectMeta: metav1.ObjectMeta{Namespace: clusters, Name: "vcluster2"},
-		Spec: hypershift.HostedClusterSpec{Platform: hypershift.PlatformSpec{Type: hypershift.AgentPlatform,
-			Agent: &hypershift.AgentPlatformSpec{AgentNamespace: e.agentsNS}}}}
-	require.NoError(t, s.Client.Create(ctx, e.hc))
-	for i := 1; i <= n; i++ {
-		e.readyAgent(i, map[string]string{"pool": "a"})
-	}
+	_, _, ca, err := stack.Certificates(t.TempDir(), "ignition.vcluster2.example.com")
+	require.NoError(t, err)
+	e.cluster = capiagent.Start(t, s.Env, capiagent.Options{Namespace: s.Namespace(t, "clusters"), Name: "vcluster2", AgentNamespace: e.agentsNS,
+		Hosted: e.hosted, IgnitionEndpoint: "ignition.vcluster2.example.com:443", IgnitionCA: ca, Token: token, Provider: provider})
 	return e
 }
 
-// readyAgent registers host i, approves and labels it, and waits until
-// it is validated and connected.
-func (e *env) readyAgent(i int, labels map[string]string) string {
+// readyHost registers host i, approves and labels it, and waits until it
+// is validated and connected.
+func (e *env) readyHost(i int, labels map[string]string) *stack.Host {
 	e.t.Helper()
 	ctx := context.Background()
 	h := e.Register(e.t, e.ie, i)
-	var a v1beta1.Agent
 	require.Eventually(e.t, func() bool {
+		var a v1beta1.Agent
 		if e.Client.Get(ctx, client.ObjectKey{Namespace: h.NS, Name: h.ID}, &a) != nil {
 			return false
 		}
@@ -82,272 +79,265 @@ func (e *env) readyAgent(i int, labels map[string]string) string {
 		}
 		return e.Client.Patch(ctx, &a, patch) == nil
 	}, wait, 100*time.Millisecond)
-	ready := func(a *v1beta1.Agent) bool {
+	e.waitAgent(h, "validated and connected", func(a *v1beta1.Agent) bool {
 		return conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) && conditions.IsTrue(a.Status.Conditions, v1beta1.ConnectedCondition)
-	}
-	key := client.ObjectKeyFromObject(&a)
-	if !assert.Eventually(e.t, func() bool {
-		var got v1beta1.Agent
-		return e.Client.Get(ctx, key, &got) == nil && ready(&got)
-	}, wait, 100*time.Millisecond) {
-		require.NoError(e.t, e.Client.Get(ctx, key, &a))
-		e.t.Fatalf("Agent %s never validated and connected: %+v", a.Name, a.Status.Conditions)
-	}
-	return a.Name
-}
-
-func (e *env) nodePool(name string, replicas int32, selector map[string]string) *hypershift.NodePool {
-	np := &hypershift.NodePool{ObjectMeta: metav1.ObjectMeta{Namespace: e.hc.Namespace, Name: name},
-		Spec: hypershift.NodePoolSpec{ClusterName: e.hc.Name, Replicas: &replicas,
-			Platform: hypershift.NodePoolPlatform{Type: hypershift.AgentPlatform,
-				Agent: &hypershift.AgentNodePoolPlatform{AgentLabelSelector: &metav1.LabelSelector{MatchLabels: selector}}}}}
-	require.NoError(e.t, e.Client.Create(context.Background(), np))
-	return np
-}
-
-// scale does what `kubectl scale nodepool/<name> --replicas n` does.
-func (e *env) scale(np *hypershift.NodePool, n int32) {
-	out, err := e.Env.Kubectl(context.Background(), "", "-n", np.Namespace, "scale", "nodepool/"+np.Name, "--replicas", fmt.Sprint(n))
-	require.NoError(e.t, err, out)
-}
-
-// boundTo lists the Agents bound to np.
-func (e *env) boundTo(np *hypershift.NodePool) []v1beta1.Agent {
-	var list v1beta1.AgentList
-	require.NoError(e.t, e.Client.List(context.Background(), &list, client.InNamespace(e.agentsNS),
-		client.MatchingLabels{"agentboot.io/nodepool": np.Name, "agentboot.io/nodepool-namespace": np.Namespace}))
-	return list.Items
-}
-
-func (e *env) waitBound(np *hypershift.NodePool, n int) []v1beta1.Agent {
-	e.t.Helper()
-	var got []v1beta1.Agent
-	require.Eventually(e.t, func() bool { got = e.boundTo(np); return len(got) == n }, wait, 100*time.Millisecond,
-		"NodePool %s: want %d bound Agents", np.Name, n)
-	// Stays there: no more are bound.
-	time.Sleep(time.Second)
-	require.Len(e.t, e.boundTo(np), n)
-	return got
-}
-
-func TestScaleUpAndDown(t *testing.T) {
-	e := start(t, 3)
-	ctx := context.Background()
-	other := e.readyAgent(9, map[string]string{"pool": "b"}) // not selected
-	np := e.nodePool("vcluster2", 0, map[string]string{"pool": "a"})
-	e.scale(np, 2)
-	bound := e.waitBound(np, 2)
-	for _, a := range bound {
-		require.Equal(t, &v1beta1.ClusterReference{Name: "vcluster2", Namespace: e.hc.Namespace + "-vcluster2"}, a.Spec.ClusterDeploymentName)
-		require.Equal(t, v1beta1.AgentRoleWorker, a.Spec.Role)
-		require.NotEqual(t, other, a.Name)
-	}
-	// The Agent controller reports them bound, and kubectl shows the cluster
-	// and the role as `oc get agents` does.
-	require.Eventually(t, func() bool {
-		var a v1beta1.Agent
-		return e.Client.Get(ctx, client.ObjectKeyFromObject(&bound[0]), &a) == nil &&
-			conditions.IsTrue(a.Status.Conditions, v1beta1.BoundCondition) && a.Status.Role == v1beta1.AgentRoleWorker && a.Status.DebugInfo.State == "known"
-	}, wait, 100*time.Millisecond)
-	out, err := e.Env.Kubectl(ctx, "", "-n", e.agentsNS, "get", "agents")
-	require.NoError(t, err)
-	t.Logf("kubectl get agents:\n%s", out)
-	for _, a := range bound {
-		require.Regexp(t, a.Name+`\s+vcluster2\s+true\s+worker`, out)
-	}
-	require.Regexp(t, other+`\s+true\s+auto-assign`, out)
-
-	// 2 → 1: the newest is released and shows unbound again.
-	e.scale(np, 1)
-	left := e.waitBound(np, 1)
-	newest := slices.MaxFunc(bound, func(a, b v1beta1.Agent) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
-	if !bound[0].CreationTimestamp.Equal(&bound[1].CreationTimestamp) {
-		require.NotEqual(t, newest.Name, left[0].Name, "the newest Agent should be released first")
-	}
-	require.Eventually(t, func() bool {
-		var list v1beta1.AgentList
-		require.NoError(t, e.Client.List(ctx, &list, client.InNamespace(e.agentsNS)))
-		unbound := 0
-		for _, a := range list.Items {
-			if a.Spec.ClusterDeploymentName == nil && conditions.Find(a.Status.Conditions, v1beta1.BoundCondition) != nil &&
-				!conditions.IsTrue(a.Status.Conditions, v1beta1.BoundCondition) && a.Status.DebugInfo.State == "known-unbound" {
-				unbound++
-			}
-		}
-		return unbound == 3 // the released one, the third pool=a one and pool=b
-	}, wait, 100*time.Millisecond)
-	requireEvent(t, e, np.Name, "AgentReleased")
-}
-
-func TestNothingMatchesExplains(t *testing.T) {
-	e := start(t, 1)
-	np := e.nodePool("empty", 2, map[string]string{"pool": "nope"})
-	requireEvent(t, e, np.Name, `2 more Agent(s) wanted: 0 Agent(s) in namespace `+e.agentsNS+` match the selector "pool=nope"`)
-	np2 := e.nodePool("one-short", 2, map[string]string{"pool": "a"})
-	e.waitBound(np2, 1)
-	requireEvent(t, e, np2.Name, `1 more Agent(s) wanted: 1 Agent(s) in namespace `+e.agentsNS+` match the selector "pool=a", 1 already bound`)
-	// A new ready Agent is taken without touching the NodePool.
-	e.readyAgent(2, map[string]string{"pool": "a"})
-	e.waitBound(np2, 2)
-	// A NodePool of a missing HostedCluster waits, saying so.
-	lost := &hypershift.NodePool{ObjectMeta: metav1.ObjectMeta{Namespace: e.hc.Namespace, Name: "lost"},
-		Spec: hypershift.NodePoolSpec{ClusterName: "missing", Replicas: new(int32(1)), Platform: hypershift.NodePoolPlatform{Type: hypershift.AgentPlatform}}}
-	require.NoError(t, e.Client.Create(context.Background(), lost))
-	requireEvent(t, e, "lost", "HostedCluster "+e.hc.Namespace+"/missing named by spec.clusterName does not exist")
-}
-
-// Two NodePools and a second binder (as a second manager replica would run
-// it) race for three Agents: every Agent ends up bound once, and no
-// NodePool gets more than it asked for.
-func TestRacingNodePoolsAndReplicas(t *testing.T) {
-	e := start(t, 3)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sch, err := scheme.New()
-	require.NoError(t, err)
-	mgr, err := ctrl.NewManager(e.Env.Config, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
-	require.NoError(t, err)
-	require.NoError(t, nodepool.SetupWithManager(mgr, nodepool.Config{RetryAfter: time.Second}))
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-
-	a := e.nodePool("a", 2, map[string]string{"pool": "a"})
-	b := e.nodePool("b", 2, map[string]string{"pool": "a"})
-	require.Eventually(t, func() bool { return len(e.boundTo(a))+len(e.boundTo(b)) == 3 }, wait, 100*time.Millisecond)
-	time.Sleep(2 * time.Second)
-	na, nb := e.boundTo(a), e.boundTo(b)
-	require.Equal(t, 3, len(na)+len(nb))
-	require.LessOrEqual(t, len(na), 2)
-	require.LessOrEqual(t, len(nb), 2)
-	seen := map[string]bool{}
-	for _, x := range append(na, nb...) {
-		require.False(t, seen[x.Name], "Agent %s bound twice", x.Name)
-		seen[x.Name] = true
-	}
-}
-
-// Agents that cluster-api-provider-agent bound (label agentMachineRef) are
-// never taken.
-func TestCAPIAgentsLeftAlone(t *testing.T) {
-	e := start(t, 0)
-	held := e.readyAgent(1, map[string]string{"pool": "a", "agentMachineRef": "m-1"})
-	free := e.readyAgent(2, map[string]string{"pool": "a"})
-	np := e.nodePool("vcluster2", 2, map[string]string{"pool": "a"})
-	bound := e.waitBound(np, 1)
-	require.Equal(t, free, bound[0].Name)
-	require.NotEqual(t, held, bound[0].Name)
-	requireEvent(t, e, np.Name, "1 held by cluster-api-provider-agent")
-}
-
-func requireEvent(t *testing.T, e *env, name, sub string) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		var evs eventsv1.EventList
-		if err := e.Client.List(context.Background(), &evs, client.InNamespace(e.hc.Namespace)); err != nil {
-			return false
-		}
-		return slices.ContainsFunc(evs.Items, func(ev eventsv1.Event) bool {
-			return ev.Regarding.Name == name && (strings.Contains(ev.Note, sub) || ev.Reason == sub)
-		})
-	}, wait, 100*time.Millisecond, "no event on %s mentioning %q; events: %s", name, sub, eventNotes(e, name))
-}
-
-func eventNotes(e *env, name string) string {
-	var evs eventsv1.EventList
-	_ = e.Client.List(context.Background(), &evs, client.InNamespace(e.hc.Namespace))
-	var out []string
-	for _, ev := range evs.Items {
-		if ev.Regarding.Name == name {
-			out = append(out, ev.Reason+": "+ev.Note)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
-// runBinder runs a manager with only the NodePool controllers until ctx
-// ends, its client wrapped by wrap; the returned channel closes when it
-// has stopped.
-func runBinder(t *testing.T, e *env, ctx context.Context, wrap func(client.WithWatch) client.WithWatch) <-chan struct{} {
-	t.Helper()
-	sch, err := scheme.New()
-	require.NoError(t, err)
-	skip := true
-	mgr, err := ctrl.NewManager(e.Env.Config, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: &skip},
-		NewClient: func(cfg *rest.Config, o client.Options) (client.Client, error) {
-			c, err := client.NewWithWatch(cfg, o)
-			if err != nil {
-				return nil, err
-			}
-			return wrap(c), nil
-		}})
-	require.NoError(t, err)
-	require.NoError(t, nodepool.SetupWithManager(mgr, nodepool.Config{RetryAfter: time.Second}))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = mgr.Start(ctx)
-	}()
-	return done
-}
-
-// The manager is killed right after its first binding write of the three
-// a NodePool wants: the next manager counts what is bound and binds only
-// the rest; no Agent is bound twice or lost.
-func TestManagerKilledMidBinding(t *testing.T) {
-	e := startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{Off: true}}), 4)
-	np := e.nodePool("vcluster2", 3, map[string]string{"pool": "a"})
-
-	ctx, kill := context.WithCancel(context.Background())
-	defer kill()
-	var killed atomic.Bool
-	stopped := runBinder(t, e, ctx, func(c client.WithWatch) client.WithWatch {
-		return interceptor.NewClient(c, interceptor.Funcs{
-			Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
-				if killed.Load() {
-					return errors.New("the manager was killed")
-				}
-				if err := c.Update(ctx, obj, opts...); err != nil {
-					return err
-				}
-				if obj.GetLabels()["agentboot.io/nodepool"] != "" {
-					killed.Store(true)
-					kill()
-				}
-				return nil
-			},
-		})
 	})
-	select {
-	case <-stopped:
-	case <-time.After(wait):
-		t.Fatal("the first manager never bound an Agent")
-	}
-	first := e.boundTo(np)
-	require.Len(t, first, 1, "killed after one binding")
+	return h
+}
 
-	ctx2, stop := context.WithCancel(context.Background())
-	t.Cleanup(func() { stop() })
-	stopped2 := runBinder(t, e, ctx2, func(c client.WithWatch) client.WithWatch { return c })
-	t.Cleanup(func() { stop(); <-stopped2 })
-	bound := e.waitBound(np, 3)
-	names := map[string]bool{}
-	for _, a := range bound {
-		require.False(t, names[a.Name])
-		names[a.Name] = true
-		require.Equal(t, "vcluster2", a.Spec.ClusterDeploymentName.Name)
-		require.Equal(t, v1beta1.AgentRoleWorker, a.Spec.Role)
-	}
-	require.True(t, names[first[0].Name], "the Agent bound before the kill stays bound")
+func (e *env) agent(h *stack.Host) *v1beta1.Agent {
+	var a v1beta1.Agent
+	require.NoError(e.t, e.Client.Get(context.Background(), client.ObjectKey{Namespace: h.NS, Name: h.ID}, &a))
+	return &a
+}
 
-	// The stack runs with NodePools off: its agent API hands bound hosts
-	// no installation, and says nothing about one.
-	h := e.Register(t, e.ie, 1)
-	in, err := h.Heartbeat()
+// waitAgent waits until ok holds for the host's Agent.
+func (e *env) waitAgent(h *stack.Host, what string, ok func(a *v1beta1.Agent) bool) *v1beta1.Agent {
+	e.t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		a := e.agent(h)
+		if ok(a) {
+			return a
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("Agent %s: never %s; progress %+v, conditions %+v, state %q", h.ID, what, a.Status.Progress, a.Status.Conditions, a.Status.DebugInfo.State)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// installStep heartbeats until the host is given its install step.
+func (e *env) installStep(h *stack.Host) agentapi.Step {
+	e.t.Helper()
+	var steps []agentapi.Step
+	require.Eventually(e.t, func() bool {
+		in, err := h.Heartbeat()
+		require.NoError(e.t, err)
+		steps = in.Steps
+		return len(steps) > 0
+	}, wait, 200*time.Millisecond, "host %s never got its install step: %+v", h.ID, e.agent(h).Status)
+	require.Len(e.t, steps, 1)
+	return steps[0]
+}
+
+func condition(a *v1beta1.Agent, t v1beta1.ConditionType) v1beta1.Condition {
+	if c := conditions.Find(a.Status.Conditions, t); c != nil {
+		return *c
+	}
+	return v1beta1.Condition{}
+}
+
+// stripped drops a condition's message and times.
+func stripped(c v1beta1.Condition) v1beta1.Condition {
+	return v1beta1.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason}
+}
+
+// getAgents is `kubectl get agents`, logged.
+func (e *env) getAgents(step string) string {
+	out, err := e.Env.Kubectl(context.Background(), "", "-n", e.agentsNS, "get", "agents")
+	require.NoError(e.t, err)
+	e.t.Logf("kubectl get agents (%s):\n%s", step, out)
+	return out
+}
+
+// install plays host h through its installation and its kubelet through
+// joining the hosted cluster, until Done.
+func (e *env) install(h *stack.Host, hostname string) {
+	e.t.Helper()
+	require.NoError(e.t, h.Progress("Starting installation", 0, "installing to /dev/vda"))
+	require.NoError(e.t, h.Progress("Writing image to disk", 50, "100 of 200 MiB"))
+	require.NoError(e.t, h.Progress("Rebooting", 100, ""))
+	require.NoError(e.t, h.StepResult("install", agentapi.StepResult{Output: "installed to /dev/vda"}))
+	kl := &hosted.Kubelet{T: e.t, C: e.hosted, Name: hostname}
+	kl.CSR(hostname+"-client", hosted.ClientSigner, hosted.Bootstrapper, hostname, nil, nil, hosted.ClientUsages...)
+	require.Eventually(e.t, func() bool { return kl.Approved(hostname + "-client") }, wait, 100*time.Millisecond)
+	kl.Register()
+	kl.Ready()
+	e.waitAgent(h, "done", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == lifecycle.StateAddedToExistingCluster })
+}
+
+// TestCAPIAgentInstallsAndReleases: HyperShift scales a NodePool 0→2;
+// cluster-api-provider-agent binds two Agents (not the one its selector
+// leaves out); agentboot installs them with the day-2 pointer Ignition
+// built from the AgentClusterInstall and the token Secret, follows them
+// into the hosted cluster (CSRs, nodeLabels) until Done; the AgentMachines
+// turn Ready by the provider's rule and the Nodes get providerID
+// agent://<agent>. Scale 2→1: the provider unbinds the Agent and holds its
+// pre-terminate hook until agentboot has the host back in the free pool
+// (its BareMetalHost reboots it into discovery: unbinding, then
+// known-unbound); 1→0 without a BareMetalHost releases the hook at
+// unbinding-pending-user-action.
+func TestCAPIAgentInstallsAndReleases(t *testing.T) {
+	e := start(t, true)
+	ctx := context.Background()
+	h1 := e.readyHost(1, map[string]string{"pool": "a"})
+	h2 := e.readyHost(2, map[string]string{"pool": "a"})
+	h3 := e.readyHost(3, map[string]string{"pool": "b"})
+	// An admin's choices on an Agent, which the provider's Updates keep.
+	a1 := e.agent(h1)
+	patch := client.MergeFrom(a1.DeepCopy())
+	a1.Spec.NodeLabels = map[string]string{"node-role.kubernetes.io/infra": ""}
+	a1.Spec.IgnitionConfigOverrides = `{"ignition":{"version":"3.2.0"},"storage":{"files":[{"path":"/etc/motd","contents":{"source":"data:,hello"}}]}}`
+	require.NoError(t, e.Client.Patch(ctx, a1, patch))
+	e.getAgents("free")
+
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
+	np.Scale(2)
+	for _, h := range []*stack.Host{h1, h2} {
+		a := e.waitAgent(h, "bound by cluster-api-provider-agent", func(a *v1beta1.Agent) bool {
+			return a.Labels["agentMachineRef"] != "" && a.Spec.ClusterDeploymentName != nil
+		})
+		require.Equal(t, e.cluster.CP, a.Annotations["agentMachineRefNamespace"])
+		require.Equal(t, v1beta1.ClusterReference{Namespace: e.cluster.CP, Name: "vcluster2"}, *a.Spec.ClusterDeploymentName)
+		require.Equal(t, "ignition", a.Spec.MachineConfigPool)
+		require.Equal(t, &v1beta1.IgnitionEndpointTokenReference{Namespace: e.cluster.CP, Name: "agent-" + np.UserData}, a.Spec.IgnitionEndpointTokenReference)
+	}
+	require.Nil(t, e.agent(h3).Spec.ClusterDeploymentName, "the selector leaves host 3 out")
+	require.Equal(t, map[string]string{"node-role.kubernetes.io/infra": ""}, e.agent(h1).Spec.NodeLabels, "nodeLabels survive the provider's Update")
+
+	// The install step carries the day-2 pointer Ignition.
+	step := e.installStep(h1)
+	require.Equal(t, agentapi.StepInstall, step.Kind)
+	require.Equal(t, "/dev/vda", step.Install.DiskPath)
+	cfg, rpt, err := v3_2.Parse([]byte(step.Install.Ignition))
+	require.NoError(t, err, rpt.String())
+	require.Len(t, cfg.Ignition.Config.Merge, 1)
+	src := cfg.Ignition.Config.Merge[0]
+	require.Equal(t, "https://ignition.vcluster2.example.com:443/ignition", *src.Source)
+	headers := map[string]string{}
+	for _, h := range src.HTTPHeaders {
+		headers[h.Name] = *h.Value
+	}
+	require.Equal(t, map[string]string{"Authorization": "Bearer " + token, "NodePool": e.cluster.HC.Namespace + "/vcluster2", "TargetConfigVersionHash": "4f2a9c1e"}, headers)
+	require.Len(t, cfg.Ignition.Security.TLS.CertificateAuthorities, 1)
+	require.Contains(t, *cfg.Ignition.Security.TLS.CertificateAuthorities[0].Source, "data:text/plain")
+	files := map[string]string{}
+	for _, f := range cfg.Storage.Files {
+		files[f.Path] = *f.Contents.Source
+	}
+	hostname, err := dataurl.DecodeString(files["/etc/hostname"])
 	require.NoError(t, err)
-	require.Empty(t, in.Steps)
-	a := e.agent(h)
-	require.NotNil(t, a.Spec.ClusterDeploymentName)
-	require.Empty(t, a.Status.Progress.ProgressInfo, "NodePools off, yet the install step was considered")
+	require.Equal(t, "host-1\n", string(hostname.Data), "the Node is named like the Agent's hostname")
+	require.Equal(t, "data:,hello", files["/etc/motd"], "spec.ignitionConfigOverrides merged")
+	validate(t, step.Install.Ignition)
+
+	a := e.waitAgent(h1, "installing", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == lifecycle.StateInstalling })
+	require.Equal(t, v1beta1.Condition{Type: v1beta1.RequirementsMetCondition, Status: "True", Reason: v1beta1.AgentAlreadyInstallingReason},
+		stripped(condition(a, v1beta1.RequirementsMetCondition)))
+	require.Equal(t, v1beta1.AgentRoleWorker, a.Status.Role)
+	e.installStep(h2)
+	e.getAgents("installing")
+
+	e.install(h1, "host-1")
+	e.install(h2, "host-2")
+	out := e.getAgents("joined")
+	require.Regexp(t, h1.ID+`\s+vcluster2\s+true\s+worker\s+Done`, out)
+	for _, h := range []*stack.Host{h1, h2} {
+		a := e.agent(h)
+		require.Equal(t, "True", string(condition(a, v1beta1.InstalledCondition).Status))
+		require.Equal(t, v1beta1.AgentInstallationStoppedReason, condition(a, v1beta1.RequirementsMetCondition).Reason)
+		require.Equal(t, "True", string(condition(a, v1beta1.ValidatedCondition).Status), "validations stay frozen after the reboot")
+	}
+	// The AgentMachines are Ready by the provider's rule, and the Nodes
+	// carry providerID agent://<agent>.
+	require.Eventually(t, func() bool {
+		for _, m := range np.Machines() {
+			am := np.AgentMachine(m.GetName())
+			if ready, _, _ := unstructured.NestedBool(am.Object, "status", "ready"); !ready {
+				return false
+			}
+		}
+		return true
+	}, wait, 200*time.Millisecond, "AgentMachines never Ready")
+	for h, name := range map[*stack.Host]string{h1: "host-1", h2: "host-2"} {
+		require.Eventually(t, func() bool {
+			n, err := e.hosted.Admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			return err == nil && n.Spec.ProviderID == "agent://"+h.ID
+		}, wait, 200*time.Millisecond, "Node %s never got its providerID", name)
+	}
+	n1, err := e.hosted.Admin.CoreV1().Nodes().Get(ctx, "host-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Contains(t, n1.Labels, "node-role.kubernetes.io/infra", "spec.nodeLabels applied")
+
+	// 2 → 1: the newest Machine goes. Its host has a BareMetalHost, which
+	// reboots it into discovery: the hook holds until it is back.
+	machines := np.Machines()
+	gone := np.AgentMachine(machines[1].GetName())
+	goneAgent, _, _ := unstructured.NestedString(gone.Object, "status", "agentRef", "name")
+	hGone, hStays, nGone := h2, h1, 2
+	if goneAgent == h1.ID {
+		hGone, hStays, nGone = h1, h2, 1
+	}
+	ag := e.agent(hGone)
+	patch = client.MergeFrom(ag.DeepCopy())
+	ag.Labels[v1beta1.BMHLabel] = fmt.Sprintf("bmh-%d", nGone)
+	require.NoError(t, e.Client.Patch(ctx, ag, patch))
+	np.Scale(1)
+	e.waitAgent(hGone, "unbinding", func(a *v1beta1.Agent) bool {
+		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == lifecycle.StateUnbinding &&
+			condition(a, v1beta1.BoundCondition).Reason == v1beta1.UnbindingReason
+	})
+	e.getAgents("scaled to 1, unbinding")
+	time.Sleep(6 * time.Second) // the provider polls every 5 s: it would release too early now
+	require.NotNil(t, np.AgentMachine(machines[1].GetName()), "the pre-terminate hook holds while the host reboots into discovery")
+	hGone.Reregister(t, e.ie, nGone)
+	_, err = hGone.Heartbeat()
+	require.NoError(t, err)
+	e.waitAgent(hGone, "back in the free pool", func(a *v1beta1.Agent) bool {
+		return a.Status.DebugInfo.State == lifecycle.StateKnownUnbound && a.Status.Progress.CurrentStage == ""
+	})
+	require.Eventually(t, func() bool { return np.AgentMachine(machines[1].GetName()) == nil && len(np.Machines()) == 1 }, wait, 200*time.Millisecond,
+		"the hook is released once the host is free")
+	require.Eventually(t, func() bool {
+		_, err := e.hosted.Admin.CoreV1().Nodes().Get(ctx, fmt.Sprintf("host-%d", nGone), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, wait, 200*time.Millisecond, "Cluster API deletes the Node")
+	require.Equal(t, lifecycle.StateAddedToExistingCluster, e.agent(hStays).Status.DebugInfo.State)
+	e.getAgents("scaled to 1")
+
+	// 1 → 0 without a BareMetalHost: the hook is released at
+	// unbinding-pending-user-action, which says what to do.
+	np.Scale(0)
+	a = e.waitAgent(hStays, "pending user action", func(a *v1beta1.Agent) bool {
+		return a.Status.DebugInfo.State == lifecycle.StateUnbindingPendingUserAct
+	})
+	require.Contains(t, condition(a, v1beta1.BoundCondition).Message, "reboot the host into the discovery image")
+	require.Eventually(t, func() bool { return len(np.Machines()) == 0 }, wait, 200*time.Millisecond)
+	e.getAgents("scaled to 0")
+}
+
+// validate runs Ignition's own validator on a config.
+func validate(t *testing.T, cfg string) {
+	t.Helper()
+	tool, err := testenv.Tool("ignition-validate")
+	require.NoError(t, err)
+	cmd := exec.Command(tool, "-")
+	cmd.Stdin = strings.NewReader(cfg)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "ignition-validate: %s", out)
+}
+
+// requireEvent waits for an event on the NodePool whose note contains
+// note.
+func requireEvent(t *testing.T, e *env, np, note string) {
+	t.Helper()
+	var seen []string
+	ok := assert.Eventually(t, func() bool {
+		var list eventsv1.EventList
+		require.NoError(t, e.Client.List(context.Background(), &list, client.InNamespace(e.cluster.HC.Namespace)))
+		seen = seen[:0]
+		for _, ev := range list.Items {
+			if ev.Regarding.Kind == "NodePool" && ev.Regarding.Name == np {
+				seen = append(seen, ev.Note)
+				if strings.Contains(ev.Note, note) {
+					return true
+				}
+			}
+		}
+		return false
+	}, wait, 200*time.Millisecond)
+	if !ok {
+		t.Fatalf("no NodePool %s event with %q; seen: %s", np, note, fmt.Sprint(seen))
+	}
 }

@@ -191,7 +191,9 @@ func runDev(ctx context.Context, args []string) error {
 	}
 }
 
-// installDev installs the CRDs and the manager's namespace.
+// installDev installs the CRDs (with hive's ClusterDeployment and
+// AgentClusterInstall: the dev control plane has no hive) and the
+// manager's namespace.
 func installDev(ctx context.Context, cfg *rest.Config, namespace string) error {
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
@@ -201,6 +203,11 @@ func installDev(ctx context.Context, cfg *rest.Config, namespace string) error {
 	if err != nil {
 		return err
 	}
+	hive, err := deploy.HiveCRDs()
+	if err != nil {
+		return err
+	}
+	docs = append(docs, hive...)
 	objs, err := kubeapply.Decode(docs...)
 	if err != nil {
 		return err

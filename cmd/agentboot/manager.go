@@ -36,7 +36,7 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.metricsAddr, "metrics-bind-address", ":8443", "address of the Prometheus metrics endpoint; 0 disables it")
 	fs.BoolVar(&m.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS with Kubernetes authentication and authorization")
 	fs.StringVar(&m.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
-	fs.BoolVar(&m.nodePools, "nodepools", true, "bind, install and release Agents for HyperShift NodePools of platform Agent; false leaves every NodePool to cluster-api-provider-agent")
+	fs.BoolVar(&m.nodePools, "nodepools", true, "install the Agents cluster-api-provider-agent binds for HyperShift NodePools and explain NodePool shortfalls; false hands out no installation (another service installs them)")
 }
 
 func (m managerFlags) nodePool() nodepool.Config { return nodepool.Config{Off: !m.nodePools} }

@@ -115,7 +115,7 @@ type Components struct {
 	InfraEnvPullSecretRecheck time.Duration
 	// BMC tunes the BareMetalHost controller (with Controllers).
 	BMC bmc.Config
-	// NodePool tunes the NodePool binder (with Controllers).
+	// NodePool tunes the installation of bound Agents (with Controllers).
 	NodePool nodepool.Config
 }
 
@@ -135,8 +135,9 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		agentCfg = *c.AgentService
 	}
 	agentCfg.Keys, agentCfg.Namespace, agentCfg.Log = keys, c.Namespace, log.WithName("agent-api")
-	// Hosts the NodePool binder bound install the catalog's disk image with
-	// their NodePool's user-data, unless NodePools are left alone.
+	// Hosts cluster-api-provider-agent bound install the catalog's disk
+	// image with their cluster's day-2 pointer Ignition, unless installing
+	// is off.
 	agentCfg.Catalog, agentCfg.Settings = c.Catalog, c.Settings
 	if !c.NodePool.Off {
 		agentCfg.Ignition = nodepool.Ignition(mgr.GetAPIReader())

@@ -327,7 +327,7 @@ func renderIgnition(in Input, s Settings) ([]byte, parts, error) {
 	if ie.Spec.IgnitionConfigOverride == "" {
 		return base, sizes, nil
 	}
-	merged, err := mergeOverride(base, []byte(ie.Spec.IgnitionConfigOverride))
+	merged, err := MergeOverride("ignitionConfigOverride", base, []byte(ie.Spec.IgnitionConfigOverride))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/osimage"
 )
 
@@ -91,30 +89,3 @@ func (o *Output) IPXEChainScript() string {
 
 // IPXEExitScript makes iPXE give up network boot, so firmware boots the disk.
 const IPXEExitScript = "#!ipxe\necho agentboot: this host is installed; booting from disk\nexit\n"
-
-// BootsFromDisk reports whether a host's next boot must be its disk: its
-// installation wrote the disk and it is rebooting or past it. iPXE scripts
-// and the PXE service send such hosts to local boot.
-func BootsFromDisk(a *v1beta1.Agent) bool {
-	if Released(a) {
-		return false
-	}
-	switch a.Status.Progress.CurrentStage {
-	case v1beta1.StageRebooting, v1beta1.StageWaitingForIgnition, v1beta1.StageConfiguring, v1beta1.StageJoined, v1beta1.StageDone:
-		return true
-	}
-	for _, c := range a.Status.Conditions {
-		if c.Type == v1beta1.InstalledCondition && c.Status == "True" {
-			return true
-		}
-	}
-	return false
-}
-
-// Released reports whether a host was unbound from its cluster after it
-// started installing: its disk holds an installed system, and it must boot
-// the discovery image again to rejoin the free pool (it re-registers, and
-// the installation is forgotten).
-func Released(a *v1beta1.Agent) bool {
-	return a.Spec.ClusterDeploymentName == nil && installprogress.WroteDisk(&a.Status.Progress)
-}

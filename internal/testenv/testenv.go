@@ -40,7 +40,9 @@ func RepoRoot() string {
 
 // Options choose which CRDs a test control plane starts with.
 type Options struct {
-	// HyperShift adds the test-only HyperShift CRDs from test/crds.
+	// HyperShift adds the test-only HyperShift CRDs from test/crds and the
+	// upstream CRDs of HyperShift, Cluster API, cluster-api-provider-agent
+	// and hive from test/crds/upstream.
 	HyperShift bool
 	// NoCRDs starts without any CRDs, for tests that install them.
 	NoCRDs bool
@@ -64,7 +66,7 @@ func Start(opts Options) (*Env, error) {
 		crds = append(crds, filepath.Join(root, "deploy", "crds"))
 	}
 	if opts.HyperShift {
-		crds = append(crds, filepath.Join(root, "test", "crds"))
+		crds = append(crds, filepath.Join(root, "test", "crds"), filepath.Join(root, "test", "crds", "upstream"))
 	}
 	s, err := scheme.New()
 	if err != nil {

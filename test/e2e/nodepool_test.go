@@ -13,14 +13,16 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/test/bmcsim"
+	"github.com/agentboot/agentboot/test/capiagent"
 	"github.com/agentboot/agentboot/test/e2e/lab"
 	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/vm"
@@ -37,37 +39,32 @@ type poolHost struct {
 	agent string
 }
 
-// TestLabNodePool: HostedCluster and NodePool objects as HyperShift
-// creates them, a second kube-apiserver as the hosted cluster, and two
-// servers behind Redfish BMCs booted into discovery through virtual media.
-// NodePool 0→2: both install the dev disk image, reboot from disk, fetch
-// their pointer Ignition from the hosted cluster's endpoint (token
-// checked), and join as the test plays their kubelets: Done. 2→1: one is
-// drained and released; its BMC boots it into discovery and it is back
-// in the free pool, as the same Agent. `kubectl get agents` is recorded
-// at each step.
+// TestLabNodePool: a hosted cluster as HyperShift, Cluster API and
+// cluster-api-provider-agent keep it (test/capiagent plays them, the
+// provider as its own ServiceAccount), a second kube-apiserver as the
+// hosted cluster, and two servers behind Redfish BMCs booted into
+// discovery through virtual media. NodePool 0→2: the provider binds both;
+// agentboot installs the dev disk image with the day-2 pointer Ignition;
+// they reboot from disk, fetch their worker config from the hosted
+// cluster's endpoint (token checked), and join as the test plays their
+// kubelets: Done, AgentMachines Ready. 2→1: Cluster API deletes one
+// Machine; the provider unbinds its Agent and holds the Machine until its
+// BMC has booted it into discovery and it is back in the free pool, as the
+// same Agent. `kubectl get agents` is recorded at each step.
 func TestLabNodePool(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	ie := s.CreateInfraEnv(t, "pool", "pool", func(ie *v1beta1.InfraEnv) {
 		ie.Spec.HostRequirements = &v1beta1.HostRequirements{MinCPUCores: 1, MinMemoryMiB: 1024, MinDiskSizeGB: 10}
 	})
-	hc := &hypershift.HostedCluster{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace(t, "clusters"), Name: "vcluster2"},
-		Spec: hypershift.HostedClusterSpec{Platform: hypershift.PlatformSpec{Type: hypershift.AgentPlatform,
-			Agent: &hypershift.AgentPlatformSpec{AgentNamespace: ie.Namespace}}}}
-	require.NoError(t, s.Client.Create(ctx, hc))
 	cluster := hosted.Start(t)
-	cluster.Publish(t, s.Client, hc)
 	ln, err := theLab.Listen("tcp", lab.HostIP+":0")
 	require.NoError(t, err)
 	endpoint := hosted.IgnitionEndpoint(t, ln, lab.HostIP)
-	hosted.UserData(t, s.Client, hc, "vcluster2", string(endpoint.Pointer))
-	replicas := int32(0)
-	np := &hypershift.NodePool{ObjectMeta: metav1.ObjectMeta{Namespace: hc.Namespace, Name: "vcluster2"},
-		Spec: hypershift.NodePoolSpec{ClusterName: hc.Name, Replicas: &replicas,
-			Platform: hypershift.NodePoolPlatform{Type: hypershift.AgentPlatform,
-				Agent: &hypershift.AgentNodePoolPlatform{AgentLabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "lab"}}}}}}
-	require.NoError(t, s.Client.Create(ctx, np))
+	hc := capiagent.Start(t, s.Env, capiagent.Options{Namespace: s.Namespace(t, "clusters"), Name: "vcluster2", AgentNamespace: ie.Namespace,
+		Hosted: cluster, IgnitionEndpoint: endpoint.Addr, IgnitionCA: endpoint.CA, Token: hosted.Token, Provider: true})
+	np := hc.NodePool("vcluster2", map[string]string{"pool": "lab"})
+	wantRequest := "/ignition Bearer " + hosted.Token + " " + hc.HC.Namespace + "/vcluster2"
 
 	// Two servers enrolled through their BMCs come up in discovery,
 	// approved; the admin labels them for the pool.
@@ -95,11 +92,12 @@ func TestLabNodePool(t *testing.T) {
 	}
 	getAgents(t, ie.Namespace, "in the free pool", `\s+true\s+auto-assign\s*$`, hosts...)
 
-	// 0 → 2: both install, boot their disks and fetch the worker config.
-	kubectlScale(t, np, 2)
+	// 0 → 2: the provider binds both; they install, boot their disks and
+	// fetch the worker config.
+	np.Scale(2)
 	for _, h := range hosts {
-		h.wait(t, "bound and installing", 2*time.Minute, func(a *v1beta1.Agent) bool {
-			return a.Spec.ClusterDeploymentName != nil && a.Status.Progress.CurrentStage != ""
+		h.wait(t, "bound by cluster-api-provider-agent and installing", 2*time.Minute, func(a *v1beta1.Agent) bool {
+			return a.Labels["agentMachineRef"] != "" && a.Spec.ClusterDeploymentName != nil && a.Status.Progress.CurrentStage != ""
 		})
 	}
 	getAgents(t, ie.Namespace, "bound, installing", `\s+vcluster2\s+true\s+worker\s+\S+`, hosts...)
@@ -109,9 +107,9 @@ func TestLabNodePool(t *testing.T) {
 		log := h.m.VM().Log()
 		require.Contains(t, log, "booted from disk", "%s booted its installed disk", h.bmh.Name)
 	}
-	require.Contains(t, endpoint.Seen(), hosted.WantRequest, "the pointer config reached the endpoint with its token")
+	require.Contains(t, endpoint.Seen(), wantRequest, "the pointer config reached the endpoint with its token")
 	for _, seen := range endpoint.Seen() {
-		require.Equal(t, hosted.WantRequest, seen, "only requests with the token were made")
+		require.Equal(t, wantRequest, seen, "only requests with the token were made")
 	}
 	getAgents(t, ie.Namespace, "rebooted into the installed disk", `\s+vcluster2\s+true\s+worker\s+(Rebooting|Configuring)`, hosts...)
 
@@ -119,7 +117,7 @@ func TestLabNodePool(t *testing.T) {
 	// Ready: Done.
 	for _, h := range hosts {
 		a := h.get(t)
-		k := &hosted.Kubelet{T: t, C: cluster, Name: strings.ToLower(a.Spec.Hostname)}
+		k := &hosted.Kubelet{T: t, C: cluster, Name: strings.ToLower(a.Hostname())}
 		k.CSR(h.bmh.Name+"-client", hosted.ClientSigner, hosted.Bootstrapper, k.Name, nil, nil, hosted.ClientUsages...)
 		require.Eventually(t, func() bool { return k.Approved(h.bmh.Name + "-client") }, 2*time.Minute, time.Second, "%s's client CSR never approved", k.Name)
 		k.Register()
@@ -131,34 +129,43 @@ func TestLabNodePool(t *testing.T) {
 		})
 	}
 	getAgents(t, ie.Namespace, "joined", `\s+vcluster2\s+true\s+worker\s+Done`, hosts...)
+	require.Eventually(t, func() bool {
+		for _, m := range np.Machines() {
+			if ready, _, _ := unstructured.NestedBool(np.AgentMachine(m.GetName()).Object, "status", "ready"); !ready {
+				return false
+			}
+		}
+		return true
+	}, 2*time.Minute, time.Second, "the AgentMachines never turned Ready")
 
-	// 2 → 1: the newer Agent is drained, its Node deleted, and it is
-	// unbound; its BMC boots it into discovery and it registers again.
-	kubectlScale(t, np, 1)
+	// 2 → 1: Cluster API deletes the newer Machine; the provider unbinds
+	// its Agent; its BMC boots it into discovery; the provider's hook holds
+	// the Machine until the host is back in the free pool.
+	np.Scale(1)
 	var released, kept *poolHost
 	var releasedAt time.Time
 	require.Eventually(t, func() bool {
 		for i, h := range hosts {
-			a := h.get(t)
-			if a.Annotations["agentboot.io/release"] != "" || a.Spec.ClusterDeploymentName == nil {
+			if h.get(t).Spec.ClusterDeploymentName == nil {
 				released, kept, releasedAt = h, hosts[1-i], time.Now()
 				return true
 			}
 		}
 		return false
-	}, 2*time.Minute, time.Second, "scaling to 1 released no host")
-	released.wait(t, "unbound and rebooting into discovery", 3*time.Minute, func(a *v1beta1.Agent) bool {
-		c := conditions.Find(a.Status.Conditions, v1beta1.BoundCondition)
-		unbinding := a.Status.DebugInfo.State == "unbinding" || c != nil && c.Reason == v1beta1.UnbindingReason
-		return a.Spec.ClusterDeploymentName == nil && (unbinding || a.Status.DebugInfo.State == "known-unbound")
+	}, 2*time.Minute, time.Second, "scaling to 1 unbound no host")
+	released.wait(t, "unbinding, rebooting into discovery", 3*time.Minute, func(a *v1beta1.Agent) bool {
+		return a.Status.DebugInfo.State == "unbinding" || a.Status.DebugInfo.State == "known-unbound"
 	})
 	getAgents(t, ie.Namespace, "one released", `\s+true\s+auto-assign\b`, released)
-	_, err = cluster.Admin.CoreV1().Nodes().Get(ctx, strings.ToLower(released.get(t).Spec.Hostname), metav1.GetOptions{})
-	require.Error(t, err, "the released host's Node is deleted")
 	released.wait(t, "back in the free pool", bootTimeout, func(a *v1beta1.Agent) bool {
 		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == "known-unbound" && a.Status.Progress.CurrentStage == ""
 	})
-	t.Logf("released host back in the pool %s after the scale-down released it", time.Since(releasedAt).Round(time.Second))
+	t.Logf("released host back in the pool %s after the provider unbound it", time.Since(releasedAt).Round(time.Second))
+	require.Eventually(t, func() bool { return len(np.Machines()) == 1 }, 2*time.Minute, time.Second, "the pre-terminate hook was never released")
+	require.Eventually(t, func() bool {
+		_, err := cluster.Admin.CoreV1().Nodes().Get(ctx, strings.ToLower(released.get(t).Hostname()), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, 2*time.Minute, time.Second, "Cluster API deletes the released host's Node")
 	require.GreaterOrEqual(t, strings.Count(strings.Join(released.sim.Events(), "\n"), "power on cdrom"), 2,
 		"the BMC booted the released host from the discovery ISO again: %v", released.sim.Events())
 	kept.wait(t, "still done", time.Second, func(a *v1beta1.Agent) bool {
@@ -195,13 +202,6 @@ func (h *poolHost) wait(t *testing.T, what string, timeout time.Duration, ok fun
 		}
 		time.Sleep(2 * time.Second)
 	}
-}
-
-// kubectlScale does what `kubectl scale nodepool/<name> --replicas n` does.
-func kubectlScale(t *testing.T, np *hypershift.NodePool, n int) {
-	t.Helper()
-	out, err := s.Env.Kubectl(context.Background(), "", "-n", np.Namespace, "scale", "nodepool/"+np.Name, "--replicas", fmt.Sprint(n))
-	require.NoError(t, err, out)
 }
 
 // getAgents records `kubectl get agents` and checks each host's row

@@ -1,7 +1,7 @@
-// Package hosted plays, for tests, what HyperShift and a hosted cluster's
-// nodes do around agentboot: a second kube-apiserver as the hosted cluster,
-// its kubeconfig published on the HostedCluster, a NodePool's user-data
-// Secret, and a kubelet bootstrapping against it.
+// Package hosted plays, for tests, a hosted cluster and its nodes: a second
+// kube-apiserver as the hosted cluster, its Ignition endpoint, and a
+// kubelet bootstrapping against it. test/capiagent plays the management
+// cluster's side (HyperShift, Cluster API, cluster-api-provider-agent).
 package hosted
 
 import (
@@ -13,7 +13,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"net"
-	"os"
 	"strings"
 	"testing"
 
@@ -21,15 +20,11 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
 	"github.com/agentboot/agentboot/internal/testenv"
-	"github.com/agentboot/agentboot/nodepool"
 )
 
 // Cluster is a second kube-apiserver playing the hosted cluster.
@@ -52,43 +47,6 @@ func Start(t testing.TB) *Cluster {
 	}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	return c
-}
-
-// Publish publishes the cluster's admin kubeconfig on hc as HyperShift
-// does (a Secret named by status.kubeConfig).
-func (c *Cluster) Publish(t testing.TB, mgmt client.Client, hc *hypershift.HostedCluster) {
-	t.Helper()
-	ctx := context.Background()
-	kc, err := os.ReadFile(c.Env.Kubeconfig)
-	require.NoError(t, err)
-	require.NoError(t, mgmt.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: hc.Namespace, Name: hc.Name + "-admin-kubeconfig"},
-		Data: map[string][]byte{"kubeconfig": kc}}))
-	patch := client.MergeFrom(hc.DeepCopy())
-	hc.Status.KubeConfig = &hypershift.KubeconfigSecretRef{Name: hc.Name + "-admin-kubeconfig"}
-	require.NoError(t, mgmt.Status().Patch(ctx, hc, patch))
-}
-
-// UserData creates HyperShift's user-data Secret for NodePool np of hc in
-// the control-plane namespace, holding the pointer Ignition config value,
-// next to another NodePool's, which must never be picked.
-func UserData(t testing.TB, mgmt client.Client, hc *hypershift.HostedCluster, np, value string) {
-	t.Helper()
-	ctx := context.Background()
-	cp := hc.Namespace + "-" + hc.Name
-	if err := mgmt.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cp}}); err != nil && !apierrors.IsAlreadyExists(err) {
-		require.NoError(t, err)
-	}
-	require.NoError(t, mgmt.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: cp, Name: "user-data-" + np + "-4f2a9c1e",
-			Annotations: map[string]string{nodepool.UserDataAnnotation: hc.Namespace + "/" + np}},
-		Data: map[string][]byte{"value": []byte(value)}}))
-	err := mgmt.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: cp, Name: "user-data-other-0000",
-			Annotations: map[string]string{nodepool.UserDataAnnotation: hc.Namespace + "/other"}},
-		Data: map[string][]byte{"value": []byte(`{"ignition":{"version":"3.2.0"}}`)}})
-	if !apierrors.IsAlreadyExists(err) {
-		require.NoError(t, err)
-	}
 }
 
 // Signers, identities and key usages of kubelet CSRs.

@@ -34,8 +34,11 @@ type Endpoint struct {
 	// Pointer is the pointer config HyperShift would put in the NodePool's
 	// user-data Secret.
 	Pointer []byte
-	mu      sync.Mutex
-	seen    []string
+	// Addr is host:port hosts reach it at, CA the PEM CA of its certificate.
+	Addr string
+	CA   []byte
+	mu   sync.Mutex
+	seen []string
 }
 
 // Seen lists "path authorization nodepool-header" of every request.
@@ -60,7 +63,7 @@ func IgnitionEndpoint(t testing.TB, ln net.Listener, host string) *Endpoint {
 			"contents": "[Service]\nExecStart=/usr/local/bin/joined\n[Install]\nWantedBy=multi-user.target\n",
 		}}},
 	})
-	e := &Endpoint{}
+	e := &Endpoint{Addr: fmt.Sprintf("%s:%d", host, ln.Addr().(*net.TCPAddr).Port), CA: caPEM}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.mu.Lock()
 		e.seen = append(e.seen, r.URL.Path+" "+r.Header.Get("Authorization")+" "+r.Header.Get("NodePool"))

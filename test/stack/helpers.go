@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -13,10 +14,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/testenv"
 )
 
 // Namespace creates a namespace with a valid pull secret named
@@ -144,4 +147,29 @@ func Message(ie *v1beta1.InfraEnv) string {
 // Contains is a match function for WaitCondition on the message.
 func Contains(sub string) func(*v1beta1.InfraEnv) bool {
 	return func(ie *v1beta1.InfraEnv) bool { return strings.Contains(Message(ie), sub) }
+}
+
+// Deployed applies deploy/ (the kustomize base with its RBAC) to env and
+// returns the identities of the manager's and the image service's
+// ServiceAccounts, for Options.Identities: the stack then runs with
+// exactly the rights a real cluster gives it.
+func Deployed(env *testenv.Env) (manager, imageService *rest.Config, err error) {
+	ctx := context.Background()
+	if out, err := env.Kubectl(ctx, "", "apply", "-k", testenv.RepoRoot()+"/deploy"); err != nil {
+		return nil, nil, fmt.Errorf("apply deploy/: %v: %s", err, out)
+	}
+	identity := func(sa string) (*rest.Config, error) {
+		tok, err := env.Kubectl(ctx, "", "-n", Namespace, "create", "token", sa)
+		if err != nil {
+			return nil, fmt.Errorf("token of %s: %w", sa, err)
+		}
+		cfg := rest.AnonymousClientConfig(env.Config)
+		cfg.BearerToken = strings.TrimSpace(tok)
+		return cfg, nil
+	}
+	if manager, err = identity("agentboot-manager"); err != nil {
+		return nil, nil, err
+	}
+	imageService, err = identity("agentboot-image-service")
+	return manager, imageService, err
 }

@@ -59,7 +59,7 @@ type Options struct {
 	Quiet bool
 	// BMC tunes the BareMetalHost controller (tests shorten its timing).
 	BMC bmc.Config
-	// NodePool tunes the NodePool binder.
+	// NodePool tunes the installation of bound Agents.
 	NodePool nodepool.Config
 	// Agent service timing, for tests that cannot wait minutes.
 	AgentPollInterval       time.Duration

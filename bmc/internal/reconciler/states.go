@@ -17,7 +17,7 @@ import (
 	"github.com/agentboot/agentboot/bmc/internal/address"
 	"github.com/agentboot/agentboot/bmc/internal/driver"
 	"github.com/agentboot/agentboot/internal/conditions"
-	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
 // hostRun is one pass over one host with an open BMC session.
@@ -156,13 +156,13 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 	case iso == "" && !wait:
 		h.setState(metal3.StateDeprovisioning)
 		return h.deprovision(ctx)
-	case h.agent != nil && discovery.Released(h.agent) && booted == "" && iso != "" && h.host.Spec.Online:
+	case h.agent != nil && lifecycle.Released(h.agent) && booted == "" && iso != "" && h.host.Spec.Online:
 		// Released from its cluster while booting its disk: back into
 		// discovery, where it re-registers and rejoins the free pool.
 		h.r.Events.Eventf(h.host, nil, corev1.EventTypeNormal, "Released", "BootDiscovery", "Agent %s was released from its cluster; rebooting into discovery", h.agent.Name)
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
-	case h.agent != nil && discovery.BootsFromDisk(h.agent):
+	case h.agent != nil && lifecycle.BootsFromDisk(h.agent):
 		if booted != "" {
 			if err := h.bmc.EjectMedia(ctx); err != nil {
 				return failed(metal3.ProvisioningError, err)
@@ -206,7 +206,7 @@ func installing(a *v1beta1.Agent) bool {
 		return false
 	}
 	st := a.Status.Progress.CurrentStage
-	return (st != "" && st != v1beta1.StageFailed) || discovery.BootsFromDisk(a)
+	return (st != "" && st != v1beta1.StageFailed) || lifecycle.BootsFromDisk(a)
 }
 
 // enrollment returns the ISO the host should boot: the discovery ISO of

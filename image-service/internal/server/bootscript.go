@@ -15,6 +15,7 @@ import (
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/macindex"
 )
 
@@ -80,7 +81,7 @@ func (h *Handler) bootScriptFor(ctx context.Context, mac string, r *http.Request
 		return "", "", err
 	}
 	for i := range agents.Items {
-		if discovery.BootsFromDisk(&agents.Items[i]) {
+		if lifecycle.BootsFromDisk(&agents.Items[i]) {
 			return BootDisk, discovery.IPXEExitScript, nil
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/initramfs"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/macindex"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/overlay"
@@ -330,7 +331,7 @@ func (h *Handler) ipxeScript(ctx context.Context, ie *v1beta1.InfraEnv, out *dis
 	var agents v1beta1.AgentList
 	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(ie.Namespace), client.MatchingFields{macindex.AgentMAC: mac}); err == nil {
 		for i := range agents.Items {
-			if agents.Items[i].Labels[v1beta1.InfraEnvNameLabel] == ie.Name && discovery.BootsFromDisk(&agents.Items[i]) {
+			if agents.Items[i].Labels[v1beta1.InfraEnvNameLabel] == ie.Name && lifecycle.BootsFromDisk(&agents.Items[i]) {
 				return discovery.IPXEExitScript
 			}
 		}

@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
-	"github.com/agentboot/agentboot/nodepool/internal/binder"
+	hivev1 "github.com/agentboot/agentboot/api/hive/v1"
+	"github.com/agentboot/agentboot/nodepool/internal/binding"
 )
 
 // waiting is an error that is expected for a while (a kubeconfig not yet
@@ -25,7 +25,7 @@ type waiting struct{ msg string }
 
 func (w waiting) Error() string { return w.msg }
 
-// clients caches one client per HostedCluster, with the kubeconfig it was
+// clients caches one client per ClusterDeployment, with the kubeconfig it was
 // made from: a rotated kubeconfig replaces it (closing its idle
 // connections), an unchanged one is reused.
 type clients struct {
@@ -40,30 +40,37 @@ type hostedClient struct {
 }
 
 // hosted returns a client for the hosted cluster an Agent is bound to,
-// from its HostedCluster's status.kubeConfig Secret (key "kubeconfig").
+// through the admin kubeconfig its ClusterDeployment names
+// (spec.clusterMetadata.adminKubeconfigSecretRef, key "kubeconfig"), once
+// the binding holds (binding.Resolve).
 func (r *Reconciler) hosted(ctx context.Context, a *v1beta1.Agent) (kubernetes.Interface, error) {
-	key := client.ObjectKey{Namespace: a.Labels[binder.NodePoolNamespaceLabel], Name: a.Spec.ClusterDeploymentName.Name}
-	hc := &hypershift.HostedCluster{}
-	if err := r.Client.Get(ctx, key, hc); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, waiting{fmt.Sprintf("HostedCluster %s does not exist", key)}
-		}
+	b, err := binding.Resolve(ctx, r.APIReader, a)
+	if err != nil {
 		return nil, err
 	}
-	if hc.Status.KubeConfig == nil || hc.Status.KubeConfig.Name == "" {
-		return nil, waiting{fmt.Sprintf("HostedCluster %s has not published status.kubeConfig yet", key)}
+	return r.clientFor(ctx, b.ClusterDeployment)
+}
+
+// clientFor returns the client of ClusterDeployment cd's cluster: the one
+// made before while its kubeconfig is unchanged, a new one (closing the
+// old one's idle connections) when it rotated.
+func (r *Reconciler) clientFor(ctx context.Context, cd *hivev1.ClusterDeployment) (kubernetes.Interface, error) {
+	key := client.ObjectKeyFromObject(cd)
+	md := cd.Spec.ClusterMetadata
+	if md == nil || md.AdminKubeconfigSecretRef.Name == "" {
+		return nil, waiting{fmt.Sprintf("ClusterDeployment %s has no spec.clusterMetadata.adminKubeconfigSecretRef yet", key)}
 	}
 	var s corev1.Secret
-	sk := client.ObjectKey{Namespace: hc.Namespace, Name: hc.Status.KubeConfig.Name}
+	sk := client.ObjectKey{Namespace: cd.Namespace, Name: md.AdminKubeconfigSecretRef.Name}
 	if err := r.APIReader.Get(ctx, sk, &s); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of HostedCluster %s does not exist", sk, key)}
+			return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of ClusterDeployment %s does not exist", sk, key)}
 		}
 		return nil, err
 	}
 	raw := s.Data["kubeconfig"]
 	if len(raw) == 0 {
-		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of HostedCluster %s has no key \"kubeconfig\"", sk, key)}
+		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of ClusterDeployment %s has no key \"kubeconfig\"", sk, key)}
 	}
 	sum := sha256.Sum256(raw)
 	r.clients.mu.Lock()
@@ -74,12 +81,12 @@ func (r *Reconciler) hosted(ctx context.Context, a *v1beta1.Agent) (kubernetes.I
 	}
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(raw)
 	if err != nil {
-		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of HostedCluster %s is not a usable kubeconfig: %v", sk, key, err)}
+		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of ClusterDeployment %s is not a usable kubeconfig: %v", sk, key, err)}
 	}
 	cfg.Timeout = r.CallTimeout
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
-		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of HostedCluster %s is not a usable kubeconfig: %v", sk, key, err)}
+		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of ClusterDeployment %s is not a usable kubeconfig: %v", sk, key, err)}
 	}
 	c, err := kubernetes.NewForConfigAndClient(cfg, httpClient)
 	if err != nil {

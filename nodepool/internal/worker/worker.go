@@ -1,15 +1,17 @@
-// Package worker follows an Agent the binder bound from its installation to
-// a Ready Node of the hosted cluster, and back to the free pool when the
-// NodePool lets it go. It watches the hosted cluster through the
-// HostedCluster's kubeconfig by polling (no watches are kept on hosted
-// clusters): Configuring once the host's kubelet asks for a certificate,
-// Joined once its Node exists, Done once the Node is Ready. It approves only
-// that host's kubelet CSRs. Every wait has a timeout that ends in Failed
-// with the reason, so no host hangs silently.
+// Package worker follows an Agent cluster-api-provider-agent bound from its
+// installation to a Ready Node of the hosted cluster. It looks at the hosted
+// cluster through the kubeconfig its ClusterDeployment names, by polling (no
+// watches are kept on hosted clusters): Configuring once the host's kubelet
+// asks for a certificate, Joined once its Node exists, Done once the Node is
+// Ready and carries the Agent's spec.nodeLabels. It approves only that
+// host's kubelet CSRs. Every wait has a timeout that ends in Failed with the
+// reason, so no host hangs silently. Scale-down is Cluster API's: it drains
+// and deletes the Node; cluster-api-provider-agent unbinds the Agent.
 package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -17,6 +19,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -25,7 +29,8 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/installprogress"
-	"github.com/agentboot/agentboot/nodepool/internal/binder"
+	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/nodepool/internal/binding"
 )
 
 // Timeouts bounds each wait of an installation.
@@ -38,9 +43,6 @@ type Timeouts struct {
 	Join time.Duration
 	// Ready is how long a joined Node may take to become Ready (20m).
 	Ready time.Duration
-	// Drain is how long draining a released Node may take before it is
-	// deleted anyway, as Cluster API's nodeDrainTimeout (10m).
-	Drain time.Duration
 }
 
 // Reconciler follows bound Agents.
@@ -58,7 +60,7 @@ type Reconciler struct {
 	clients clients
 }
 
-// SetupWithManager follows the Agents the binder bound.
+// SetupWithManager follows bound Agents.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Timeouts.Install <= 0 {
 		r.Timeouts.Install = 20 * time.Minute
@@ -69,9 +71,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Timeouts.Ready <= 0 {
 		r.Timeouts.Ready = 20 * time.Minute
 	}
-	if r.Timeouts.Drain <= 0 {
-		r.Timeouts.Drain = 10 * time.Minute
-	}
 	if r.Poll <= 0 {
 		r.Poll = 10 * time.Second
 	}
@@ -81,10 +80,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
 	}
-	ours := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[binder.NodePoolLabel] != "" })
+	bound := predicate.NewPredicateFuncs(func(o client.Object) bool { return lifecycle.Bound(o.(*v1beta1.Agent)) })
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nodepool-worker").
-		For(&v1beta1.Agent{}, builder.WithPredicates(ours)).
+		For(&v1beta1.Agent{}, builder.WithPredicates(bound)).
 		Complete(r)
 }
 
@@ -94,11 +93,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, a); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if a.Labels[binder.NodePoolLabel] == "" || a.Spec.ClusterDeploymentName == nil || !a.DeletionTimestamp.IsZero() {
+	if !lifecycle.Bound(a) || !a.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
-	}
-	if a.Annotations[binder.ReleaseAnnotation] != "" {
-		return r.release(ctx, a)
 	}
 	p := &a.Status.Progress
 	now := r.Now()
@@ -150,6 +146,9 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	next, info := p.CurrentStage, p.ProgressInfo
 	switch {
 	case node != nil && nodeReady(node):
+		if err := r.label(ctx, hc, a, node); err != nil {
+			return r.wait(ctx, a, err)
+		}
 		next, info = v1beta1.StageDone, "Node "+name+" is Ready"
 	case node != nil:
 		next, info = v1beta1.StageJoined, "Node "+name+" exists and is not Ready yet"
@@ -170,10 +169,39 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	return ctrl.Result{RequeueAfter: r.Poll}, nil
 }
 
+// label applies the Agent's spec.nodeLabels to its Node, as
+// assisted-service does once the Node is Ready.
+func (r *Reconciler) label(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, node *corev1.Node) error {
+	missing := map[string]string{}
+	for k, v := range a.Spec.NodeLabels {
+		if have, ok := node.Labels[k]; !ok || have != v {
+			missing[k] = v
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": missing}})
+	if err != nil {
+		return err
+	}
+	if _, err := hc.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("label Node %s with spec.nodeLabels: %w", node.Name, err)
+	}
+	r.Events.Eventf(a, nil, corev1.EventTypeNormal, "NodeLabeled", "Join", "Node %s labelled with spec.nodeLabels", node.Name)
+	return nil
+}
+
 // wait shows why the hosted cluster cannot be looked at, and looks again.
+// A binding that does not hold is also an event.
 func (r *Reconciler) wait(ctx context.Context, a *v1beta1.Agent, err error) (ctrl.Result, error) {
 	var w waiting
-	if !errors.As(err, &w) {
+	switch {
+	case binding.IsRefused(err):
+		if a.Status.Progress.ProgressInfo != "waiting: "+err.Error() {
+			r.Events.Eventf(a, nil, corev1.EventTypeWarning, "BindingRefused", "Join", "%v", err)
+		}
+	case !errors.As(err, &w):
 		err = fmt.Errorf("hosted cluster: %w", err)
 	}
 	if err := r.advance(ctx, a, a.Status.Progress.CurrentStage, "waiting: "+err.Error()); err != nil {

@@ -26,8 +26,8 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
-	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/installprogress"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
 // Reconciler keeps Agents' status true to what their hosts report.
@@ -226,90 +226,31 @@ func (r *Reconciler) patchLabels(ctx context.Context, a *v1beta1.Agent) error {
 	return r.Client.Patch(ctx, a, patch)
 }
 
-// Host states of a host in the free pool.
-const (
-	StateDiscoveringUnbound  = "discovering-unbound"
-	StateKnownUnbound        = "known-unbound"
-	StateInsufficientUnbound = "insufficient-unbound"
-	StateDisconnectedUnbound = "disconnected-unbound"
-)
-
 func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts) error {
 	now := metav1.NewTime(r.Now())
 	st := a.Status.DeepCopy()
-	if a.Spec.ClusterDeploymentName == nil && !installprogress.WroteDisk(&st.Progress) {
+	// The installation as it will be written.
+	view := &v1beta1.Agent{ObjectMeta: a.ObjectMeta, Spec: a.Spec, Status: v1beta1.AgentStatus{Progress: st.Progress}}
+	if lifecycle.Forgotten(view) {
 		// Unbound before its disk was written: the host still runs
 		// discovery, so the installation is forgotten and it is free.
 		installprogress.Reset(&st.Progress)
 		st.InstallationDiskID = ""
+		view.Status.Progress = st.Progress
 	}
-	// The installation as it will be written.
-	view := &v1beta1.Agent{ObjectMeta: a.ObjectMeta, Spec: a.Spec, Status: v1beta1.AgentStatus{Progress: st.Progress}}
-	st.ValidationsInfo = validate(f)
-	passing, pendingIDs, failing := summary(st.ValidationsInfo)
-	bound := conditions.New(v1beta1.BoundCondition, false, v1beta1.UnboundReason, "The agent is not bound to any cluster")
-	if discovery.Released(view) {
-		bound = conditions.New(v1beta1.BoundCondition, false, v1beta1.UnbindingPendingUserActionRsn, "The agent was released from its cluster: reboot the host into the discovery image")
-		if bmh := a.Labels[v1beta1.BMHLabel]; bmh != "" {
-			bound = conditions.New(v1beta1.BoundCondition, false, v1beta1.UnbindingReason, "The agent was released from its cluster; BareMetalHost "+bmh+" reboots the host into the discovery image")
-		}
+	o := lifecycle.Observed{Connected: f.connected, Silence: r.silence(f), Inventoried: inventoried(f)}
+	vs := validate(f)
+	_, o.PendingIDs, o.Failing = summary(vs)
+	o.FailingMessages = failingMessages(vs)
+	d := lifecycle.Derive(view, o)
+	if !d.FrozenValidations || len(st.ValidationsInfo) == 0 {
+		st.ValidationsInfo = vs
 	}
-	if cd := a.Spec.ClusterDeploymentName; cd != nil {
-		bound = conditions.New(v1beta1.BoundCondition, true, v1beta1.BoundReason, "The agent is bound to cluster "+cd.Namespace+"/"+cd.Name)
-		st.Role = a.Spec.Role
-	}
-	if st.Role == "" || a.Spec.ClusterDeploymentName == nil {
-		st.Role = v1beta1.AgentRoleAutoAssign
-	}
-
-	var validated v1beta1.Condition
-	switch {
-	case passing:
-		validated = conditions.New(v1beta1.ValidatedCondition, true, v1beta1.ValidationsPassingReason, "The agent's validations are passing")
-	case !inventoried(f):
-		validated = conditions.New(v1beta1.ValidatedCondition, false, v1beta1.ValidationsUnknownReason, "The agent's validations have not yet been calculated")
-	case len(failing) == 0:
-		validated = conditions.New(v1beta1.ValidatedCondition, false, v1beta1.ValidationsUserPendingReason, "The agent's validations are pending: "+strings.Join(pendingIDs, ", "))
-	default:
-		validated = conditions.New(v1beta1.ValidatedCondition, false, v1beta1.ValidationsFailingReason, "The agent's validations are failing: "+failingMessages(st.ValidationsInfo))
-	}
-	connected := conditions.New(v1beta1.ConnectedCondition, true, v1beta1.AgentConnectedReason, "The agent's connection to the installation service is unimpaired")
-	if !f.connected {
-		connected = conditions.New(v1beta1.ConnectedCondition, false, v1beta1.AgentDisconnectedReason, "The agent has not contacted the installation service in a while; it is disconnected")
-	}
-	var requirements v1beta1.Condition
-	installing := a.Spec.ClusterDeploymentName != nil && st.Progress.CurrentStage != ""
-	switch {
-	case installing:
-		requirements = conditions.New(v1beta1.RequirementsMetCondition, false, v1beta1.AgentAlreadyInstallingReason, "The agent cannot begin the installation because it has already started")
-	case !a.Spec.Approved:
-		requirements = conditions.New(v1beta1.RequirementsMetCondition, false, v1beta1.AgentIsNotApprovedReason, "The agent is not approved")
-	case passing && f.connected:
-		requirements = conditions.New(v1beta1.RequirementsMetCondition, true, v1beta1.AgentReadyReason, "The agent is ready to begin the installation")
-	default:
-		requirements = conditions.New(v1beta1.RequirementsMetCondition, false, v1beta1.AgentNotReadyReason, "The agent is not ready: "+notReady(f.connected, validated))
-	}
-	for _, c := range []v1beta1.Condition{
-		conditions.New(v1beta1.SpecSyncedCondition, true, v1beta1.SyncOKReason, "The Spec has been successfully applied"),
-		connected,
-		requirements,
-		validated,
-		installed(view),
-		bound,
-	} {
+	for _, c := range d.Conditions {
 		st.Conditions = conditions.Set(st.Conditions, c, now)
 	}
-	st.DebugInfo.State, st.DebugInfo.StateInfo = state(f, passing, pendingIDs, failing)
-	if a.Spec.ClusterDeploymentName != nil {
-		// Bound hosts drop the -unbound suffix, as in assisted-service.
-		st.DebugInfo.State = strings.TrimSuffix(st.DebugInfo.State, "-unbound")
-		if st.DebugInfo.State == "known" {
-			st.DebugInfo.StateInfo = "Host is bound to cluster " + a.Spec.ClusterDeploymentName.Name + " and ready to be installed"
-		}
-	}
-	if s, info := installState(view); s != "" {
-		st.DebugInfo.State, st.DebugInfo.StateInfo = s, info
-	}
+	st.Role = d.Role
+	st.DebugInfo.State, st.DebugInfo.StateInfo = d.State, d.StateInfo
 
 	if equality.Semantic.DeepEqual(st, &a.Status) {
 		return nil
@@ -324,65 +265,6 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 	return nil
 }
 
-// Host states of an installation.
-const (
-	StateInstalling              = "installing"
-	StateInstallingInProgress    = "installing-in-progress"
-	StateAddedToExistingCluster  = "added-to-existing-cluster"
-	StateError                   = "error"
-	StateUnbinding               = "unbinding"
-	StateUnbindingPendingUserAct = "unbinding-pending-user-action"
-)
-
-// installState is the state an installation puts the host in, or "" when
-// there is none.
-func installState(a *v1beta1.Agent) (string, string) {
-	p := &a.Status.Progress
-	switch {
-	case p.CurrentStage == "":
-		return "", ""
-	case a.Spec.ClusterDeploymentName == nil && a.Labels[v1beta1.BMHLabel] != "":
-		return StateUnbinding, "Host was released from its cluster; its BareMetalHost reboots it into the discovery image"
-	case a.Spec.ClusterDeploymentName == nil:
-		return StateUnbindingPendingUserAct, "Host was released from its cluster: reboot the host into the discovery image"
-	case p.CurrentStage == v1beta1.StageFailed:
-		return StateError, "Host failed to install: " + p.ProgressInfo
-	case p.CurrentStage == v1beta1.StageDone:
-		return StateAddedToExistingCluster, "Host has joined cluster " + a.Spec.ClusterDeploymentName.Name
-	case p.CurrentStage == v1beta1.StageStartingInstallation:
-		return StateInstalling, "Installation is starting"
-	}
-	return StateInstallingInProgress, "Host is installing: " + string(p.CurrentStage)
-}
-
-// installed is the Installed condition, from the installation's progress.
-func installed(a *v1beta1.Agent) v1beta1.Condition {
-	p := &a.Status.Progress
-	detail := func(msg string) string {
-		if p.ProgressInfo != "" {
-			return msg + ": " + p.ProgressInfo
-		}
-		return msg
-	}
-	switch {
-	case p.CurrentStage == "":
-		return conditions.New(v1beta1.InstalledCondition, false, v1beta1.InstallationNotStartedReason, detail("The installation has not yet started"))
-	case p.CurrentStage == v1beta1.StageFailed:
-		return conditions.New(v1beta1.InstalledCondition, false, v1beta1.InstallationFailedReason, detail("The installation has failed"))
-	case p.CurrentStage == v1beta1.StageDone:
-		return conditions.New(v1beta1.InstalledCondition, true, v1beta1.InstallationCompletedReason, detail("The installation has completed"))
-	}
-	return conditions.New(v1beta1.InstalledCondition, false, v1beta1.InstallationInProgressReason,
-		detail(fmt.Sprintf("The installation is in progress: %s, %d%%", p.CurrentStage, p.InstallationPercentage)))
-}
-
-func notReady(connected bool, validated v1beta1.Condition) string {
-	if !connected {
-		return "it is disconnected"
-	}
-	return strings.ToLower(validated.Message[:1]) + validated.Message[1:]
-}
-
 func failingMessages(vs v1beta1.ValidationsStatus) string {
 	var out []string
 	for _, c := range validations {
@@ -395,25 +277,12 @@ func failingMessages(vs v1beta1.ValidationsStatus) string {
 	return strings.Join(out, "; ")
 }
 
-func state(f *facts, passing bool, pendingIDs, failing []string) (string, string) {
-	switch {
-	case !f.connected:
-		return StateDisconnectedUnbound, "The host has not checked in for " + r3(f)
-	case !inventoried(f):
-		return StateDiscoveringUnbound, "Waiting for the host's inventory"
-	case len(failing) > 0:
-		return StateInsufficientUnbound, "Host cannot be installed due to following failing validation(s): " + strings.Join(failing, ", ")
-	case !passing:
-		return StateDiscoveringUnbound, "Waiting for validations: " + strings.Join(pendingIDs, ", ")
-	}
-	return StateKnownUnbound, "Host is ready to be bound to a cluster"
-}
-
-func r3(f *facts) string {
+// silence says how long a disconnected host has been silent.
+func (r *Reconciler) silence(f *facts) string {
 	if f.lastSeen.IsZero() {
 		return "a while"
 	}
-	return "more than 3 minutes (last at " + f.lastSeen.UTC().Format(time.RFC3339) + ")"
+	return "more than " + r.DisconnectAfter.String() + " (last at " + f.lastSeen.UTC().Format(time.RFC3339) + ")"
 }
 
 // recordTransitions emits events when approval, connectivity or validations

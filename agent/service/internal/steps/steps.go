@@ -26,6 +26,7 @@ import (
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/installprogress"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/osimage"
 )
 
@@ -77,7 +78,7 @@ func (s *Steps) Next(ctx context.Context, ref *api.AgentRef) ([]agentapi.Step, e
 		step.Ignition, err = fetch(ctx)
 	}
 	if err != nil {
-		return nil, s.block(ctx, a, err.Error())
+		return nil, s.block(ctx, a, err.Error(), reason(err))
 	}
 	claimed := a.DeepCopy()
 	installprogress.Start(&claimed.Status.Progress, fmt.Sprintf("installing to %s (%s) from %s", disk.Path, disk.ID, step.ImageURL), s.Now())
@@ -122,8 +123,18 @@ func (s *Steps) installStep(ref *api.AgentRef) (*agentapi.InstallStep, v1beta1.H
 	}, disk, nil
 }
 
+// reason is the event reason for why the installation waits: the error's
+// own (binding.Refused says BindingRefused), else InstallationWaiting.
+func reason(err error) string {
+	var r interface{ EventReason() string }
+	if errors.As(err, &r) {
+		return r.EventReason()
+	}
+	return "InstallationWaiting"
+}
+
 // block records why the installation cannot start, once per reason.
-func (s *Steps) block(ctx context.Context, a *v1beta1.Agent, why string) error {
+func (s *Steps) block(ctx context.Context, a *v1beta1.Agent, why, reason string) error {
 	if a.Status.Progress.ProgressInfo == why {
 		return nil
 	}
@@ -132,7 +143,7 @@ func (s *Steps) block(ctx context.Context, a *v1beta1.Agent, why string) error {
 	if err := s.Client.Status().Patch(ctx, a, patch); err != nil {
 		return fmt.Errorf("record why the installation waits: %w", err)
 	}
-	s.Events.Eventf(a, nil, corev1.EventTypeWarning, "InstallationWaiting", "Install", "%s", why)
+	s.Events.Eventf(a, nil, corev1.EventTypeWarning, reason, "Install", "%s", why)
 	return nil
 }
 
@@ -254,6 +265,9 @@ func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1bet
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
 			return err
+		}
+		if !lifecycle.Bound(cur) {
+			return errors.New("the host was released from its cluster: its installation is void, and it must boot the discovery image again")
 		}
 		next := cur.DeepCopy()
 		if err := change(&next.Status.Progress); err != nil {

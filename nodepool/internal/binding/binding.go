@@ -1,0 +1,174 @@
+// Package binding derives an Agent's binding to a hosted cluster from the
+// objects only HyperShift and cluster-api-provider-agent write, never from
+// the Agent alone: a user who may edit Agents in an agent namespace can
+// write spec.clusterDeploymentName, the token reference and the
+// agentMachineRef label, but not the AgentMachine, the HostedControlPlane,
+// the ClusterDeployment or the Secrets in a control-plane namespace. Before
+// agentboot hands out a pointer Ignition or a token, approves a CSR or
+// touches a Node, the binding must hold here.
+//
+// It reads, uncached and fresh, and never writes.
+package binding
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	hivev1 "github.com/agentboot/agentboot/api/hive/v1"
+	hiveext "github.com/agentboot/agentboot/api/hiveext/v1beta1"
+	"github.com/agentboot/agentboot/internal/lifecycle"
+)
+
+// Kinds read unstructured: agentboot reads a field or two of each and
+// ships no CRD for them (HyperShift and cluster-api-provider-agent do).
+var (
+	AgentMachineList       = schema.GroupVersionKind{Group: "capi-provider.agent-install.openshift.io", Version: "v1beta1", Kind: "AgentMachineList"}
+	HostedControlPlaneList = schema.GroupVersionKind{Group: "hypershift.openshift.io", Version: "v1beta1", Kind: "HostedControlPlaneList"}
+)
+
+// Binding is an Agent's binding as HyperShift and cluster-api-provider-agent
+// recorded it.
+type Binding struct {
+	// Namespace is the hosted cluster's control-plane namespace, where the
+	// AgentMachine, ClusterDeployment and token Secret live.
+	Namespace string
+	// AgentMachine is the name of the AgentMachine that took the Agent.
+	AgentMachine string
+	// ClusterDeployment and Install are the cluster's records.
+	ClusterDeployment *hivev1.ClusterDeployment
+	Install           *hiveext.AgentClusterInstall
+}
+
+// Refused says why an Agent's binding cannot be trusted or used; it is
+// shown on the Agent (progressInfo, an event) and nothing is handed out.
+type Refused struct{ Msg string }
+
+func (e *Refused) Error() string { return e.Msg }
+
+// EventReason is the reason of the event that shows it.
+func (e *Refused) EventReason() string { return "BindingRefused" }
+
+func refused(format string, args ...any) error { return &Refused{Msg: fmt.Sprintf(format, args...)} }
+
+// IsRefused reports whether err is a Refused.
+func IsRefused(err error) bool {
+	var r *Refused
+	return errors.As(err, &r)
+}
+
+// Resolve checks the Agent's binding against what only HyperShift and
+// cluster-api-provider-agent write:
+//   - an AgentMachine in the namespace the agentMachineRefNamespace
+//     annotation names references this Agent in status.agentRef and is named
+//     (by name or UID) by the agentMachineRef label;
+//   - the HostedControlPlane in that namespace serves the Agent's namespace
+//     (spec.platform.agent.agentNamespace);
+//   - spec.clusterDeploymentName names a ClusterDeployment in that same
+//     namespace, installed, whose clusterInstallRef names an
+//     AgentClusterInstall there.
+//
+// Anything else is a Refused error saying what does not hold.
+func Resolve(ctx context.Context, r client.Reader, a *v1beta1.Agent) (*Binding, error) {
+	cd := a.Spec.ClusterDeploymentName
+	if cd == nil {
+		return nil, refused("the Agent is not bound")
+	}
+	ns := a.Annotations[lifecycle.AgentMachineRefNamespaceAnnotation]
+	ref := a.Labels[lifecycle.AgentMachineRefLabel]
+	if ns == "" || ref == "" {
+		return nil, refused("agentboot installs Agents that cluster-api-provider-agent bound; this one has no %s label and %s annotation",
+			lifecycle.AgentMachineRefLabel, lifecycle.AgentMachineRefNamespaceAnnotation)
+	}
+	if cd.Namespace != ns {
+		return nil, refused("spec.clusterDeploymentName is in namespace %q, but the Agent's AgentMachine is in %q", cd.Namespace, ns)
+	}
+	b := &Binding{Namespace: ns}
+	var err error
+	if b.AgentMachine, err = agentMachine(ctx, r, a, ns, ref); err != nil {
+		return nil, err
+	}
+	if err := servesAgentNamespace(ctx, r, ns, a.Namespace); err != nil {
+		return nil, err
+	}
+	b.ClusterDeployment = &hivev1.ClusterDeployment{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: cd.Name}, b.ClusterDeployment); err != nil {
+		return nil, readError(err, "ClusterDeployment %s/%s named by spec.clusterDeploymentName", ns, cd.Name)
+	}
+	spec := &b.ClusterDeployment.Spec
+	ir := spec.ClusterInstallRef
+	switch {
+	case !spec.Installed:
+		return nil, refused("ClusterDeployment %s/%s is not an installed cluster (spec.installed is false); agentboot adds workers to running hosted clusters only", ns, cd.Name)
+	case ir == nil || ir.Kind != "AgentClusterInstall" || ir.Name == "":
+		return nil, refused("ClusterDeployment %s/%s has no spec.clusterInstallRef to an AgentClusterInstall", ns, cd.Name)
+	}
+	b.Install = &hiveext.AgentClusterInstall{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: ir.Name}, b.Install); err != nil {
+		return nil, readError(err, "AgentClusterInstall %s/%s named by ClusterDeployment %s", ns, ir.Name, cd.Name)
+	}
+	return b, nil
+}
+
+// agentMachine finds the AgentMachine in ns that took the Agent, and
+// returns its name.
+func agentMachine(ctx context.Context, r client.Reader, a *v1beta1.Agent, ns, ref string) (string, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(AgentMachineList)
+	if err := r.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return "", readError(err, "AgentMachines in namespace %s", ns)
+	}
+	for _, am := range list.Items {
+		name, _, _ := unstructured.NestedString(am.Object, "status", "agentRef", "name")
+		agentNS, _, _ := unstructured.NestedString(am.Object, "status", "agentRef", "namespace")
+		if name != a.Name || agentNS != a.Namespace {
+			continue
+		}
+		if ref != am.GetName() && ref != string(am.GetUID()) {
+			return "", refused("AgentMachine %s/%s references this Agent, but its %s label names %q", ns, am.GetName(), lifecycle.AgentMachineRefLabel, ref)
+		}
+		if am.GetDeletionTimestamp() != nil {
+			return "", refused("AgentMachine %s/%s is being deleted", ns, am.GetName())
+		}
+		return am.GetName(), nil
+	}
+	return "", refused("no AgentMachine in namespace %s references this Agent in status.agentRef (yet)", ns)
+}
+
+// servesAgentNamespace checks that the hosted control plane in ns takes its
+// Agents from agentNS.
+func servesAgentNamespace(ctx context.Context, r client.Reader, ns, agentNS string) error {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(HostedControlPlaneList)
+	if err := r.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return readError(err, "HostedControlPlanes in namespace %s", ns)
+	}
+	if len(list.Items) != 1 {
+		return refused("namespace %s holds %d HostedControlPlanes, not one", ns, len(list.Items))
+	}
+	hcp := &list.Items[0]
+	served, _, _ := unstructured.NestedString(hcp.Object, "spec", "platform", "agent", "agentNamespace")
+	if served != agentNS {
+		return refused("HostedControlPlane %s/%s takes its Agents from namespace %q, not %q", ns, hcp.GetName(), served, agentNS)
+	}
+	return nil
+}
+
+// readError turns a missing object or kind into a Refused naming it.
+func readError(err error, format string, args ...any) error {
+	what := fmt.Sprintf(format, args...)
+	switch {
+	case apierrors.IsNotFound(err):
+		return refused("%s does not exist", what)
+	case meta.IsNoMatchError(err):
+		return refused("%s: the kind is not installed in this cluster", what)
+	}
+	return fmt.Errorf("read %s: %w", what, err)
+}
