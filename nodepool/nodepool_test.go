@@ -2,6 +2,7 @@ package nodepool_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -12,13 +13,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vincent-petithory/dataurl"
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	hiveext "github.com/agentboot/agentboot/api/hiveext/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
@@ -107,16 +113,24 @@ func (e *env) waitAgent(h *stack.Host, what string, ok func(a *v1beta1.Agent) bo
 	}
 }
 
+// heartbeat heartbeats once, no faster than the agent API lets one host
+// (2 a second).
+func (e *env) heartbeat(h *stack.Host) agentapi.Instructions {
+	e.t.Helper()
+	time.Sleep(500 * time.Millisecond)
+	in, err := h.Heartbeat()
+	require.NoError(e.t, err)
+	return in
+}
+
 // installStep heartbeats until the host is given its install step.
 func (e *env) installStep(h *stack.Host) agentapi.Step {
 	e.t.Helper()
 	var steps []agentapi.Step
 	require.Eventually(e.t, func() bool {
-		in, err := h.Heartbeat()
-		require.NoError(e.t, err)
-		steps = in.Steps
+		steps = e.heartbeat(h).Steps
 		return len(steps) > 0
-	}, wait, 200*time.Millisecond, "host %s never got its install step: %+v", h.ID, e.agent(h).Status)
+	}, wait, 100*time.Millisecond, "host %s never got its install step: %+v", h.ID, e.agent(h).Status)
 	require.Len(e.t, steps, 1)
 	return steps[0]
 }
@@ -340,4 +354,216 @@ func requireEvent(t *testing.T, e *env, np, note string) {
 	if !ok {
 		t.Fatalf("no NodePool %s event with %q; seen: %s", np, note, fmt.Sprint(seen))
 	}
+}
+
+// tenant is a user who may edit Agents (and their status) in namespace ns
+// and nothing else, as a team sharing the management cluster would be.
+func (e *env) tenant(ns, user string) client.Client {
+	e.t.Helper()
+	ctx := context.Background()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"agent-install.openshift.io"}, Resources: []string{"agents", "agents/status"}, Verbs: []string{"get", "list", "watch", "update", "patch"}},
+	}}
+	require.NoError(e.t, e.Client.Create(ctx, role))
+	require.NoError(e.t, e.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: rbacv1.GroupName, Name: user}}}))
+	cfg := rest.CopyConfig(e.Env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+	c, err := client.New(cfg, client.Options{Scheme: e.Client.Scheme()})
+	require.NoError(e.t, err)
+	return c
+}
+
+// requireAgentEvent waits for an event on the Agent with reason whose note
+// contains note.
+func requireAgentEvent(t *testing.T, e *env, h *stack.Host, reason, note string) {
+	t.Helper()
+	var seen []string
+	ok := assert.Eventually(t, func() bool {
+		var list eventsv1.EventList
+		require.NoError(t, e.Client.List(context.Background(), &list, client.InNamespace(h.NS)))
+		seen = seen[:0]
+		for _, ev := range list.Items {
+			if ev.Regarding.Kind == "Agent" && ev.Regarding.Name == h.ID {
+				seen = append(seen, ev.Reason+": "+ev.Note)
+				if ev.Reason == reason && strings.Contains(ev.Note, note) {
+					return true
+				}
+			}
+		}
+		return false
+	}, wait, 200*time.Millisecond)
+	if !ok {
+		t.Fatalf("no %s event on Agent %s with %q; seen: %q", reason, h.ID, note, seen)
+	}
+}
+
+// TestTenantCannotReachAnotherCluster: a team that may edit Agents (and
+// their status) in its own namespace points its host at another team's
+// hosted cluster, copying the labels, annotation and spec
+// cluster-api-provider-agent writes. agentboot hands it no pointer
+// Ignition, no token, and approves no CSR for it: the binding does not
+// hold in the control-plane namespace, which only HyperShift and the
+// provider write. The other team's own host installs as usual.
+func TestTenantCannotReachAnotherCluster(t *testing.T) {
+	e := start(t, true)
+	ctx := context.Background()
+	victim := e.readyHost(1, map[string]string{"pool": "a"})
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
+	np.Scale(1)
+	bound := e.waitAgent(victim, "bound", func(a *v1beta1.Agent) bool { return a.Labels["agentMachineRef"] != "" })
+	step := e.installStep(victim)
+	require.Contains(t, step.Install.Ignition, "Bearer "+token)
+
+	// Team B's own InfraEnv, host and rights.
+	ieB := e.CreateInfraEnv(t, "team-b", "pool", nil)
+	mallory := e.Register(t, ieB, 7)
+	tenant := e.tenant(ieB.Namespace, "team-b")
+	forge := func(change func(a *v1beta1.Agent)) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			var a v1beta1.Agent
+			require.NoError(t, tenant.Get(ctx, client.ObjectKey{Namespace: mallory.NS, Name: mallory.ID}, &a))
+			change(&a)
+			return tenant.Update(ctx, &a) == nil
+		}, wait, 100*time.Millisecond)
+	}
+	forge(func(a *v1beta1.Agent) {
+		a.Spec.Approved = true
+		a.Labels["agentMachineRef"] = bound.Labels["agentMachineRef"]
+		a.Annotations = map[string]string{"agentMachineRefNamespace": e.cluster.CP}
+		a.Spec.ClusterDeploymentName = bound.Spec.ClusterDeploymentName
+		a.Spec.MachineConfigPool = bound.Spec.MachineConfigPool
+		a.Spec.IgnitionEndpointTokenReference = bound.Spec.IgnitionEndpointTokenReference
+		a.Spec.IgnitionEndpointHTTPHeaders = bound.Spec.IgnitionEndpointHTTPHeaders
+	})
+	e.waitAgent(mallory, "refused", func(a *v1beta1.Agent) bool {
+		in := e.heartbeat(mallory)
+		require.Empty(t, in.Steps, "no step, no token for a forged binding")
+		return strings.Contains(a.Status.Progress.ProgressInfo, "no AgentMachine in namespace "+e.cluster.CP+" references this Agent")
+	})
+	requireAgentEvent(t, e, mallory, "BindingRefused", "no AgentMachine in namespace "+e.cluster.CP)
+
+	// The spec pointing one way and the annotation another is refused too.
+	forge(func(a *v1beta1.Agent) { a.Annotations["agentMachineRefNamespace"] = ieB.Namespace })
+	e.waitAgent(mallory, "refused: namespaces differ", func(a *v1beta1.Agent) bool {
+		in := e.heartbeat(mallory)
+		require.Empty(t, in.Steps)
+		return strings.Contains(a.Status.Progress.ProgressInfo, `spec.clusterDeploymentName is in namespace "`+e.cluster.CP+`", but the Agent's AgentMachine is in "`+ieB.Namespace+`"`)
+	})
+
+	// With status rights the tenant claims its host rebooted into an
+	// installed system; its kubelet asks the victim's cluster for a
+	// certificate. Nothing is approved.
+	forge(func(a *v1beta1.Agent) { a.Annotations["agentMachineRefNamespace"] = e.cluster.CP })
+	require.Eventually(t, func() bool {
+		var a v1beta1.Agent
+		require.NoError(t, tenant.Get(ctx, client.ObjectKey{Namespace: mallory.NS, Name: mallory.ID}, &a))
+		a.Status.Progress = v1beta1.HostProgressInfo{CurrentStage: v1beta1.StageRebooting, InstallationPercentage: 100,
+			StageStartTime: &metav1.Time{Time: time.Now()}, StageUpdateTime: &metav1.Time{Time: time.Now()}}
+		return tenant.Status().Update(ctx, &a) == nil
+	}, wait, 100*time.Millisecond)
+	kl := &hosted.Kubelet{T: t, C: e.hosted, Name: "host-7"}
+	kl.CSR("mallory", hosted.ClientSigner, hosted.Bootstrapper, "host-7", nil, nil, hosted.ClientUsages...)
+	requireAgentEvent(t, e, mallory, "BindingRefused", "no AgentMachine in namespace "+e.cluster.CP)
+	time.Sleep(2 * time.Second) // several worker visits (every 300 ms)
+	require.False(t, kl.Approved("mallory"), "a CSR for a host whose binding does not hold is never approved")
+
+	// The victim's own host is untouched by all this.
+	e.install(victim, "host-1")
+}
+
+// TestCAPIAgentFaults: what the binding is built from breaks while
+// cluster-api-provider-agent is down; each problem is named on the Agent
+// and nothing is handed out until it is fixed. A token rotated before the
+// step is handed out is the one the host gets; the provider restarting
+// mid-install changes nothing.
+func TestCAPIAgentFaults(t *testing.T) {
+	e := start(t, true)
+	ctx := context.Background()
+	h := e.readyHost(1, map[string]string{"pool": "a"})
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
+	np.Scale(1)
+	a := e.waitAgent(h, "bound", func(a *v1beta1.Agent) bool { return a.Labels["agentMachineRef"] != "" })
+	e.cluster.StopProvider() // it would repair some of what follows
+
+	blocked := func(what string) {
+		t.Helper()
+		e.waitAgent(h, "blocked: "+what, func(a *v1beta1.Agent) bool {
+			require.Empty(t, e.heartbeat(h).Steps, "nothing is handed out while %s", what)
+			c := condition(a, v1beta1.InstalledCondition)
+			return strings.Contains(a.Status.Progress.ProgressInfo, what) && c.Reason == v1beta1.InstallationNotStartedReason && strings.Contains(c.Message, what)
+		})
+	}
+	// Merge patches: agentboot's Go type of the AgentClusterInstall has
+	// only the fields it reads.
+	aci := &hiveext.AgentClusterInstall{}
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: e.cluster.CP, Name: "vcluster2"}, aci))
+	endpoint, err := json.Marshal(map[string]any{"spec": map[string]any{"ignitionEndpoint": aci.Spec.IgnitionEndpoint}})
+	require.NoError(t, err)
+	require.NoError(t, e.Client.Patch(ctx, aci, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"ignitionEndpoint":null}}`))))
+	blocked("AgentClusterInstall " + e.cluster.CP + "/vcluster2 has no spec.ignitionEndpoint.url")
+	requireAgentEvent(t, e, h, "BindingRefused", "has no spec.ignitionEndpoint.url")
+	require.NoError(t, e.Client.Patch(ctx, aci, client.RawPatch(types.MergePatchType, endpoint)))
+
+	tokenKey := client.ObjectKey{Namespace: a.Spec.IgnitionEndpointTokenReference.Namespace, Name: a.Spec.IgnitionEndpointTokenReference.Name}
+	var tokenSecret corev1.Secret
+	require.NoError(t, e.Client.Get(ctx, tokenKey, &tokenSecret))
+	tokenSecret.Data = map[string][]byte{"wrong-key": []byte("x")}
+	require.NoError(t, e.Client.Update(ctx, &tokenSecret))
+	blocked(`token Secret ` + tokenKey.String() + ` has no usable key "ignition-token"`)
+	require.NoError(t, e.Client.Delete(ctx, &tokenSecret))
+	blocked(`token Secret ` + tokenKey.String() + ` does not exist`)
+
+	var caSecret corev1.Secret
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: e.cluster.CP, Name: "ignition-server-ca-cert"}, &caSecret))
+	good := caSecret.Data["tls.crt"]
+	caSecret.Data["tls.crt"] = []byte("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
+	require.NoError(t, e.Client.Update(ctx, &caSecret))
+	// HyperShift rotated the NodePool's token meanwhile: the token Secret
+	// the provider writes comes back with the new one.
+	rotated := "cm90YXRlZC10b2tlbg"
+	require.NoError(t, e.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tokenKey.Namespace, Name: tokenKey.Name},
+		Data: map[string][]byte{"ignition-token": []byte(rotated)}}))
+	blocked(`key "tls.crt" is not a PEM certificate bundle`)
+	caSecret.Data["tls.crt"] = good
+	require.NoError(t, e.Client.Update(ctx, &caSecret))
+
+	step := e.installStep(h)
+	require.Contains(t, step.Install.Ignition, `"Bearer `+rotated+`"`, "the token as it is when the step is handed out")
+	require.NotContains(t, step.Install.Ignition, token)
+
+	// The provider comes back mid-install, goes away and comes back again:
+	// the binding stays, the installation goes on to Done.
+	e.cluster.StartProvider()
+	e.waitAgent(h, "installing", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == lifecycle.StateInstalling })
+	e.cluster.StopProvider()
+	e.cluster.StartProvider()
+	before := len(e.cluster.AgentUpdates())
+	e.install(h, "host-1")
+	a = e.agent(h)
+	require.NotNil(t, a.Spec.ClusterDeploymentName)
+	require.Equal(t, before, len(e.cluster.AgentUpdates()), "a restarted provider rewrites nothing on a bound Agent")
+	require.Eventually(t, func() bool {
+		am := np.AgentMachine(np.Machines()[0].GetName())
+		ready, _, _ := unstructured.NestedBool(am.Object, "status", "ready")
+		return ready
+	}, wait, 200*time.Millisecond)
+}
+
+// TestShortfallExplained: machines waiting for Agents are explained on
+// the NodePool, with how the Agents its selector matches stand.
+func TestShortfallExplained(t *testing.T) {
+	e := start(t, true)
+	e.readyHost(1, map[string]string{"pool": "a"})
+	unapproved := e.Register(t, e.ie, 2)
+	var a v1beta1.Agent
+	require.NoError(t, e.Client.Get(context.Background(), client.ObjectKey{Namespace: unapproved.NS, Name: unapproved.ID}, &a))
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Labels["pool"] = "a"
+	require.NoError(t, e.Client.Patch(context.Background(), &a, patch))
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
+	np.Scale(3)
+	requireEvent(t, e, np.NP.Name, `2 more Agent(s) wanted: 2 Agent(s) in namespace `+e.agentsNS+` match the selector "pool=a", 1 already bound, 1 not approved`)
 }

@@ -149,8 +149,22 @@ func Start(t testing.TB, env *testenv.Env, opts Options) *Cluster {
 	require.NoError(t, c.C.Update(ctx, ac))
 	if opts.Provider {
 		c.StartProvider()
+		c.WaitClusterDeployment()
 	}
 	return c
+}
+
+// WaitClusterDeployment waits until the provider created the
+// ClusterDeployment and recorded it on the AgentCluster. An AgentMachine it
+// reconciles before then is not requeued (as upstream), so tests scale
+// NodePools after this.
+func (c *Cluster) WaitClusterDeployment() {
+	c.T.Helper()
+	require.Eventually(c.T, func() bool {
+		ac := newObj(AgentClusterGVK)
+		return c.C.Get(context.Background(), client.ObjectKey{Namespace: c.CP, Name: c.Opts.Name}, ac) == nil &&
+			str(ac, "status", "clusterDeploymentReference", "name") != ""
+	}, 2*time.Minute, 100*time.Millisecond, "cluster-api-provider-agent never created the ClusterDeployment")
 }
 
 // StartProvider starts cluster-api-provider-agent for this cluster, as its
