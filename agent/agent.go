@@ -238,6 +238,14 @@ func (a *Agent) runStep(ctx context.Context, s agentapi.Step) {
 	}
 	if err := a.client.StepResult(ctx, a.ns, a.id, s.ID, res); err != nil {
 		a.log.Error("report step result", "step", s.ID, "err", err)
+		if client.IsCode(err, agentapi.CodeReleased) && s.Install != nil {
+			// Unbound while installing: what was written must not boot.
+			a.reboot = false
+			if err := install.Void(s.Install.DiskPath); err != nil {
+				a.log.Error("wipe the void installation", "disk", s.Install.DiskPath, "err", err)
+			}
+			a.log.Info("released from its cluster while installing; staying in discovery", "disk", s.Install.DiskPath)
+		}
 	}
 	if a.reboot {
 		a.log.Info("rebooting into the installed system")

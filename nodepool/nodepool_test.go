@@ -567,3 +567,31 @@ func TestShortfallExplained(t *testing.T) {
 	np.Scale(3)
 	requireEvent(t, e, np.NP.Name, `2 more Agent(s) wanted: 2 Agent(s) in namespace `+e.agentsNS+` match the selector "pool=a", 1 already bound, 1 not approved`)
 }
+
+// TestReleasedWhileInstalling: Cluster API deletes a Machine whose host is
+// still writing its disk in discovery. The provider unbinds the Agent; the
+// host's reports are refused from then on, and its step result is
+// answered Released: the installation is void (the agent wipes what it
+// wrote and does not reboot into it), the Agent is free again, and the
+// provider's hook lets the Machine go.
+func TestReleasedWhileInstalling(t *testing.T) {
+	e := start(t, true)
+	h := e.readyHost(1, map[string]string{"pool": "a"})
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
+	np.Scale(1)
+	e.installStep(h)
+	require.NoError(t, h.Progress("Writing image to disk", 40, ""))
+	np.Scale(0)
+	e.waitAgent(h, "released while writing", func(a *v1beta1.Agent) bool {
+		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == lifecycle.StateUnbindingPendingUserAct
+	})
+	require.ErrorContains(t, h.Progress("Rebooting", 100, ""), "released from its cluster")
+	err := h.StepResult("install", agentapi.StepResult{Output: "installed to /dev/vda"})
+	require.ErrorContains(t, err, "409")
+	require.ErrorContains(t, err, agentapi.CodeReleased)
+	e.waitAgent(h, "free again", func(a *v1beta1.Agent) bool {
+		return a.Status.DebugInfo.State == lifecycle.StateKnownUnbound && a.Status.Progress.CurrentStage == "" && a.Status.InstallationDiskID == ""
+	})
+	require.Eventually(t, func() bool { return len(np.Machines()) == 0 }, wait, 200*time.Millisecond, "the hook is released")
+	requireAgentEvent(t, e, h, "BackInDiscovery", "released from its cluster while it installed")
+}

@@ -62,6 +62,11 @@ const (
 	CodeHostIDConflict = "HostIDConflict"
 	// CodeInfraEnvGone: the InfraEnv was deleted; the agent stops.
 	CodeInfraEnvGone = "InfraEnvGone"
+	// CodeReleased answers a step result of a host that was unbound from
+	// its cluster while it installed: the installation is void, and the
+	// agent wipes what it wrote and stays in discovery instead of
+	// rebooting into it.
+	CodeReleased = "Released"
 )
 
 // InstructionsRequest is the heartbeat: the agent's clock, for the

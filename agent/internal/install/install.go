@@ -189,6 +189,18 @@ func write(ctx context.Context, step agentapi.InstallStep, o Options) (err error
 	return nil
 }
 
+// Void wipes the start of disk after an installation the service called
+// off: the disk must not boot what was written.
+func Void(path string) error {
+	disk, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer disk.Close()
+	wipe(disk)
+	return nil
+}
+
 // wipe zeroes the first MiB, so a disk with a bad image does not boot it.
 func wipe(disk *os.File) {
 	_, _ = disk.WriteAt(make([]byte, 1<<20), 0)

@@ -191,3 +191,18 @@ func TestPartitionNames(t *testing.T) {
 	require.True(t, isPartitionOf("/dev/nvme0n1p3", "/dev/nvme0n1"))
 	require.False(t, isPartitionOf("/dev/sdab", "/dev/sda"))
 }
+
+// Void zeroes the start of a disk the service called the installation off
+// for, so firmware cannot boot what was written; the rest is left alone.
+func TestVoid(t *testing.T) {
+	disk := filepath.Join(t.TempDir(), "disk")
+	data := bytes.Repeat([]byte{0xAB}, 3<<20)
+	require.NoError(t, os.WriteFile(disk, data, 0o600))
+	require.NoError(t, Void(disk))
+	got, err := os.ReadFile(disk)
+	require.NoError(t, err)
+	require.Len(t, got, len(data))
+	require.Equal(t, make([]byte, 1<<20), got[:1<<20], "the first MiB is zeroed")
+	require.Equal(t, data[1<<20:], got[1<<20:])
+	require.ErrorContains(t, Void(filepath.Join(t.TempDir(), "missing")), "open ")
+}

@@ -52,9 +52,15 @@ type Options struct {
 	Now   func() time.Time
 }
 
+// ErrReleased is Steps.Result's answer for a host released from its
+// cluster while it installed.
+var ErrReleased = errors.New("the host was released from its cluster while it installed: its installation is void; stay in discovery")
+
 // Steps hands out work for hosts and takes their reports.
 type Steps interface {
 	Next(ctx context.Context, a *AgentRef) ([]agentapi.Step, error)
+	// Result takes a step's outcome; ErrReleased says the host was
+	// unbound meanwhile and must not boot what it installed.
 	Result(ctx context.Context, a *AgentRef, step string, r agentapi.StepResult) error
 	Progress(ctx context.Context, a *AgentRef, p agentapi.Progress) error
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"context"
 	"fmt"
 	"math"
@@ -266,6 +267,10 @@ func (s *Server) stepResult(w http.ResponseWriter, r *http.Request, ref *AgentRe
 		return
 	}
 	if err := s.o.Steps.Result(r.Context(), ref, r.PathValue("step"), res); err != nil {
+		if errors.Is(err, ErrReleased) {
+			writeError(w, http.StatusConflict, agentapi.CodeReleased, "%v", err)
+			return
+		}
 		writeError(w, http.StatusBadRequest, "BadStepResult", "%v", err)
 		return
 	}

@@ -220,10 +220,20 @@ func diskNames(disks []v1beta1.HostDisk) string {
 }
 
 // Result takes the install step's outcome: a failure ends the installation
-// at Failed with the agent's error, unless the host already said so.
+// at Failed with the agent's error, unless the host already said so. A
+// host unbound while it installed is still in discovery: its installation
+// is forgotten (it is free again) and it is told so (ErrReleased), so that
+// it wipes what it wrote instead of rebooting into a system that would
+// join a cluster it no longer belongs to.
 func (s *Steps) Result(ctx context.Context, ref *api.AgentRef, step string, r agentapi.StepResult) error {
 	if step != InstallStepID {
 		return fmt.Errorf("no step %q was given to this host", step)
+	}
+	if released, err := s.forgetIfReleased(ctx, ref.Agent); err != nil || released {
+		if err == nil {
+			err = api.ErrReleased
+		}
+		return err
 	}
 	if r.ExitCode == 0 {
 		return nil
@@ -238,6 +248,29 @@ func (s *Steps) Result(ctx context.Context, ref *api.AgentRef, step string, r ag
 		}
 		return installprogress.Fail(p, reason, s.Now())
 	})
+}
+
+// forgetIfReleased forgets the installation of an Agent that is no longer
+// bound, read fresh from the apiserver.
+func (s *Steps) forgetIfReleased(ctx context.Context, a *v1beta1.Agent) (bool, error) {
+	cur := &v1beta1.Agent{}
+	if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
+		return false, err
+	}
+	if lifecycle.Bound(cur) {
+		return false, nil
+	}
+	if lifecycle.Started(cur) {
+		next := cur.DeepCopy()
+		installprogress.Reset(&next.Status.Progress)
+		next.Status.InstallationDiskID = ""
+		if err := s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{})); err != nil {
+			return false, fmt.Errorf("forget the installation of a released host: %w", err)
+		}
+		s.Events.Eventf(cur, nil, corev1.EventTypeNormal, "BackInDiscovery", "Install",
+			"the host was released from its cluster while it installed; it wipes what it wrote and stays in discovery")
+	}
+	return true, nil
 }
 
 // Progress records a stage the host reports; the stages after Rebooting are
