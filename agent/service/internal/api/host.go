@@ -1,8 +1,8 @@
 package api
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
