@@ -595,3 +595,41 @@ func TestReleasedWhileInstalling(t *testing.T) {
 	require.Eventually(t, func() bool { return len(np.Machines()) == 0 }, wait, 200*time.Millisecond, "the hook is released")
 	requireAgentEvent(t, e, h, "BackInDiscovery", "released from its cluster while it installed")
 }
+
+// TestManagerHandoverMidInstall: the agentboot manager that handed out a
+// host's installation goes away and a new one takes over while the host
+// writes its disk and cluster-api-provider-agent keeps reconciling. The
+// new one knows only what the apiserver holds: it hands out no second
+// installation, takes the host's reports, follows it into the hosted
+// cluster and to Done, and the AgentMachine turns Ready.
+func TestManagerHandoverMidInstall(t *testing.T) {
+	e := start(t, true)
+	h := e.readyHost(1, map[string]string{"pool": "a"})
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
+	np.Scale(1)
+	e.installStep(h)
+	require.NoError(t, h.Progress("Starting installation", 0, "installing to /dev/vda"))
+	require.NoError(t, h.Progress("Writing image to disk", 30, ""))
+	e.ReplaceManager(t)
+	require.Eventually(t, func() bool {
+		in, err := h.Heartbeat()
+		if err != nil {
+			return false // the new agent API is not listening yet
+		}
+		require.Empty(t, in.Steps, "the installation is handed out once, whoever answers")
+		return true
+	}, wait, 500*time.Millisecond)
+	require.NoError(t, h.Progress("Writing image to disk", 60, ""))
+	require.NoError(t, h.Progress("Rebooting", 100, ""))
+	require.NoError(t, h.StepResult("install", agentapi.StepResult{Output: "installed to /dev/vda"}))
+	kl := &hosted.Kubelet{T: t, C: e.hosted, Name: "host-1"}
+	kl.CSR("client", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
+	require.Eventually(t, func() bool { return kl.Approved("client") }, wait, 100*time.Millisecond)
+	kl.Register()
+	kl.Ready()
+	e.waitAgent(h, "done", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == lifecycle.StateAddedToExistingCluster })
+	require.Eventually(t, func() bool {
+		ready, _, _ := unstructured.NestedBool(np.AgentMachine(np.Machines()[0].GetName()).Object, "status", "ready")
+		return ready
+	}, wait, 200*time.Millisecond)
+}

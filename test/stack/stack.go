@@ -90,6 +90,18 @@ type Stack struct {
 	CAFile     string
 	AgentBin   string
 	ImageCache string
+
+	replaceManager func() error
+}
+
+// ReplaceManager stops the manager (controllers and agent API) and starts a
+// new one with the same configuration, as a replica that takes over from
+// one that went away; what it knows comes from the apiserver only.
+func (s *Stack) ReplaceManager(t testing.TB) {
+	t.Helper()
+	if err := s.replaceManager(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Start runs a stack for the duration of t.
@@ -259,21 +271,39 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	} else {
 		processes[0].c.ImageService = imgSvc
 	}
-	for _, p := range processes {
-		mgr, err := app.NewManager(p.cfg, app.ManagerOptions{Namespace: Namespace, MetricsAddr: "0", ProbeAddr: "0", SkipControllerNameValidation: true}, log)
+	for i, p := range processes {
+		run := func() (func(), error) {
+			mgr, err := app.NewManager(p.cfg, app.ManagerOptions{Namespace: Namespace, MetricsAddr: "0", ProbeAddr: "0", SkipControllerNameValidation: true}, log)
+			if err != nil {
+				return nil, err
+			}
+			if err := app.Add(mgr, p.c, log); err != nil {
+				return nil, err
+			}
+			mctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- mgr.Start(mctx) }()
+			return func() { cancel(); <-done }, nil
+		}
+		stopProcess, err := run()
 		if err != nil {
 			return fail(err)
 		}
-		if err := app.Add(mgr, p.c, log); err != nil {
-			return fail(err)
+		if i == 0 {
+			// The manager process can be replaced, as a new replica takes
+			// over from one that stopped.
+			s.replaceManager = func() error {
+				stopProcess()
+				stopProcess = func() {}
+				next, err := run()
+				if err != nil {
+					return err
+				}
+				stopProcess = next
+				return nil
+			}
 		}
-		mctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- mgr.Start(mctx) }()
-		cleanup = append(cleanup, func() {
-			cancel()
-			<-done
-		})
+		cleanup = append(cleanup, func() { stopProcess() })
 	}
 	if err := waitListening(opts.Dial, s.HTTPSAddr, 30*time.Second); err != nil {
 		return fail(err)
