@@ -4,13 +4,17 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/testenv"
@@ -102,4 +106,72 @@ func TestRBACIsSufficient(t *testing.T) {
 	}
 	out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "get", "secrets", "-n", ns, "--as=system:serviceaccount:agentboot-system:agentboot-image-service")
 	require.Equal(t, "no", strings.TrimSpace(out), "the image service never reads pull secrets")
+}
+
+// The hive-crds component stores what cluster-api-provider-agent writes,
+// unchanged, under the same names as hive's and assisted-service's own
+// CRDs, so that a cluster can move from one to the other.
+func TestHiveCRDsComponent(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{NoCRDs: true})
+	ctx := context.Background()
+	out, err := env.Kubectl(ctx, "", "apply", "-k", testenv.RepoRoot()+"/deploy/hive-crds")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "customresourcedefinition.apiextensions.k8s.io/clusterdeployments.hive.openshift.io")
+	require.Contains(t, out, "customresourcedefinition.apiextensions.k8s.io/agentclusterinstalls.extensions.hive.openshift.io")
+
+	ours, err := HiveCRDs()
+	require.NoError(t, err)
+	require.Len(t, ours, 2)
+	for _, doc := range ours {
+		var crd apiextensionsv1.CustomResourceDefinition
+		require.NoError(t, yaml.Unmarshal(doc, &crd))
+		upstream, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "test", "crds", "upstream", crd.Spec.Group+"_"+crd.Spec.Names.Plural+".yaml"))
+		require.NoError(t, err)
+		var up apiextensionsv1.CustomResourceDefinition
+		require.NoError(t, yaml.Unmarshal(upstream, &up))
+		require.Equal(t, up.Name, crd.Name)
+		require.Equal(t, up.Spec.Names.Kind, crd.Spec.Names.Kind)
+		require.Equal(t, up.Spec.Scope, crd.Spec.Scope)
+		var served []string
+		for _, v := range up.Spec.Versions {
+			if v.Storage {
+				served = append(served, v.Name)
+			}
+		}
+		require.Equal(t, served, []string{crd.Spec.Versions[0].Name}, "the storage version")
+	}
+
+	// Objects as the provider writes them (test/capiagent).
+	for _, manifest := range []string{`
+apiVersion: hive.openshift.io/v1
+kind: ClusterDeployment
+metadata: {name: vcluster2, namespace: default, labels: {agentClusterRef: vcluster2}}
+spec:
+  installed: true
+  clusterName: vcluster2
+  baseDomain: example.com
+  platform: {agentBareMetal: {agentSelector: {}}}
+  clusterInstallRef: {group: extensions.hive.openshift.io, version: v1beta1, kind: AgentClusterInstall, name: vcluster2}
+  pullSecretRef: {name: pull-secret}
+  clusterMetadata: {clusterID: 0b6e, infraID: 0b6e, adminKubeconfigSecretRef: {name: admin-kubeconfig}, adminPasswordSecretRef: {name: kubeadmin-password}}
+`, `
+apiVersion: extensions.hive.openshift.io/v1beta1
+kind: AgentClusterInstall
+metadata: {name: vcluster2, namespace: default}
+spec:
+  clusterDeploymentRef: {name: vcluster2}
+  provisionRequirements: {controlPlaneAgents: 3}
+  networking: {userManagedNetworking: true}
+  ignitionEndpoint: {url: "https://ignition.example.com", caCertificateReference: {namespace: default, name: ignition-server-ca-cert}}
+`} {
+		_, err := env.Kubectl(ctx, manifest, "create", "-f", "-")
+		require.NoError(t, err)
+		var want map[string]any
+		require.NoError(t, yaml.Unmarshal([]byte(manifest), &want))
+		got, err := env.Kubectl(ctx, "", "get", want["kind"].(string), "-n", "default", "vcluster2", "-o", "json")
+		require.NoError(t, err)
+		var stored map[string]any
+		require.NoError(t, yaml.Unmarshal([]byte(got), &stored))
+		require.Equal(t, want["spec"], stored["spec"], "stored as written")
+	}
 }
