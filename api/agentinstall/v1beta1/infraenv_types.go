@@ -84,7 +84,11 @@ type KernelArgument struct {
 	// Value is one kernel argument, such as "console=ttyS0,115200n8". Spaces
 	// are allowed only inside double quotes; newlines, control characters and
 	// '#' are rejected because they would break out of the iPXE script or the
-	// ISO's kernel-argument area.
+	// ISO's kernel-argument area. iPXE knows no quotes: it splits a line at
+	// spaces and ends a command at a word ";", "&&" or "||", and it expands
+	// "${...}" from settings a DHCP server can set, so none of these may
+	// appear either.
+	// +kubebuilder:validation:XValidation:rule="!self.matches('(^| )(;|&&|[|][|])( |$)') && !self.contains('${')",message="must not hold a word ';', '&&' or '||' (iPXE command separators) or '${' (iPXE settings expansion)"
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(?:[^\\\\x00-\\\\x20\\\\x7f\"#]+|\"[^\\\\x00-\\\\x1f\\\\x7f\"#]*\")+$')",message="must be one kernel argument: no newline, control character or '#', and spaces only inside double quotes"
