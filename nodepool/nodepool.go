@@ -28,10 +28,13 @@ type Config struct {
 	// take the defaults (install 20m without a report, join 30m, Ready
 	// 20m).
 	Timeouts Timeouts
-	// Poll is how often a hosted cluster is looked at for a joining or
-	// draining host (10s).
+	// Poll is how often a hosted cluster is looked at for a joining host
+	// (10s).
 	Poll time.Duration
-	Log  logr.Logger
+	// NoCSRApproval leaves kubelet CSRs to a person (each is named in an
+	// event) instead of approving those that pass the checks.
+	NoCSRApproval bool
+	Log           logr.Logger
 }
 
 // SetupWithManager adds the worker controller, which follows bound hosts
@@ -44,11 +47,12 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		return nil
 	}
 	if err := (&worker.Reconciler{
-		Client:    mgr.GetClient(),
-		APIReader: mgr.GetAPIReader(),
-		Events:    mgr.GetEventRecorder("agentboot-nodepool-worker"),
-		Timeouts:  cfg.Timeouts,
-		Poll:      cfg.Poll,
+		Client:        mgr.GetClient(),
+		APIReader:     mgr.GetAPIReader(),
+		Events:        mgr.GetEventRecorder("agentboot-nodepool-worker"),
+		Timeouts:      cfg.Timeouts,
+		Poll:          cfg.Poll,
+		NoCSRApproval: cfg.NoCSRApproval,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os/exec"
 	"strings"
 	"testing"
@@ -30,6 +31,7 @@ import (
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/nodepool"
+	"github.com/agentboot/agentboot/nodepool/internal/worker"
 	"github.com/agentboot/agentboot/test/capiagent"
 	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/stack"
@@ -57,7 +59,11 @@ type env struct {
 // provider) cluster-api-provider-agent around it.
 func start(t *testing.T, provider bool) *env {
 	// The manager runs with the RBAC deploy/ gives it.
-	s := stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond}, Identities: stack.Deployed})
+	return startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond}, Identities: stack.Deployed}), provider)
+}
+
+// startOn is start on a running stack.
+func startOn(t *testing.T, s *stack.Stack, provider bool) *env {
 	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "agents", "pool", nil), hosted: hosted.Start(t)}
 	e.agentsNS = e.ie.Namespace
 	_, _, ca, err := stack.Certificates(t.TempDir(), "ignition.vcluster2.example.com")
@@ -632,4 +638,64 @@ func TestManagerHandoverMidInstall(t *testing.T) {
 		ready, _, _ := unstructured.NestedBool(np.AgentMachine(np.Machines()[0].GetName()).Object, "status", "ready")
 		return ready
 	}, wait, 200*time.Millisecond)
+}
+
+// TestKubeletCSRsStrict: only the client CSR the node bootstrapper makes
+// for this installation is approved, once; a CSR planted before the
+// machine existed, one from a bootstrap token, and a second client CSR are
+// left pending with an event saying why; when undecided CSRs flood the
+// hosted cluster nothing more is approved there.
+func TestKubeletCSRsStrict(t *testing.T) {
+	e := start(t, true)
+	ctx := context.Background()
+	h := e.readyHost(1, map[string]string{"pool": "a"})
+	kl := &hosted.Kubelet{T: t, C: e.hosted, Name: "host-1"}
+	kl.CSR("planted", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
+	// The hosted cluster's clock and the management cluster's may differ:
+	// a CSR may predate its machine by 10 s. This one is older.
+	time.Sleep(12 * time.Second)
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
+	np.Scale(1)
+	e.installStep(h)
+	require.NoError(t, h.Progress("Rebooting", 100, ""))
+	requireAgentEvent(t, e, h, "CSRNotApproved", "CSR planted names this host but is not approved: it was created at")
+	kl.CSR("token", hosted.ClientSigner, "system:bootstrap:abcdef", "host-1", nil, nil, hosted.ClientUsages...)
+	requireAgentEvent(t, e, h, "CSRNotApproved", `CSR token names this host but is not approved: requested by "system:bootstrap:abcdef"`)
+	kl.CSR("client", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
+	require.Eventually(t, func() bool { return kl.Approved("client") }, wait, 100*time.Millisecond)
+	kl.CSR("client-again", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
+	requireAgentEvent(t, e, h, "CSRNotApproved", "client CSR client was already approved for this Node")
+	for _, name := range []string{"planted", "token", "client-again"} {
+		require.False(t, kl.Approved(name), "CSR %s", name)
+	}
+
+	// A flood of undecided CSRs (other hosts' names) stops approval there.
+	other := &hosted.Kubelet{T: t, C: e.hosted}
+	for i := range worker.MaxPendingCSRs + 1 {
+		other.CSR(fmt.Sprintf("flood-%d", i), hosted.ClientSigner, hosted.Bootstrapper, fmt.Sprintf("other-%d", i), nil, nil, hosted.ClientUsages...)
+	}
+	kl.Register()
+	kl.CSR("serving", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.10")}, hosted.ServingUsages...)
+	requireAgentEvent(t, e, h, "CSRNotApproved", "undecided CSRs, more than 100")
+	require.False(t, kl.Approved("serving"))
+	require.NoError(t, e.hosted.Admin.CertificatesV1().CertificateSigningRequests().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}))
+	kl.CSR("serving-2", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.10")}, hosted.ServingUsages...)
+	require.Eventually(t, func() bool { return kl.Approved("serving-2") }, wait, 100*time.Millisecond, "approved again once the flood is cleared")
+}
+
+// TestKubeletCSRApprovalOff: --approve-kubelet-csrs=false leaves the
+// kubelet's CSRs to a person, and says so.
+func TestKubeletCSRApprovalOff(t *testing.T) {
+	s := stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond, NoCSRApproval: true}})
+	e := startOn(t, s, true)
+	h := e.readyHost(1, map[string]string{"pool": "a"})
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
+	np.Scale(1)
+	e.installStep(h)
+	require.NoError(t, h.Progress("Rebooting", 100, ""))
+	kl := &hosted.Kubelet{T: t, C: e.hosted, Name: "host-1"}
+	kl.CSR("client", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
+	requireAgentEvent(t, e, h, "CSRNotApproved", "automatic approval is off")
+	e.waitAgent(h, "configuring", func(a *v1beta1.Agent) bool { return a.Status.Progress.CurrentStage == v1beta1.StageConfiguring })
+	require.False(t, kl.Approved("client"))
 }

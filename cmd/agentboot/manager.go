@@ -24,6 +24,7 @@ type managerFlags struct {
 	metricsSecure bool
 	probeAddr     string
 	nodePools     bool
+	approveCSRs   bool
 }
 
 func (m *managerFlags) register(fs *flag.FlagSet) {
@@ -37,9 +38,12 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&m.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS with Kubernetes authentication and authorization")
 	fs.StringVar(&m.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
 	fs.BoolVar(&m.nodePools, "nodepools", true, "install the Agents cluster-api-provider-agent binds for HyperShift NodePools and explain NodePool shortfalls; false hands out no installation (another service installs them)")
+	fs.BoolVar(&m.approveCSRs, "approve-kubelet-csrs", true, "approve the kubelet CSRs of hosts agentboot installed, after checking them as cluster-machine-approver does; false leaves every one to a person, with an event naming it")
 }
 
-func (m managerFlags) nodePool() nodepool.Config { return nodepool.Config{Off: !m.nodePools} }
+func (m managerFlags) nodePool() nodepool.Config {
+	return nodepool.Config{Off: !m.nodePools, NoCSRApproval: !m.approveCSRs}
+}
 
 func (m managerFlags) options() app.ManagerOptions {
 	return app.ManagerOptions{Namespace: m.namespace, LeaderElect: m.leaderElect, MetricsAddr: m.metricsAddr, MetricsSecure: m.metricsSecure, ProbeAddr: m.probeAddr}

@@ -79,8 +79,12 @@ func (k *Kubelet) CSR(name, signer, user, cn string, dns []string, ips []net.IP,
 	require.NoError(k.T, err)
 	cfg := rest.CopyConfig(k.C.Env.Config)
 	groups := []string{"system:authenticated"}
-	if strings.HasPrefix(user, "system:node:") {
+	switch {
+	case strings.HasPrefix(user, "system:node:"):
 		groups = append(groups, "system:nodes")
+	case user == Bootstrapper:
+		// A ServiceAccount's groups, as the apiserver gives them.
+		groups = append(groups, "system:serviceaccounts", "system:serviceaccounts:openshift-machine-config-operator")
 	}
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
 	c := kubernetes.NewForConfigOrDie(cfg)

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -40,8 +41,11 @@ type Binding struct {
 	// Namespace is the hosted cluster's control-plane namespace, where the
 	// AgentMachine, ClusterDeployment and token Secret live.
 	Namespace string
-	// AgentMachine is the name of the AgentMachine that took the Agent.
-	AgentMachine string
+	// AgentMachine is the name of the AgentMachine that took the Agent, and
+	// AgentMachineCreated when Cluster API created it: kubelet CSRs made
+	// before then were not made for this installation.
+	AgentMachine        string
+	AgentMachineCreated time.Time
 	// ClusterDeployment and Install are the cluster's records.
 	ClusterDeployment *hivev1.ClusterDeployment
 	Install           *hiveext.AgentClusterInstall
@@ -91,10 +95,11 @@ func Resolve(ctx context.Context, r client.Reader, a *v1beta1.Agent) (*Binding, 
 		return nil, refused("spec.clusterDeploymentName is in namespace %q, but the Agent's AgentMachine is in %q", cd.Namespace, ns)
 	}
 	b := &Binding{Namespace: ns}
-	var err error
-	if b.AgentMachine, err = agentMachine(ctx, r, a, ns, ref); err != nil {
+	am, err := agentMachine(ctx, r, a, ns, ref)
+	if err != nil {
 		return nil, err
 	}
+	b.AgentMachine, b.AgentMachineCreated = am.GetName(), am.GetCreationTimestamp().Time
 	if err := servesAgentNamespace(ctx, r, ns, a.Namespace); err != nil {
 		return nil, err
 	}
@@ -117,13 +122,12 @@ func Resolve(ctx context.Context, r client.Reader, a *v1beta1.Agent) (*Binding, 
 	return b, nil
 }
 
-// agentMachine finds the AgentMachine in ns that took the Agent, and
-// returns its name.
-func agentMachine(ctx context.Context, r client.Reader, a *v1beta1.Agent, ns, ref string) (string, error) {
+// agentMachine finds the AgentMachine in ns that took the Agent.
+func agentMachine(ctx context.Context, r client.Reader, a *v1beta1.Agent, ns, ref string) (*unstructured.Unstructured, error) {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(AgentMachineList)
 	if err := r.List(ctx, list, client.InNamespace(ns)); err != nil {
-		return "", readError(err, "AgentMachines in namespace %s", ns)
+		return nil, readError(err, "AgentMachines in namespace %s", ns)
 	}
 	for _, am := range list.Items {
 		name, _, _ := unstructured.NestedString(am.Object, "status", "agentRef", "name")
@@ -132,14 +136,14 @@ func agentMachine(ctx context.Context, r client.Reader, a *v1beta1.Agent, ns, re
 			continue
 		}
 		if ref != am.GetName() && ref != string(am.GetUID()) {
-			return "", refused("AgentMachine %s/%s references this Agent, but its %s label names %q", ns, am.GetName(), lifecycle.AgentMachineRefLabel, ref)
+			return nil, refused("AgentMachine %s/%s references this Agent, but its %s label names %q", ns, am.GetName(), lifecycle.AgentMachineRefLabel, ref)
 		}
 		if am.GetDeletionTimestamp() != nil {
-			return "", refused("AgentMachine %s/%s is being deleted", ns, am.GetName())
+			return nil, refused("AgentMachine %s/%s is being deleted", ns, am.GetName())
 		}
-		return am.GetName(), nil
+		return &am, nil
 	}
-	return "", refused("no AgentMachine in namespace %s references this Agent in status.agentRef (yet)", ns)
+	return nil, refused("no AgentMachine in namespace %s references this Agent in status.agentRef (yet)", ns)
 }
 
 // servesAgentNamespace checks that the hosted control plane in ns takes its

@@ -8,8 +8,6 @@ package shortfall
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -28,6 +26,7 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
+	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/nodepool/internal/binding"
 )
@@ -89,17 +88,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	note := fmt.Sprintf("%d more Agent(s) wanted: %s", waiting, why)
-	r.Events.Eventf(np, nil, corev1.EventTypeWarning, "InsufficientAgents", action(note), "%s", note)
+	r.Events.Eventf(np, nil, corev1.EventTypeWarning, "InsufficientAgents", eventnote.Action("Explain", note), "%s", note)
 	return ctrl.Result{RequeueAfter: r.RetryAfter}, nil
-}
-
-// action names the explanation. The events API folds events with the same
-// regarding object, reason and action into one series and keeps the first
-// note, so a changed explanation needs an action of its own to be seen;
-// the same explanation again only counts up its series.
-func action(note string) string {
-	sum := sha256.Sum256([]byte(note))
-	return "Explain-" + hex.EncodeToString(sum[:4])
 }
 
 // ControlPlaneNamespace is where HyperShift runs a HostedCluster's control

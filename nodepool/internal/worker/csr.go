@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -15,38 +16,81 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/eventnote"
 )
 
-// Identities kubelets bootstrap with: OpenShift's node-bootstrapper
-// ServiceAccount, and kubeadm-style bootstrap tokens.
+// The identity OpenShift kubelets bootstrap with, exactly as
+// cluster-machine-approver wants it (csr_check.go): the node-bootstrapper
+// ServiceAccount with exactly its groups. Bootstrap tokens
+// (system:bootstrap:*) are not accepted: anyone holding one could ask.
+const nodeBootstrapper = "system:serviceaccount:openshift-machine-config-operator:node-bootstrapper"
+
+var nodeBootstrapperGroups = []string{"system:authenticated", "system:serviceaccounts", "system:serviceaccounts:openshift-machine-config-operator"}
+
+// Limits of automatic approval, as cluster-machine-approver's.
 const (
-	nodeBootstrapper   = "system:serviceaccount:openshift-machine-config-operator:node-bootstrapper"
-	bootstrapTokenUser = "system:bootstrap:"
+	// MaxPendingCSRs is how many undecided CSRs a hosted cluster may hold
+	// before nothing more is approved there: a flood is an attack or a
+	// fault for a person to look at.
+	MaxPendingCSRs = 100
+	// maxClientCSRAge: a client CSR older than this is not looked at.
+	maxClientCSRAge = time.Hour
+	// maxClockSkew: a CSR may predate its AgentMachine by this much.
+	maxClockSkew = 10 * time.Second
 )
 
-// approveCSRs approves this host's pending kubelet CSRs: a client CSR from
-// a bootstrap identity while its Node does not exist yet, and serving CSRs
-// from the Node itself; each only when the names and addresses are this
-// host's. It returns how many pending CSRs are this host's.
-func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool) (int, error) {
+// csrContext is what a CSR of this host is checked against.
+type csrContext struct {
+	hostname   string
+	ips        []net.IP
+	nodeExists bool
+	// notBefore: a CSR created earlier was not made for this
+	// installation (its AgentMachine is younger, or it is over an hour
+	// old); approved is the client CSR already approved for this Node.
+	notBefore time.Time
+	approved  string
+}
+
+// approveCSRs approves this host's pending kubelet CSRs: one client CSR from
+// the node bootstrapper while its Node does not exist yet, made for this
+// installation, and serving CSRs from the Node itself; each only when the
+// names and addresses are this host's. It returns how many pending CSRs
+// are this host's. machineCreated is when its AgentMachine was created.
+func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated time.Time) (int, error) {
 	list, err := hc.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return 0, fmt.Errorf("list CertificateSigningRequests: %w", err)
 	}
-	ips := addresses(a)
+	cc := csrContext{hostname: hostname, ips: addresses(a), nodeExists: nodeExists, notBefore: machineCreated.Add(-maxClockSkew)}
+	pending := 0
+	for i := range list.Items {
+		csr := &list.Items[i]
+		if !decided(csr) {
+			pending++
+		} else if approvedClient(csr, hostname) && !csr.CreationTimestamp.Time.Before(cc.notBefore) {
+			cc.approved = csr.Name
+		}
+	}
 	mine := 0
 	for i := range list.Items {
 		csr := &list.Items[i]
 		if decided(csr) {
 			continue
 		}
-		why := checkCSR(csr, hostname, ips, nodeExists)
+		why := checkCSR(csr, cc, r.Now())
 		if why == errNotThisHost {
 			continue
 		}
 		mine++
+		switch {
+		case why != "":
+		case r.NoCSRApproval:
+			why = "automatic approval is off (--approve-kubelet-csrs=false): approve it by hand once you have checked it"
+		case pending > MaxPendingCSRs:
+			why = fmt.Sprintf("the hosted cluster holds %d undecided CSRs, more than %d: nothing is approved there until they are cleared", pending, MaxPendingCSRs)
+		}
 		if why != "" {
-			r.Events.Eventf(a, nil, corev1.EventTypeWarning, "CSRNotApproved", "ApproveCSR", "CSR %s names this host but is not approved: %s", csr.Name, why)
+			r.refuse(a, csr.Name, why)
 			continue
 		}
 		csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
@@ -56,7 +100,11 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 		if _, err := hc.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{}); err != nil {
 			return mine, fmt.Errorf("approve CSR %s: %w", csr.Name, err)
 		}
-		r.Events.Eventf(a, nil, corev1.EventTypeNormal, "CSRApproved", "ApproveCSR", "approved %s CSR %s", csr.Spec.SignerName, csr.Name)
+		if csr.Spec.SignerName == certificatesv1.KubeAPIServerClientKubeletSignerName {
+			cc.approved = csr.Name
+		}
+		note := fmt.Sprintf("approved %s CSR %s", csr.Spec.SignerName, csr.Name)
+		r.Events.Eventf(a, nil, corev1.EventTypeNormal, "CSRApproved", eventnote.Action("ApproveCSR", note), "%s", note)
 	}
 	return mine, nil
 }
@@ -70,19 +118,54 @@ func decided(csr *certificatesv1.CertificateSigningRequest) bool {
 	return false
 }
 
+// refuse records, once per CSR and reason, why a CSR naming this host is
+// left pending.
+func (r *Reconciler) refuse(a *v1beta1.Agent, csr, why string) {
+	key := a.Namespace + "/" + a.Name + "/" + csr
+	if said, ok := r.refused.Get(key); ok && said == why {
+		return
+	}
+	r.refused.Add(key, why)
+	note := fmt.Sprintf("CSR %s names this host but is not approved: %s", csr, why)
+	r.Events.Eventf(a, nil, corev1.EventTypeWarning, "CSRNotApproved", eventnote.Action("ApproveCSR", note), "%s", note)
+}
+
+// approvedClient is an approved kubelet client CSR for hostname's Node.
+func approvedClient(csr *certificatesv1.CertificateSigningRequest, hostname string) bool {
+	if csr.Spec.SignerName != certificatesv1.KubeAPIServerClientKubeletSignerName {
+		return false
+	}
+	for _, c := range csr.Status.Conditions {
+		if c.Type == certificatesv1.CertificateApproved && c.Status == corev1.ConditionTrue {
+			req, err := parseRequest(csr)
+			return err == nil && req.Subject.CommonName == "system:node:"+hostname
+		}
+	}
+	return false
+}
+
+func parseRequest(csr *certificatesv1.CertificateSigningRequest) (*x509.CertificateRequest, error) {
+	block, _ := pem.Decode(csr.Spec.Request)
+	if block == nil || block.Type != "CERTIFICATE REQUEST" {
+		return nil, fmt.Errorf("not a PEM certificate request")
+	}
+	return x509.ParseCertificateRequest(block.Bytes)
+}
+
 const errNotThisHost = "not this host"
 
 // checkCSR returns errNotThisHost for CSRs of other hosts, "" for a CSR to
 // approve, or why this host's CSR is refused.
-func checkCSR(csr *certificatesv1.CertificateSigningRequest, hostname string, ips []net.IP, nodeExists bool) string {
+func checkCSR(csr *certificatesv1.CertificateSigningRequest, cc csrContext, now time.Time) string {
+	hostname, ips, nodeExists := cc.hostname, cc.ips, cc.nodeExists
 	node := "system:node:" + hostname
-	block, _ := pem.Decode(csr.Spec.Request)
-	if block == nil || block.Type != "CERTIFICATE REQUEST" {
-		return errNotThisHost
-	}
-	req, err := x509.ParseCertificateRequest(block.Bytes)
+	req, err := parseRequest(csr)
 	if err != nil || req.Subject.CommonName != node {
 		return errNotThisHost
+	}
+	if created := csr.CreationTimestamp.Time; created.Before(cc.notBefore) {
+		return fmt.Sprintf("it was created at %s, before this host's machine (%s): it was not made for this installation",
+			created.UTC().Format(time.RFC3339), cc.notBefore.Add(maxClockSkew).UTC().Format(time.RFC3339))
 	}
 	if err := req.CheckSignature(); err != nil {
 		return "its signature does not verify"
@@ -103,11 +186,18 @@ func checkCSR(csr *certificatesv1.CertificateSigningRequest, hostname string, ip
 	}
 	switch csr.Spec.SignerName {
 	case certificatesv1.KubeAPIServerClientKubeletSignerName:
+		groups := slices.Sorted(slices.Values(csr.Spec.Groups))
 		switch {
 		case nodeExists:
 			return "Node " + hostname + " already exists; a new client certificate is the kubelet's own rotation to ask for"
-		case csr.Spec.Username != nodeBootstrapper && !strings.HasPrefix(csr.Spec.Username, bootstrapTokenUser):
-			return fmt.Sprintf("requested by %q, not a node bootstrap identity", csr.Spec.Username)
+		case cc.approved != "":
+			return "client CSR " + cc.approved + " was already approved for this Node: one per installation"
+		case csr.Spec.Username != nodeBootstrapper:
+			return fmt.Sprintf("requested by %q, not by %s", csr.Spec.Username, nodeBootstrapper)
+		case !slices.Equal(slices.Compact(groups), nodeBootstrapperGroups):
+			return fmt.Sprintf("requested with groups %q, not exactly the node bootstrapper's %q", csr.Spec.Groups, nodeBootstrapperGroups)
+		case now.Sub(csr.CreationTimestamp.Time) > maxClientCSRAge:
+			return fmt.Sprintf("it has been pending since %s, more than %s", csr.CreationTimestamp.UTC().Format(time.RFC3339), maxClientCSRAge)
 		case len(req.DNSNames)+len(req.IPAddresses)+len(req.EmailAddresses)+len(req.URIs) > 0:
 			return "a client certificate must not carry names or addresses"
 		}

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,9 +10,11 @@ import (
 	"encoding/pem"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	certificatesv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func request(t *testing.T, cn string, orgs, dns []string, ips []net.IP) []byte {
@@ -23,6 +26,7 @@ func request(t *testing.T, cn string, orgs, dns []string, ips []net.IP) []byte {
 }
 
 func TestCheckCSR(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	hostIPs := []net.IP{net.ParseIP("198.18.0.10"), net.ParseIP("2001:db8::10")}
 	nodes := []string{"system:nodes"}
 	client := certificatesv1.KubeAPIServerClientKubeletSignerName
@@ -37,10 +41,20 @@ func TestCheckCSR(t *testing.T) {
 		ips        []net.IP
 		usages     []certificatesv1.KeyUsage
 		nodeExists bool
+		groups     []string
+		age        time.Duration // of the CSR (1m)
+		machineAge time.Duration // of the AgentMachine (30m)
+		approved   string
 		want       string
 	}{
 		{name: "client from the bootstrapper", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu},
-		{name: "client from a bootstrap token", signer: client, user: "system:bootstrap:abcdef", cn: "system:node:w1", orgs: nodes, usages: cu},
+		{name: "client from a bootstrap token", signer: client, user: "system:bootstrap:abcdef", cn: "system:node:w1", orgs: nodes, usages: cu, want: `requested by "system:bootstrap:abcdef"`},
+		{name: "client from the bootstrapper's name with other groups", signer: client, user: nodeBootstrapper, groups: []string{"system:authenticated"}, cn: "system:node:w1", orgs: nodes, usages: cu, want: "not exactly the node bootstrapper's"},
+		{name: "client with an extra group", signer: client, user: nodeBootstrapper, groups: append([]string{"system:masters"}, nodeBootstrapperGroups...), cn: "system:node:w1", orgs: nodes, usages: cu, want: "not exactly the node bootstrapper's"},
+		{name: "client planted before the machine", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, age: 25 * time.Hour, want: "not made for this installation"},
+		{name: "serving planted before the machine", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, dns: []string{"w1"}, usages: su, age: 25 * time.Hour, want: "not made for this installation"},
+		{name: "client pending over an hour", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, age: 61 * time.Minute, machineAge: 2 * time.Hour, want: "more than 1h0m0s"},
+		{name: "second client for the Node", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, approved: "csr-first", want: "csr-first was already approved"},
 		{name: "another host", signer: client, user: nodeBootstrapper, cn: "system:node:w2", orgs: nodes, usages: cu, want: errNotThisHost},
 		{name: "not a node", signer: client, user: nodeBootstrapper, cn: "admin", orgs: nodes, usages: cu, want: errNotThisHost},
 		{name: "client once the Node exists", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, nodeExists: true, want: "already exists"},
@@ -58,9 +72,17 @@ func TestCheckCSR(t *testing.T) {
 		{name: "other signer", signer: "example.com/custom", user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, want: errNotThisHost},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			csr := &certificatesv1.CertificateSigningRequest{Spec: certificatesv1.CertificateSigningRequestSpec{
-				Request: request(t, c.cn, c.orgs, c.dns, c.ips), SignerName: c.signer, Username: c.user, Usages: c.usages}}
-			got := checkCSR(csr, "w1", hostIPs, c.nodeExists)
+			groups := c.groups
+			if groups == nil && c.user == nodeBootstrapper {
+				groups = []string{"system:serviceaccounts:openshift-machine-config-operator", "system:authenticated", "system:serviceaccounts"}
+			}
+			age, machineAge := cmp.Or(c.age, time.Minute), cmp.Or(c.machineAge, 30*time.Minute)
+			csr := &certificatesv1.CertificateSigningRequest{
+				ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(now.Add(-age))},
+				Spec: certificatesv1.CertificateSigningRequestSpec{
+					Request: request(t, c.cn, c.orgs, c.dns, c.ips), SignerName: c.signer, Username: c.user, Groups: groups, Usages: c.usages}}
+			cc := csrContext{hostname: "w1", ips: hostIPs, nodeExists: c.nodeExists, notBefore: now.Add(-machineAge - maxClockSkew), approved: c.approved}
+			got := checkCSR(csr, cc, now)
 			if c.want == "" {
 				require.Empty(t, got)
 			} else {
@@ -69,5 +91,5 @@ func TestCheckCSR(t *testing.T) {
 		})
 	}
 	garbage := &certificatesv1.CertificateSigningRequest{Spec: certificatesv1.CertificateSigningRequestSpec{Request: []byte("not PEM"), SignerName: client}}
-	require.Equal(t, errNotThisHost, checkCSR(garbage, "w1", hostIPs, false))
+	require.Equal(t, errNotThisHost, checkCSR(garbage, csrContext{hostname: "w1", ips: hostIPs}, now))
 }

@@ -43,12 +43,13 @@ type hostedClient struct {
 // through the admin kubeconfig its ClusterDeployment names
 // (spec.clusterMetadata.adminKubeconfigSecretRef, key "kubeconfig"), once
 // the binding holds (binding.Resolve).
-func (r *Reconciler) hosted(ctx context.Context, a *v1beta1.Agent) (kubernetes.Interface, error) {
+func (r *Reconciler) hosted(ctx context.Context, a *v1beta1.Agent) (kubernetes.Interface, *binding.Binding, error) {
 	b, err := binding.Resolve(ctx, r.APIReader, a)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return r.clientFor(ctx, b.ClusterDeployment)
+	c, err := r.clientFor(ctx, b.ClusterDeployment)
+	return c, b, err
 }
 
 // clientFor returns the client of ClusterDeployment cd's cluster: the one

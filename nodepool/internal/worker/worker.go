@@ -22,12 +22,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/lru"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/nodepool/internal/binding"
@@ -55,9 +57,15 @@ type Reconciler struct {
 	Poll time.Duration
 	// CallTimeout bounds each call to a hosted cluster (30s).
 	CallTimeout time.Duration
-	Now         func() time.Time
+	// NoCSRApproval leaves every kubelet CSR for a person to approve; each
+	// is named in an event.
+	NoCSRApproval bool
+	Now           func() time.Time
 
 	clients clients
+	// refused remembers the last refusal event per CSR, so each is said
+	// once (bounded: CSRs come and go).
+	refused *lru.Cache
 }
 
 // SetupWithManager follows bound Agents.
@@ -80,6 +88,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
 	}
+	r.refused = lru.New(4096)
 	bound := predicate.NewPredicateFuncs(func(o client.Object) bool { return lifecycle.Bound(o.(*v1beta1.Agent)) })
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nodepool-worker").
@@ -127,7 +136,7 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	if now.Sub(started) >= limit {
 		return r.fail(ctx, a, fmt.Sprintf("%s within %s of %q", what, limit, p.CurrentStage))
 	}
-	hc, err := r.hosted(ctx, a)
+	hc, b, err := r.hosted(ctx, a)
 	if err != nil {
 		return r.wait(ctx, a, err)
 	}
@@ -139,7 +148,7 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	case err != nil:
 		return r.wait(ctx, a, fmt.Errorf("read Node %s in the hosted cluster: %w", name, err))
 	}
-	pending, err := r.approveCSRs(ctx, hc, a, name, node != nil)
+	pending, err := r.approveCSRs(ctx, hc, a, name, node != nil, b.AgentMachineCreated)
 	if err != nil {
 		return r.wait(ctx, a, err)
 	}
@@ -199,7 +208,7 @@ func (r *Reconciler) wait(ctx context.Context, a *v1beta1.Agent, err error) (ctr
 	switch {
 	case binding.IsRefused(err):
 		if a.Status.Progress.ProgressInfo != "waiting: "+err.Error() {
-			r.Events.Eventf(a, nil, corev1.EventTypeWarning, "BindingRefused", "Join", "%v", err)
+			r.Events.Eventf(a, nil, corev1.EventTypeWarning, "BindingRefused", eventnote.Action("Join", err.Error()), "%v", err)
 		}
 	case !errors.As(err, &w):
 		err = fmt.Errorf("hosted cluster: %w", err)
