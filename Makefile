@@ -52,13 +52,23 @@ verify: generate ## gofmt, go vet, and generated files up to date
 dev-image: ## the dev OS live ISO (from Debian packages; cached) in dist/dev-image
 	go run ./test/devimage/build --out dist/dev-image --cache $(AGENTBOOT_CACHE)
 
+.PHONY: prereqs
+prereqs: ## Go and the Debian packages (installed when root), checked in seconds before any long build
+	@bash hack/prereqs.sh
+
+DEV_ARGS = $(if $(FRESH),--fresh) $(if $(ADVERTISE_ADDRESS),--advertise-address=$(ADVERTISE_ADDRESS)) $(ARGS)
+
 .PHONY: test
-test: testbin tools dev-image build ## every test that needs no root
+test: prereqs ## every test that needs no root
+	@$(MAKE) --no-print-directory testbin tools dev-image build
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: run
-run: testbin dev-image build ## the whole service locally on a real control plane (FRESH=1, ADVERTISE_ADDRESS=<ip>, ARGS=...)
-	$(BIN)/agentboot dev $(if $(FRESH),--fresh) $(if $(ADVERTISE_ADDRESS),--advertise-address=$(ADVERTISE_ADDRESS)) $(ARGS)
+run: prereqs ## the whole service locally on a real control plane (FRESH=1, ADVERTISE_ADDRESS=<ip>, ARGS=...)
+	@$(MAKE) --no-print-directory build
+	@$(BIN)/agentboot dev --preflight $(DEV_ARGS)
+	@$(MAKE) --no-print-directory testbin dev-image
+	$(BIN)/agentboot dev $(DEV_ARGS)
 
 .PHONY: clean
 clean: ## remove bin/ and the dev state (the tool cache is kept)

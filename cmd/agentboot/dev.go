@@ -28,6 +28,7 @@ type devFlags struct {
 	stateDir      string
 	binDir        string
 	fresh         bool
+	preflight     bool
 	advertise     string
 	etcdPort      int
 	etcdPeerPort  int
@@ -49,6 +50,7 @@ func runDev(ctx context.Context, args []string) error {
 	fs.StringVar(&d.stateDir, "state-dir", ".agentboot/dev", "where the dev control plane keeps etcd data, certificates, logs and the kubeconfig")
 	fs.StringVar(&d.binDir, "bin-dir", "bin/testbin", "directory with etcd, kube-apiserver and kubectl (make testbin)")
 	fs.BoolVar(&d.fresh, "fresh", false, "discard the state of earlier runs and start clean")
+	fs.BoolVar(&d.preflight, "preflight", false, "only check that every port the dev services need is free, then exit (make run does this before its long builds)")
 	fs.StringVar(&d.advertise, "advertise-address", "", "address booted hosts use to reach agentboot's services (default: this machine's primary address)")
 	fs.IntVar(&d.etcdPort, "etcd-port", devcluster.DefaultEtcdPort, "loopback port of the dev etcd")
 	fs.IntVar(&d.etcdPeerPort, "etcd-peer-port", devcluster.DefaultEtcdPeerPort, "loopback peer port of the dev etcd")
@@ -79,6 +81,12 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if d.preflight {
+		if err := checkDevPorts(m, img, ag); err != nil {
+			return err
+		}
+		return devcluster.CheckPorts(d.etcdPort, d.etcdPeerPort, d.apiserverPort)
 	}
 	if disc.osImages == "" && len(disc.streams) == 0 {
 		// The dev OS image `make dev-image` builds, offline.

@@ -116,7 +116,9 @@ func startDev(t *testing.T, args []string) *devRun {
 	r.cmd.Stdout, r.cmd.Stderr = pw, pw
 	require.NoError(t, r.cmd.Start())
 	pw.Close()
+	copied := make(chan struct{})
 	go func() {
+		defer close(copied)
 		sc := bufio.NewScanner(pr)
 		once := sync.Once{}
 		for sc.Scan() {
@@ -128,7 +130,13 @@ func startDev(t *testing.T, args []string) *devRun {
 			}
 		}
 	}()
-	go func() { r.done <- r.cmd.Wait() }()
+	// done only once all the output is in r.output: Wait returns when the
+	// process exits, possibly before the last lines were copied.
+	go func() {
+		err := r.cmd.Wait()
+		<-copied
+		r.done <- err
+	}()
 	t.Cleanup(func() {
 		if r.cmd.ProcessState == nil {
 			_ = r.cmd.Process.Kill()
@@ -270,6 +278,22 @@ func TestDevExplainsProblems(t *testing.T) {
 		require.Error(t, err)
 		require.Contains(t, run.output.String(), "etcd not found at")
 		require.Contains(t, run.output.String(), "run `make testbin`")
+	})
+	t.Run("preflight: a port taken", func(t *testing.T) {
+		d := newDevSetup(t)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", d.ports[5]))
+		require.NoError(t, err)
+		defer l.Close()
+		run := startDev(t, append(d.args(), "--preflight"))
+		require.Error(t, <-run.done)
+		require.Contains(t, run.output.String(), fmt.Sprintf("port 127.0.0.1:%d (image service HTTPS) is already in use", d.ports[5]))
+		require.Contains(t, run.output.String(), "--https-addr")
+		require.NoDirExists(t, filepath.Join(d.stateDir, "etcd"), "preflight starts nothing")
+	})
+	t.Run("preflight: all free", func(t *testing.T) {
+		d := newDevSetup(t)
+		run := startDev(t, append(d.args(), "--preflight", "--agent-api-addr", fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])))
+		require.NoError(t, <-run.done, run.output.String())
 	})
 	t.Run("bad advertise address", func(t *testing.T) {
 		d := newDevSetup(t)

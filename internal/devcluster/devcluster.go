@@ -279,13 +279,19 @@ func portError(addr, what, fix string, err error) error {
 }
 
 func (c *Cluster) checkPorts() error {
+	return CheckPorts(c.cfg.EtcdPort, c.cfg.EtcdPeerPort, c.cfg.APIServerPort)
+}
+
+// CheckPorts says which of the control plane's loopback ports is taken, and
+// how to choose another.
+func CheckPorts(etcd, etcdPeer, apiserver int) error {
 	for _, p := range []struct {
 		port      int
 		what, fix string
 	}{
-		{c.cfg.EtcdPort, "dev etcd", "choose another with --etcd-port"},
-		{c.cfg.EtcdPeerPort, "dev etcd peer", "choose another with --etcd-peer-port"},
-		{c.cfg.APIServerPort, "dev kube-apiserver", "choose another with --apiserver-port"},
+		{etcd, "dev etcd", "choose another with --etcd-port"},
+		{etcdPeer, "dev etcd peer", "choose another with --etcd-peer-port"},
+		{apiserver, "dev kube-apiserver", "choose another with --apiserver-port"},
 	} {
 		if err := CheckPort("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)), p.what, p.fix); err != nil {
 			return err
