@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -86,7 +87,9 @@ type Server struct {
 
 type limiter struct {
 	*rate.Limiter
-	last time.Time
+	// last is when the key was last used (Unix nanoseconds): requests of
+	// one host write it concurrently.
+	last atomic.Int64
 }
 
 var (
@@ -201,11 +204,11 @@ func (s *Server) allow(key string, r rate.Limit, burst int) bool {
 	now := s.o.Now()
 	v, _ := s.limiters.LoadOrStore(key, &limiter{Limiter: rate.NewLimiter(r, burst)})
 	l := v.(*limiter)
-	l.last = now
+	l.last.Store(now.UnixNano())
 	ok := l.AllowN(now, 1)
 	if n := now.Unix(); n%64 == 0 {
 		s.limiters.Range(func(k, v any) bool {
-			if now.Sub(v.(*limiter).last) > 10*time.Minute {
+			if now.Sub(time.Unix(0, v.(*limiter).last.Load())) > 10*time.Minute {
 				s.limiters.Delete(k)
 			}
 			return true
