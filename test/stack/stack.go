@@ -295,6 +295,13 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 			s.replaceManager = func() error {
 				stopProcess()
 				stopProcess = func() {}
+				// A new process has a catalog of its own (a Catalog starts
+				// once), over the same cache directory.
+				catalog, err := osimage.New(catCfg)
+				if err != nil {
+					return err
+				}
+				p.c.Catalog, s.Catalog = catalog, catalog
 				next, err := run()
 				if err != nil {
 					return err
