@@ -342,15 +342,22 @@ func validate(t *testing.T, cfg string) {
 // note.
 func requireEvent(t *testing.T, e *env, np, note string) {
 	t.Helper()
+	requireEventOn(t, e, e.cluster.HC.Namespace, "NodePool", np, "", note)
+}
+
+// requireEventOn waits for an event on object kind ns/name with reason
+// (any, if empty) whose note contains note.
+func requireEventOn(t *testing.T, e *env, ns, kind, name, reason, note string) {
+	t.Helper()
 	var seen []string
 	ok := assert.Eventually(t, func() bool {
 		var list eventsv1.EventList
-		require.NoError(t, e.Client.List(context.Background(), &list, client.InNamespace(e.cluster.HC.Namespace)))
+		require.NoError(t, e.Client.List(context.Background(), &list, client.InNamespace(ns)))
 		seen = seen[:0]
 		for _, ev := range list.Items {
-			if ev.Regarding.Kind == "NodePool" && ev.Regarding.Name == np {
-				seen = append(seen, ev.Note)
-				if strings.Contains(ev.Note, note) {
+			if ev.Regarding.Kind == kind && ev.Regarding.Name == name {
+				seen = append(seen, ev.Reason+": "+ev.Note)
+				if (reason == "" || ev.Reason == reason) && strings.Contains(ev.Note, note) {
 					return true
 				}
 			}
@@ -358,7 +365,7 @@ func requireEvent(t *testing.T, e *env, np, note string) {
 		return false
 	}, wait, 200*time.Millisecond)
 	if !ok {
-		t.Fatalf("no NodePool %s event with %q; seen: %s", np, note, fmt.Sprint(seen))
+		t.Fatalf("no %s event on %s %s with %q; seen: %q", reason, kind, name, note, seen)
 	}
 }
 
@@ -381,28 +388,11 @@ func (e *env) tenant(ns, user string) client.Client {
 	return c
 }
 
-// requireAgentEvent waits for an event on the Agent with reason whose note
-// contains note.
+// requireAgentEvent waits for an event on the host's Agent with reason
+// whose note contains note.
 func requireAgentEvent(t *testing.T, e *env, h *stack.Host, reason, note string) {
 	t.Helper()
-	var seen []string
-	ok := assert.Eventually(t, func() bool {
-		var list eventsv1.EventList
-		require.NoError(t, e.Client.List(context.Background(), &list, client.InNamespace(h.NS)))
-		seen = seen[:0]
-		for _, ev := range list.Items {
-			if ev.Regarding.Kind == "Agent" && ev.Regarding.Name == h.ID {
-				seen = append(seen, ev.Reason+": "+ev.Note)
-				if ev.Reason == reason && strings.Contains(ev.Note, note) {
-					return true
-				}
-			}
-		}
-		return false
-	}, wait, 200*time.Millisecond)
-	if !ok {
-		t.Fatalf("no %s event on Agent %s with %q; seen: %q", reason, h.ID, note, seen)
-	}
+	requireEventOn(t, e, h.NS, "Agent", h.ID, reason, note)
 }
 
 // TestTenantCannotReachAnotherCluster: a team that may edit Agents (and
