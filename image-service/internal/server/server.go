@@ -92,15 +92,24 @@ func (h *Handler) HTTPS() http.Handler { return h.routes(true) }
 func (h *Handler) HTTP() http.Handler { return h.routes(false) }
 
 // routes lists every route of one listener.
+// Route patterns; metric labels are derived from them (fileLabel).
+const (
+	routeImage    = "GET /images/{uid}/{version}/{file}"
+	routeArtifact = "GET /boot-artifacts/{arch}/{version}/{file}"
+	routeBootMAC  = "GET /boot.ipxe"
+	routeAgent    = "GET /agent/{sha256}"
+	routeHealth   = "GET /healthz"
+)
+
 func (h *Handler) routes(secure bool) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /images/{uid}/{version}/{file}", h.serveImage(secure))
-	mux.HandleFunc("GET /boot-artifacts/{arch}/{version}/{file}", h.serveArtifact)
-	mux.HandleFunc("GET /boot.ipxe", h.serveBootScript)
+	mux.HandleFunc(routeImage, h.serveImage(secure))
+	mux.HandleFunc(routeArtifact, h.serveArtifact)
+	mux.HandleFunc(routeBootMAC, h.serveBootScript)
 	if secure {
-		mux.HandleFunc("GET /agent/{sha256}", h.serveAgent)
+		mux.HandleFunc(routeAgent, h.serveAgent)
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc(routeHealth, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "not found", http.StatusNotFound) })
 	return h.observe(mux)
 }
@@ -112,7 +121,7 @@ func (h *Handler) observe(next http.Handler) http.Handler {
 		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
 		start := time.Now()
 		next.ServeHTTP(rec, r)
-		file := fileLabel(r.URL.Path)
+		file := fileLabel(r)
 		requests.WithLabelValues(file, strconv.Itoa(rec.code)).Inc()
 		if rec.bytes > 0 {
 			bytesSent.WithLabelValues(file).Add(float64(rec.bytes))
@@ -123,18 +132,31 @@ func (h *Handler) observe(next http.Handler) http.Handler {
 	})
 }
 
-func fileLabel(p string) string {
-	switch {
-	case strings.HasPrefix(p, "/images/"):
-		return p[strings.LastIndexByte(p, '/')+1:]
-	case p == "/boot.ipxe":
+// fileLabel names what a request asked for, from the route it matched
+// (the request's Pattern, set by the mux) and only known file names: a
+// label never comes from the raw path, or every made-up path would be a
+// new metric series.
+func fileLabel(r *http.Request) string {
+	switch r.Pattern {
+	case routeImage, routeArtifact:
+		if f := r.PathValue("file"); knownFiles[f] {
+			return f
+		}
+		return "unknown-file"
+	case routeBootMAC:
 		return "boot.ipxe-by-mac"
-	case strings.HasPrefix(p, "/agent/"):
+	case routeAgent:
 		return "agent"
-	case strings.HasPrefix(p, "/boot-artifacts/"):
-		return p[strings.LastIndexByte(p, '/')+1:]
+	case routeHealth:
+		return "healthz"
 	}
 	return "other"
+}
+
+var knownFiles = map[string]bool{
+	discovery.FileISO: true, discovery.FileFullISO: true, discovery.FileMinimalISO: true, discovery.FileKernel: true,
+	discovery.FileInitrd: true, discovery.FileRootfs: true, discovery.FileIPXE: true, discovery.FileIgnition: true,
+	discovery.FileDisk: true,
 }
 
 type statusRecorder struct {
