@@ -47,6 +47,10 @@ type Config struct {
 	MinCPUCores      int64
 	MinMemoryBytes   int64
 	MinDiskSizeBytes int64
+	// MaxAgentsPerInfraEnv caps the Agents one InfraEnv's discovery token
+	// can create (DefaultMaxAgentsPerInfraEnv): the token travels in clear
+	// in PXE initrds, and without a cap anyone holding it could fill etcd.
+	MaxAgentsPerInfraEnv int
 	// PollInterval is how often hosts heartbeat (20s); LeaseRenewInterval
 	// the most often their Lease is written (45s: every third heartbeat); DisconnectAfter how long
 	// a silent host stays connected (3m).
@@ -64,7 +68,13 @@ type Config struct {
 	Log      logr.Logger
 }
 
+// DefaultMaxAgentsPerInfraEnv is the default of Config.MaxAgentsPerInfraEnv.
+const DefaultMaxAgentsPerInfraEnv = 5000
+
 func (c *Config) defaults() {
+	if c.MaxAgentsPerInfraEnv == 0 {
+		c.MaxAgentsPerInfraEnv = DefaultMaxAgentsPerInfraEnv
+	}
 	d := reconciler.DefaultRequirements
 	if c.MinCPUCores == 0 {
 		c.MinCPUCores = d.MinCPUCores
@@ -138,6 +148,7 @@ func SetupAPI(mgr manager.Manager, cfg Config) error {
 		Events:             mgr.GetEventRecorder("agentboot-agent-api"),
 		LeaseNamespace:     cfg.Namespace,
 		MinDiskSizeBytes:   cfg.MinDiskSizeBytes,
+		MaxAgents:          cfg.MaxAgentsPerInfraEnv,
 		PollInterval:       cfg.PollInterval,
 		LeaseRenewInterval: cfg.LeaseRenewInterval,
 		Steps:              install,

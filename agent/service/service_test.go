@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentclient "github.com/agentboot/agentboot/agent/internal/client"
@@ -412,4 +414,45 @@ func mustJSON(v any) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// Hosts holding an InfraEnv's discovery token create at most its cap of
+// Agents: past it a new host is refused with 403 AgentCapReached and an
+// event on the InfraEnv; hosts that have an Agent register again as usual,
+// and room made by deleting an Agent is taken again.
+func TestAgentCapPerInfraEnv(t *testing.T) {
+	capped := stack.Start(t, stack.Options{MaxAgentsPerInfraEnv: 2})
+	ctx := context.Background()
+	ie := capped.CreateInfraEnv(t, "cap", "pool", nil)
+	h1 := capped.Register(t, ie, 1)
+	capped.Register(t, ie, 2)
+	var list v1beta1.AgentList
+	require.Eventually(t, func() bool {
+		require.NoError(t, capped.Client.List(ctx, &list, client.InNamespace(ie.Namespace)))
+		return len(list.Items) == 2
+	}, time.Minute, 100*time.Millisecond)
+	var err error
+	require.Eventually(t, func() bool { // the cache counts both first
+		_, err = capped.TryRegister(t, ie, 3)
+		return err != nil
+	}, time.Minute, 200*time.Millisecond)
+	require.ErrorContains(t, err, "403")
+	require.ErrorContains(t, err, agentapi.CodeAgentCap)
+	require.ErrorContains(t, err, "has 2 Agents, its cap of 2")
+	h1.Reregister(t, ie, 1)
+	require.Eventually(t, func() bool {
+		var evs eventsv1.EventList
+		require.NoError(t, capped.Client.List(ctx, &evs, client.InNamespace(ie.Namespace)))
+		for _, ev := range evs.Items {
+			if ev.Regarding.Kind == "InfraEnv" && ev.Reason == "AgentCapReached" {
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 200*time.Millisecond, "an AgentCapReached event on the InfraEnv")
+	require.NoError(t, capped.Client.Delete(ctx, &v1beta1.Agent{ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: stack.HostID(2)}}))
+	require.Eventually(t, func() bool {
+		_, err = capped.TryRegister(t, ie, 3)
+		return err == nil
+	}, time.Minute, 200*time.Millisecond, "room made is taken again: %v", err)
 }

@@ -62,6 +62,9 @@ const (
 	CodeHostIDConflict = "HostIDConflict"
 	// CodeInfraEnvGone: the InfraEnv was deleted; the agent stops.
 	CodeInfraEnvGone = "InfraEnvGone"
+	// CodeAgentCap: the InfraEnv has as many Agents as it may; the agent
+	// retries later.
+	CodeAgentCap = "AgentCapReached"
 	// CodeReleased answers a step result of a host that was unbound from
 	// its cluster while it installed: the installation is void, and the
 	// agent wipes what it wrote and stays in discovery instead of

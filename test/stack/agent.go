@@ -122,18 +122,28 @@ func (h *Host) call(method, path, token string, in, out any) error {
 // Register registers host n of ie and uploads a FakeInventory.
 func (s *Stack) Register(t testing.TB, ie *v1beta1.InfraEnv, n int) *Host {
 	t.Helper()
+	h, err := s.TryRegister(t, ie, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TryRegister is Register returning the agent API's refusal.
+func (s *Stack) TryRegister(t testing.TB, ie *v1beta1.InfraEnv, n int) (*Host, error) {
+	t.Helper()
 	h := &Host{s: s, Cfg: s.AgentConfig(t, ie)}
 	var resp agentapi.RegisterResponse
 	err := h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken,
 		agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentapi.HostIdentity{MACAddresses: []string{MAC(n)}}}, &resp)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	h.NS, h.ID, h.Token = resp.Namespace, resp.HostID, resp.AgentToken
 	if err := h.call(http.MethodPut, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/inventory", h.Token, FakeInventory(fmt.Sprintf("host-%d", n), MAC(n)), nil); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return h
+	return h, nil
 }
 
 // Heartbeat asks for instructions.

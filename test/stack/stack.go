@@ -65,6 +65,9 @@ type Options struct {
 	AgentPollInterval       time.Duration
 	AgentLeaseRenewInterval time.Duration
 	AgentDisconnectAfter    time.Duration
+	// MaxAgentsPerInfraEnv caps each InfraEnv's Agents (default: the
+	// service's).
+	MaxAgentsPerInfraEnv int
 	// Listen and Dial, when set, put the services' listeners and the
 	// stack's HTTP client somewhere else (the VM lab's network namespace);
 	// listeners then bind AdvertiseHost.
@@ -246,6 +249,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		AgentService: &agentservice.Config{
 			Addr: s.AgentAPIAddr, TLSCertFile: certFile, TLSKeyFile: keyFile, Listen: opts.Listen,
 			PollInterval: opts.AgentPollInterval, LeaseRenewInterval: opts.AgentLeaseRenewInterval, DisconnectAfter: opts.AgentDisconnectAfter,
+			MaxAgentsPerInfraEnv: opts.MaxAgentsPerInfraEnv,
 		},
 		InfraEnvPullSecretRecheck: time.Second,
 		BMC:                       opts.BMC,

@@ -43,6 +43,8 @@ type Options struct {
 	LeaseNamespace string
 	// MinDiskSizeBytes is the default installation disk minimum.
 	MinDiskSizeBytes int64
+	// MaxAgents caps the Agents of one InfraEnv.
+	MaxAgents int
 	// PollInterval is how often agents heartbeat.
 	PollInterval time.Duration
 	// LeaseRenewInterval is the most often a Lease is written.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -60,6 +61,12 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	agent, created, err := s.ensureAgent(r.Context(), ie, req)
+	var capped *capError
+	if errors.As(err, &capped) {
+		writeError(w, http.StatusForbidden, agentapi.CodeAgentCap, "%v", err)
+		s.o.Events.Eventf(ie, nil, corev1.EventTypeWarning, "AgentCapReached", "Register", "%v", err)
+		return
+	}
 	if apierrors.IsAlreadyExists(err) || err == errConflict {
 		writeError(w, http.StatusConflict, agentapi.CodeHostIDConflict, "host ID %s is registered to another host", req.HostID)
 		return
@@ -89,6 +96,34 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		PollSeconds:      int(s.o.PollInterval / time.Second),
 		MinDiskSizeBytes: s.minDisk(ie),
 	})
+}
+
+// capError says an InfraEnv has as many Agents as it may.
+type capError struct {
+	ie       string
+	have, at int
+}
+
+func (e *capError) Error() string {
+	return fmt.Sprintf("InfraEnv %s has %d Agents, its cap of %d (agentboot manager --max-agents-per-infraenv): delete Agents of hosts that are gone, or raise the cap", e.ie, e.have, e.at)
+}
+
+// underCap refuses a new Agent when the InfraEnv has MaxAgents already.
+// The count is the cache's: concurrent registrations can pass it by at most
+// the registration burst.
+func (s *Server) underCap(ctx context.Context, ie *v1beta1.InfraEnv) error {
+	if s.o.MaxAgents <= 0 {
+		return nil
+	}
+	// Counted from the cache without copying the Agents out of it.
+	var list v1beta1.AgentList
+	if err := s.o.Client.List(ctx, &list, client.InNamespace(ie.Namespace), client.MatchingLabels{v1beta1.InfraEnvNameLabel: ie.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return err
+	}
+	if len(list.Items) >= s.o.MaxAgents {
+		return &capError{ie: ie.Namespace + "/" + ie.Name, have: len(list.Items), at: s.o.MaxAgents}
+	}
+	return nil
 }
 
 func validRegistration(req agentapi.RegisterRequest) error {
@@ -165,6 +200,9 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 		return &existing, false, s.adopt(ctx, &existing, ie, macs)
 	}
 	if !apierrors.IsNotFound(err) {
+		return nil, false, err
+	}
+	if err := s.underCap(ctx, ie); err != nil {
 		return nil, false, err
 	}
 	labels := map[string]string{}
