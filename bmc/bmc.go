@@ -7,6 +7,7 @@ import (
 
 	"github.com/agentboot/agentboot/bmc/internal/driver"
 	"github.com/agentboot/agentboot/bmc/internal/reconciler"
+	"github.com/agentboot/agentboot/internal/eventnote"
 )
 
 // Config tunes the BareMetalHost controller; zero values are the
@@ -35,7 +36,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	return (&reconciler.Reconciler{
 		Client:  mgr.GetClient(),
 		Secrets: mgr.GetAPIReader(),
-		Events:  mgr.GetEventRecorder("agentboot-baremetalhost-controller"),
+		Events:  eventnote.Recorder(mgr.GetEventRecorder("agentboot-baremetalhost-controller")),
 		Driver: driver.Options{
 			CallTimeout:  cfg.CallTimeout,
 			MediaTimeout: cfg.MediaTimeout,

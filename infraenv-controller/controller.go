@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentboot/agentboot/infraenv-controller/internal/reconciler"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -35,7 +36,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	return (&reconciler.Reconciler{
 		Client:   mgr.GetClient(),
 		Secrets:  mgr.GetAPIReader(),
-		Events:   mgr.GetEventRecorder("agentboot-infraenv-controller"),
+		Events:   eventnote.Recorder(mgr.GetEventRecorder("agentboot-infraenv-controller")),
 		Catalog:  cfg.Catalog,
 		Keys:     cfg.Keys,
 		Settings: cfg.Settings,

@@ -9,6 +9,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
+	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/nodepool/internal/shortfall"
 	"github.com/agentboot/agentboot/nodepool/internal/worker"
 )
@@ -49,7 +50,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	if err := (&worker.Reconciler{
 		Client:        mgr.GetClient(),
 		APIReader:     mgr.GetAPIReader(),
-		Events:        mgr.GetEventRecorder("agentboot-nodepool-worker"),
+		Events:        eventnote.Recorder(mgr.GetEventRecorder("agentboot-nodepool-worker")),
 		Timeouts:      cfg.Timeouts,
 		Poll:          cfg.Poll,
 		NoCSRApproval: cfg.NoCSRApproval,
@@ -67,7 +68,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	return (&shortfall.Reconciler{
 		Client:     mgr.GetClient(),
 		APIReader:  mgr.GetAPIReader(),
-		Events:     mgr.GetEventRecorder("agentboot-nodepool"),
+		Events:     eventnote.Recorder(mgr.GetEventRecorder("agentboot-nodepool")),
 		RetryAfter: cfg.RetryAfter,
 	}).SetupWithManager(mgr)
 }

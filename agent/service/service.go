@@ -26,6 +26,7 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/steps"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -116,7 +117,7 @@ func SetupController(mgr manager.Manager, cfg Config) error {
 	return (&reconciler.Reconciler{
 		Client:          mgr.GetClient(),
 		APIReader:       mgr.GetAPIReader(),
-		Events:          mgr.GetEventRecorder("agentboot-agent-controller"),
+		Events:          eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-controller")),
 		LeaseNamespace:  cfg.Namespace,
 		Requirements:    reconciler.Requirements{MinCPUCores: cfg.MinCPUCores, MinMemoryBytes: cfg.MinMemoryBytes, MinDiskSizeBytes: cfg.MinDiskSizeBytes},
 		DisconnectAfter: cfg.DisconnectAfter,
@@ -138,14 +139,14 @@ func SetupAPI(mgr manager.Manager, cfg Config) error {
 		install = &steps.Steps{
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
 			Catalog: cfg.Catalog, Settings: cfg.Settings, Ignition: cfg.Ignition,
-			Events: mgr.GetEventRecorder("agentboot-agent-api"), Log: cfg.Log.WithName("steps"), Now: time.Now,
+			Events: eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")), Log: cfg.Log.WithName("steps"), Now: time.Now,
 		}
 	}
 	srv := api.New(api.Options{
 		Client:             mgr.GetClient(),
 		APIReader:          mgr.GetAPIReader(),
 		Keys:               cfg.Keys,
-		Events:             mgr.GetEventRecorder("agentboot-agent-api"),
+		Events:             eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")),
 		LeaseNamespace:     cfg.Namespace,
 		MinDiskSizeBytes:   cfg.MinDiskSizeBytes,
 		MaxAgents:          cfg.MaxAgentsPerInfraEnv,

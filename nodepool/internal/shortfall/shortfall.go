@@ -26,7 +26,6 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
-	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/nodepool/internal/binding"
 )
@@ -87,8 +86,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	note := fmt.Sprintf("%d more Agent(s) wanted: %s", waiting, why)
-	r.Events.Eventf(np, nil, corev1.EventTypeWarning, "InsufficientAgents", eventnote.Action("Explain", note), "%s", note)
+	r.Events.Eventf(np, nil, corev1.EventTypeWarning, "InsufficientAgents", "Explain", "%d more Agent(s) wanted: %s", waiting, why)
 	return ctrl.Result{RequeueAfter: r.RetryAfter}, nil
 }
 

@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/eventnote"
 )
 
 // The identity OpenShift kubelets bootstrap with, exactly as
@@ -103,8 +102,7 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 		if csr.Spec.SignerName == certificatesv1.KubeAPIServerClientKubeletSignerName {
 			cc.approved = csr.Name
 		}
-		note := fmt.Sprintf("approved %s CSR %s", csr.Spec.SignerName, csr.Name)
-		r.Events.Eventf(a, nil, corev1.EventTypeNormal, "CSRApproved", eventnote.Action("ApproveCSR", note), "%s", note)
+		r.Events.Eventf(a, nil, corev1.EventTypeNormal, "CSRApproved", "ApproveCSR", "approved %s CSR %s", csr.Spec.SignerName, csr.Name)
 	}
 	return mine, nil
 }
@@ -126,8 +124,7 @@ func (r *Reconciler) refuse(a *v1beta1.Agent, csr, why string) {
 		return
 	}
 	r.refused.Add(key, why)
-	note := fmt.Sprintf("CSR %s names this host but is not approved: %s", csr, why)
-	r.Events.Eventf(a, nil, corev1.EventTypeWarning, "CSRNotApproved", eventnote.Action("ApproveCSR", note), "%s", note)
+	r.Events.Eventf(a, nil, corev1.EventTypeWarning, "CSRNotApproved", "ApproveCSR", "CSR %s names this host but is not approved: %s", csr, why)
 }
 
 // approvedClient is an approved kubelet client CSR for hostname's Node.

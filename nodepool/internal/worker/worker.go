@@ -29,7 +29,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/nodepool/internal/binding"
@@ -208,7 +207,7 @@ func (r *Reconciler) wait(ctx context.Context, a *v1beta1.Agent, err error) (ctr
 	switch {
 	case binding.IsRefused(err):
 		if a.Status.Progress.ProgressInfo != "waiting: "+err.Error() {
-			r.Events.Eventf(a, nil, corev1.EventTypeWarning, "BindingRefused", eventnote.Action("Join", err.Error()), "%v", err)
+			r.Events.Eventf(a, nil, corev1.EventTypeWarning, "BindingRefused", "Join", "%v", err)
 		}
 	case !errors.As(err, &w):
 		err = fmt.Errorf("hosted cluster: %w", err)

@@ -25,7 +25,6 @@ import (
 	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
-	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/osimage"
@@ -144,7 +143,7 @@ func (s *Steps) block(ctx context.Context, a *v1beta1.Agent, why, reason string)
 	if err := s.Client.Status().Patch(ctx, a, patch); err != nil {
 		return fmt.Errorf("record why the installation waits: %w", err)
 	}
-	s.Events.Eventf(a, nil, corev1.EventTypeWarning, reason, eventnote.Action("Install", why), "%s", why)
+	s.Events.Eventf(a, nil, corev1.EventTypeWarning, reason, "Install", "%s", why)
 	return nil
 }
 
