@@ -17,6 +17,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/installprogress"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 
@@ -271,11 +272,11 @@ func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
 		return err
 	}
 	p := &a.Status.Progress
-	if p.CurrentStage == "" || a.Spec.ClusterDeploymentName != nil && installprogress.Finished(p) {
+	if !lifecycle.Started(a) || lifecycle.Bound(a) && installprogress.Finished(p) {
 		return nil
 	}
 	before := a.DeepCopy()
-	if a.Spec.ClusterDeploymentName == nil {
+	if !lifecycle.Bound(a) {
 		installprogress.Reset(p)
 		a.Status.InstallationDiskID = ""
 		s.o.Events.Eventf(a, nil, corev1.EventTypeNormal, "BackInDiscovery", "Register", "the host booted the discovery image again and is back in the free pool")

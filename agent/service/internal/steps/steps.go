@@ -65,7 +65,7 @@ var _ api.Steps = (*Steps)(nil)
 // condition) and the host is asked again on its next heartbeat.
 func (s *Steps) Next(ctx context.Context, ref *api.AgentRef) ([]agentapi.Step, error) {
 	a := ref.Agent
-	if a.Spec.ClusterDeploymentName == nil || !a.Spec.Approved || a.Status.Progress.CurrentStage != "" {
+	if !lifecycle.Bound(a) || !a.Spec.Approved || lifecycle.Started(a) {
 		return nil, nil
 	}
 	fetch, ours := s.Ignition(a)
@@ -300,7 +300,7 @@ func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1bet
 			return err
 		}
 		if !lifecycle.Bound(cur) {
-			return errors.New("the host was released from its cluster: its installation is void, and it must boot the discovery image again")
+			return errors.New("the host was released from its cluster: its installation is void")
 		}
 		next := cur.DeepCopy()
 		if err := change(&next.Status.Progress); err != nil {
