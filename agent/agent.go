@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -34,6 +35,10 @@ type Config struct {
 	// InventoryInterval is how often the inventory is collected again (it
 	// is uploaded only when it changed).
 	InventoryInterval time.Duration
+	// SessionPath keeps the registration for a restart of the agent in
+	// the same boot: on tmpfs (/run), so that a reboot forgets it. Empty:
+	// every start registers.
+	SessionPath string
 	// RetryMin and RetryMax bound the backoff after failures.
 	RetryMin, RetryMax time.Duration
 	Log                *slog.Logger
@@ -99,8 +104,14 @@ func New(cfg Config) (*Agent, error) {
 // deleted (ErrInfraEnvGone). Failures of the service are retried forever.
 func (a *Agent) Run(ctx context.Context) error {
 	ntp.AddSources(ctx, a.conf.NTPSources, a.log)
+	resumed := a.resumeSession()
 	for {
-		err := a.register(ctx)
+		var err error
+		if resumed {
+			resumed = false
+		} else {
+			err = a.register(ctx)
+		}
 		if err == nil {
 			err = a.heartbeat(ctx)
 		}
@@ -111,7 +122,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Info("stopping: the InfraEnv was deleted", "infraEnv", a.conf.InfraEnv.Namespace+"/"+a.conf.InfraEnv.Name)
 			return err
 		case errors.Is(err, errReregister):
+			a.forgetSession()
 			a.log.Info("registering again", "reason", err)
+		case client.IsCode(err, agentapi.CodeHostActive), client.IsCode(err, agentapi.CodeIdentityInDoubt):
+			wait := a.backoff.Next()
+			a.log.Warn("registration refused; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
+			if client.Sleep(ctx, wait) != nil {
+				return nil
+			}
 		default:
 			wait := a.backoff.Next()
 			a.log.Warn("agent API unavailable; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
@@ -119,6 +137,60 @@ func (a *Agent) Run(ctx context.Context) error {
 				return nil
 			}
 		}
+	}
+}
+
+// session is what the agent keeps of its registration, in tmpfs: a
+// restarted agent continues its session instead of registering again
+// (which the service holds off while the session is alive), and a reboot
+// forgets it.
+type session struct {
+	InfraEnvUID string                    `json:"infraEnvUID"`
+	Response    agentapi.RegisterResponse `json:"response"`
+}
+
+// resumeSession continues the session a previous run of the agent in this
+// boot began, if any.
+func (a *Agent) resumeSession() bool {
+	if a.cfg.SessionPath == "" {
+		return false
+	}
+	raw, err := os.ReadFile(a.cfg.SessionPath)
+	if err != nil {
+		return false
+	}
+	var s session
+	if json.Unmarshal(raw, &s) != nil || s.InfraEnvUID != a.conf.InfraEnv.UID || s.Response.AgentToken == "" {
+		a.forgetSession()
+		return false
+	}
+	r := s.Response
+	a.ns, a.id = r.Namespace, r.HostID
+	a.client.SetToken(r.AgentToken)
+	a.poll = time.Duration(r.PollSeconds) * time.Second
+	a.minDisk = r.MinDiskSizeBytes
+	a.log.Info("continuing the session of an earlier run", "agent", a.ns+"/"+a.id)
+	return true
+}
+
+func (a *Agent) saveSession(r agentapi.RegisterResponse) {
+	if a.cfg.SessionPath == "" {
+		return
+	}
+	raw, _ := json.Marshal(session{InfraEnvUID: a.conf.InfraEnv.UID, Response: r})
+	p := a.cfg.SessionPath
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		a.log.Warn("keep the session for a restart", "err", err)
+		return
+	}
+	if err := os.WriteFile(p, raw, 0o600); err != nil {
+		a.log.Warn("keep the session for a restart", "err", err)
+	}
+}
+
+func (a *Agent) forgetSession() {
+	if a.cfg.SessionPath != "" {
+		_ = os.Remove(a.cfg.SessionPath)
 	}
 }
 
@@ -142,6 +214,7 @@ func (a *Agent) register(ctx context.Context) error {
 			a.nextInv = time.Time{}
 			a.backoff.Reset()
 			a.log.Info("registered", "agent", a.ns+"/"+a.id)
+			a.saveSession(resp)
 			return nil
 		case client.IsCode(err, agentapi.CodeHostIDConflict) && hostID != identity.Derived(ident):
 			// Another host has this UUID (cloned VMs, lazy firmware).

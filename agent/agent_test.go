@@ -98,13 +98,19 @@ func TestAgentLifecycle(t *testing.T) {
 	raw, _ := json.Marshal(cfg)
 	require.NoError(t, os.WriteFile(path, raw, 0o600))
 
-	a, err := agent.New(agent.Config{ConfigPath: path, Version: "test", RetryMin: 100 * time.Millisecond, RetryMax: 500 * time.Millisecond,
-		InventoryInterval: time.Second, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { done <- a.Run(runCtx) }()
+	acfg := agent.Config{ConfigPath: path, Version: "test", RetryMin: 100 * time.Millisecond, RetryMax: 500 * time.Millisecond,
+		InventoryInterval: time.Second, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		SessionPath: filepath.Join(t.TempDir(), "run", "session.json")}
+	run := func() (chan error, context.CancelFunc) {
+		a, err := agent.New(acfg)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		runCtx, cancel := context.WithCancel(ctx)
+		go func() { done <- a.Run(runCtx) }()
+		return done, cancel
+	}
+	done, cancel := run()
+	defer func() { cancel() }()
 
 	agentOf := func() *v1beta1.Agent {
 		var list v1beta1.AgentList
@@ -134,18 +140,33 @@ func TestAgentLifecycle(t *testing.T) {
 	p.stop()
 	time.Sleep(2 * time.Second)
 	p.start(t)
-	var lastRenew time.Time
-	require.Eventually(t, func() bool {
-		var l coordinationLease
-		if !l.get(ctx, s, got) {
-			return false
-		}
-		if lastRenew.IsZero() {
-			lastRenew = l.renew
-			return false
-		}
-		return l.renew.After(lastRenew)
-	}, 30*time.Second, 200*time.Millisecond, "heartbeats resume after the outage")
+	// renewed waits for a Lease renewal after the one it first sees.
+	renewed := func(what string) {
+		t.Helper()
+		var lastRenew time.Time
+		require.Eventually(t, func() bool {
+			var l coordinationLease
+			if !l.get(ctx, s, got) {
+				return false
+			}
+			if lastRenew.IsZero() {
+				lastRenew = l.renew
+				return false
+			}
+			return l.renew.After(lastRenew)
+		}, 30*time.Second, 200*time.Millisecond, what)
+	}
+	renewed("heartbeats resume after the outage")
+
+	// The agent restarts in the same boot: it continues its session
+	// (registering again would be held off while the session is alive).
+	session := agentOf().Annotations["agentboot.io/session"]
+	require.NotEmpty(t, session)
+	cancel()
+	<-done
+	done, cancel = run()
+	renewed("the restarted agent heartbeats")
+	require.Equal(t, session, agentOf().Annotations["agentboot.io/session"], "the restarted agent continued its session")
 
 	// Deleting the InfraEnv stops the agent cleanly.
 	require.NoError(t, s.Client.Delete(ctx, ie))

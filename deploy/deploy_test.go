@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/stack"
 )
@@ -106,6 +107,12 @@ func TestRBACIsSufficient(t *testing.T) {
 	}
 	out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "get", "secrets", "-n", ns, "--as=system:serviceaccount:agentboot-system:agentboot-image-service")
 	require.Equal(t, "no", strings.TrimSpace(out), "the image service never reads pull secrets")
+	// The image service reads its own keys, never the master key: it
+	// cannot mint agent tokens.
+	for secret, want := range map[string]string{signing.ImageServiceSecretName: "yes", signing.SecretName: "no"} {
+		out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "get", "secrets/"+secret, "-n", stack.Namespace, "--as=system:serviceaccount:agentboot-system:agentboot-image-service")
+		require.Equal(t, want, strings.TrimSpace(out), "image service get %s", secret)
+	}
 }
 
 // The hive-crds component stores what cluster-api-provider-agent writes,

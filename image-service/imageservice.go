@@ -42,7 +42,7 @@ type Config struct {
 	// AgentBinary is the agent binary hosts fetch.
 	AgentBinary string
 	Catalog     *osimage.Catalog
-	Keys        *signing.Keeper
+	Keys        signing.Source
 	Settings    discovery.Settings
 	// MaxConcurrentDownloads bounds image downloads in flight; past it the
 	// service answers 503 with Retry-After.

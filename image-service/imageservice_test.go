@@ -258,7 +258,7 @@ func TestTokensAndBadRequests(t *testing.T) {
 		"token of another":       {withToken(isoA, tokenOf(t, b.Status.ISODownloadURL)), http.StatusUnauthorized},
 		"tampered token":         {withToken(isoA, string(flip)), http.StatusUnauthorized},
 		"garbage token":          {withToken(isoA, "%%%"), http.StatusUnauthorized},
-		"unknown InfraEnv":       {strings.Replace(isoA, string(a.UID), "00000000-0000-4000-8000-000000000000", 1), http.StatusNotFound},
+		"unknown InfraEnv":       {strings.Replace(isoA, string(a.UID), "00000000-0000-4000-8000-000000000000", 1), http.StatusUnauthorized},
 		"malformed UID":          {strings.Replace(isoA, string(a.UID), "not-a-uid", 1), http.StatusBadRequest},
 		"malformed version":      {strings.Replace(isoA, "/discovery.iso", "/../x/discovery.iso", 1), http.StatusBadRequest},
 		"unknown file":           {strings.Replace(isoA, "discovery.iso", "passwd", 1), http.StatusNotFound},

@@ -428,7 +428,7 @@ func TestTenantCannotReachAnotherCluster(t *testing.T) {
 	forge(func(a *v1beta1.Agent) {
 		a.Spec.Approved = true
 		a.Labels["agentMachineRef"] = bound.Labels["agentMachineRef"]
-		a.Annotations = map[string]string{"agentMachineRefNamespace": e.cluster.CP}
+		a.Annotations["agentMachineRefNamespace"] = e.cluster.CP
 		a.Spec.ClusterDeploymentName = bound.Spec.ClusterDeploymentName
 		a.Spec.MachineConfigPool = bound.Spec.MachineConfigPool
 		a.Spec.IgnitionEndpointTokenReference = bound.Spec.IgnitionEndpointTokenReference

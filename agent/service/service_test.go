@@ -24,6 +24,8 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/test/stack"
 )
 
@@ -47,10 +49,11 @@ func TestMain(m *testing.M) {
 }
 
 type host struct {
-	cfg agentapi.Config
-	c   *agentclient.Client
-	ns  string
-	id  string
+	token string
+	cfg   agentapi.Config
+	c     *agentclient.Client
+	ns    string
+	id    string
 }
 
 func infraEnv(t *testing.T, change func(*v1beta1.InfraEnv)) *v1beta1.InfraEnv {
@@ -76,7 +79,29 @@ func register(t *testing.T, ie *v1beta1.InfraEnv, n int) *host {
 	require.NoError(t, err)
 	require.Equal(t, stack.HostID(n), resp.HostID)
 	c.SetToken(resp.AgentToken)
-	return &host{cfg: cfg, c: c, ns: resp.Namespace, id: resp.HostID}
+	return &host{cfg: cfg, c: c, ns: resp.Namespace, id: resp.HostID, token: resp.AgentToken}
+}
+
+// reregister registers host n again after its earlier boot fell silent, as
+// a rebooted host does (the service holds it off until it sees the
+// silence).
+func reregister(t *testing.T, ie *v1beta1.InfraEnv, n int) *host {
+	t.Helper()
+	s.Silence(t, ie.Namespace, stack.HostID(n))
+	cfg := s.AgentConfig(t, ie)
+	c, err := agentclient.New(cfg)
+	require.NoError(t, err)
+	var resp agentapi.RegisterResponse
+	require.Eventually(t, func() bool {
+		resp, err = c.Register(context.Background(), cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{
+			InfraEnvUID: cfg.InfraEnv.UID, HostID: stack.HostID(n),
+			Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(n)}},
+		})
+		return !agentclient.IsCode(err, agentapi.CodeHostActive)
+	}, 30*time.Second, 100*time.Millisecond)
+	require.NoError(t, err)
+	c.SetToken(resp.AgentToken)
+	return &host{cfg: cfg, c: c, ns: resp.Namespace, id: resp.HostID, token: resp.AgentToken}
 }
 
 func (h *host) agent(t *testing.T) *v1beta1.Agent {
@@ -171,7 +196,7 @@ func TestRegisterReportApprove(t *testing.T) {
 	waitEvent(t, h.ns, h.id, "Approved")
 
 	// Rebooting and registering again finds the same Agent.
-	again := register(t, ie, 1)
+	again := reregister(t, ie, 1)
 	require.Equal(t, h.id, again.id)
 	require.Equal(t, a.UID, again.agent(t).UID)
 }
@@ -348,12 +373,9 @@ func TestBadRequests(t *testing.T) {
 	badMAC := stack.FakeInventory("x", stack.MAC(5))
 	badMAC.Interfaces[0].MacAddress = "not-a-mac"
 	badMACInv, _ := json.Marshal(badMAC)
-	tokenOf := func(hh *host) string {
-		resp, err := hh.c.Register(ctx, hh.cfg.InfraEnv, hh.cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: hh.cfg.InfraEnv.UID, HostID: hh.id, Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(map[string]int{h.id: 5, other.id: 6}[hh.id])}}})
-		require.NoError(t, err)
-		return resp.AgentToken
-	}
+	tokenOf := func(hh *host) string { return hh.token }
 	hTok := tokenOf(h)
+	otherSession := "0123456789abcdef0123456789abcdef" + hTok[strings.LastIndexByte(hTok, '.'):]
 
 	cases := map[string]struct {
 		method, path, token string
@@ -363,7 +385,9 @@ func TestBadRequests(t *testing.T) {
 	}{
 		"registration without token":    {"POST", regPath, "", goodReg, 401, "Unauthorized"},
 		"registration with wrong token": {"POST", regPath, hTok, goodReg, 401, "Unauthorized"},
-		"unknown InfraEnv":              {"POST", "/api/v1/infraenvs/" + ie.Namespace + "/nope/hosts", "x", goodReg, 404, "NotFound"},
+		"unknown InfraEnv":              {"POST", "/api/v1/infraenvs/" + ie.Namespace + "/nope/hosts", "x", goodReg, 401, "Unauthorized"},
+		"unknown InfraEnv, good token":  {"POST", "/api/v1/infraenvs/" + ie.Namespace + "/nope/hosts", h.cfg.RegistrationToken, goodReg, 410, agentapi.CodeInfraEnvGone},
+		"another session's token":       {"POST", "/api/v1/namespaces/" + h.ns + "/agents/" + h.id + "/instructions", otherSession, []byte(`{}`), 401, "Unauthorized"},
 		"malformed registration":        {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"hostID":`), 400, "BadRequest"},
 		"unknown registration field":    {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"hostID":"x","evil":1}`), 400, "BadRequest"},
 		"host ID not a UUID":            {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"infraEnvUID":"` + string(ie.UID) + `","hostID":"../etc","identity":{"macAddresses":[]}}`), 400, "BadRequest"},
@@ -373,7 +397,7 @@ func TestBadRequests(t *testing.T) {
 		"oversized inventory":           {"PUT", invPath(h.id), hTok, big, 400, "BadInventory"},
 		"malformed inventory":           {"PUT", invPath(h.id), hTok, []byte(`{"cpu":{"count":"many"}}`), 400, "BadInventory"},
 		"inventory with a bad MAC":      {"PUT", invPath(h.id), hTok, badMACInv, 400, "BadInventory"},
-		"inventory of unknown agent":    {"PUT", invPath(stack.HostID(999)), hTok, goodInv, 404, "NotFound"},
+		"another Agent's token":         {"PUT", invPath(stack.HostID(999)), hTok, goodInv, 401, "Unauthorized"},
 		"unknown path":                  {"GET", "/api/v0/whatever", "", nil, 404, "NotFound"},
 	}
 	for name, tc := range cases {
@@ -455,4 +479,125 @@ func TestAgentCapPerInfraEnv(t *testing.T) {
 		_, err = capped.TryRegister(t, ie, 3)
 		return err == nil
 	}, time.Minute, 200*time.Millisecond, "room made is taken again: %v", err)
+}
+
+// The identity rule: a second host claiming a registered host's identity
+// never gets its token or, once it is bound, its installation; what it
+// tried is visible on the Agent.
+func TestHostIdentity(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	cfg := s.AgentConfig(t, ie)
+	id := stack.HostID(21)
+	victim := agentapi.HostIdentity{SystemUUID: id, SerialNumber: "SN-VICTIM-21", MACAddresses: []string{stack.MAC(21), stack.MAC(22)}}
+	reg := func(ident agentapi.HostIdentity) (*host, error) {
+		c, err := agentclient.New(cfg)
+		require.NoError(t, err)
+		resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: ident})
+		if err != nil {
+			return nil, err
+		}
+		c.SetToken(resp.AgentToken)
+		return &host{cfg: cfg, c: c, ns: resp.Namespace, id: resp.HostID, token: resp.AgentToken}, nil
+	}
+	// regAfterSilence registers once the service has seen the Agent's
+	// host fall silent.
+	regAfterSilence := func(ident agentapi.HostIdentity) (*host, error) {
+		s.Silence(t, ie.Namespace, id)
+		var h *host
+		var err error
+		require.Eventually(t, func() bool {
+			h, err = reg(ident)
+			return !agentclient.IsCode(err, agentapi.CodeHostActive)
+		}, 30*time.Second, 100*time.Millisecond)
+		return h, err
+	}
+	real, err := reg(victim)
+	require.NoError(t, err)
+
+	// What a PXE request gives away (the UUID, one MAC) is not the host.
+	_, err = reg(agentapi.HostIdentity{SystemUUID: id, MACAddresses: []string{stack.MAC(21)}})
+	require.True(t, agentclient.IsCode(err, agentapi.CodeHostIDConflict), "%v", err)
+	_, err = reg(agentapi.HostIdentity{SystemUUID: id, SerialNumber: "SN-VICTIM-21", MACAddresses: []string{stack.MAC(21)}})
+	require.True(t, agentclient.IsCode(err, agentapi.CodeHostIDConflict), "a partial match: %v", err)
+
+	// The whole identity while the host is alive: held off, with no token;
+	// the real host heard from afterwards makes the Agent disputed.
+	stop := make(chan struct{})
+	beating := make(chan struct{})
+	go func() {
+		defer close(beating)
+		for {
+			_, _ = real.c.Instructions(ctx, real.ns, real.id, agentapi.InstructionsRequest{Time: time.Now()})
+			select {
+			case <-stop:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+		}
+	}()
+	_, err = reg(victim)
+	require.True(t, agentclient.IsCode(err, agentapi.CodeHostActive), "%v", err)
+	a := real.waitAgent(t, "was disputed", func(a *v1beta1.Agent) bool {
+		return validation(a, "identity-undisputed").Status == v1beta1.ValidationFailure
+	})
+	close(stop)
+	<-beating
+	require.Contains(t, validation(a, "identity-undisputed").Message, "two hosts claim to be "+id)
+	require.Contains(t, a.Annotations[lifecycle.DisputedAnnotation], "two hosts claim")
+	waitEvent(t, ie.Namespace, id, "IdentityConflict")
+	real.beat(t) // its session goes on
+
+	// The administrator settles it; once the host is silent (it rebooted),
+	// a new session begins and the earlier token stops working.
+	patch := client.MergeFrom(a.DeepCopy())
+	delete(a.Annotations, lifecycle.DisputedAnnotation)
+	require.NoError(t, s.Client.Patch(ctx, a, patch))
+	again, err := regAfterSilence(victim)
+	require.NoError(t, err)
+	require.NotEqual(t, real.token, again.token)
+	_, err = real.c.Instructions(ctx, real.ns, real.id, agentapi.InstructionsRequest{Time: time.Now()})
+	require.ErrorContains(t, err, "401")
+	again.beat(t)
+	again.waitAgent(t, "was undisputed again", func(a *v1beta1.Agent) bool {
+		return validation(a, "identity-undisputed").Status == v1beta1.ValidationSuccess
+	})
+
+	// Bound to a cluster, the Agent never begins a new session: the
+	// registration gets nothing and the Agent's events say so.
+	a = again.agent(t)
+	patch = client.MergeFrom(a.DeepCopy())
+	a.Spec.ClusterDeploymentName = &v1beta1.ClusterReference{Namespace: ie.Namespace, Name: "some-cluster"}
+	require.NoError(t, s.Client.Patch(ctx, a, patch))
+	_, err = regAfterSilence(victim)
+	require.True(t, agentclient.IsCode(err, agentapi.CodeIdentityInDoubt), "%v", err)
+	waitEvent(t, ie.Namespace, id, "IdentityInDoubt")
+	again.beat(t) // the bound session still works
+	require.Equal(t, again.agent(t).Annotations["agentboot.io/session"], a.Annotations["agentboot.io/session"])
+}
+
+// Rotating an InfraEnv's registration token: new discovery content and
+// URLs, the old token registers nothing, registered hosts carry on.
+func TestRegistrationTokenRotation(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	oldCfg := s.AgentConfig(t, ie)
+	h := register(t, ie, 31)
+	patch := client.MergeFrom(ie.DeepCopy())
+	ie.Annotations = map[string]string{signing.RotateAnnotation: "2026-11-25"}
+	require.NoError(t, s.Client.Patch(ctx, ie, patch))
+	rotated := s.WaitCondition(t, client.ObjectKeyFromObject(ie), corev1.ConditionTrue, func(got *v1beta1.InfraEnv) bool {
+		return got.Status.ISODownloadURL != ie.Status.ISODownloadURL
+	})
+	newCfg := s.AgentConfig(t, rotated)
+	require.NotEqual(t, oldCfg.RegistrationToken, newCfg.RegistrationToken)
+
+	c, err := agentclient.New(oldCfg)
+	require.NoError(t, err)
+	req := agentapi.RegisterRequest{InfraEnvUID: oldCfg.InfraEnv.UID, HostID: stack.HostID(32), Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(32)}}}
+	_, err = c.Register(ctx, oldCfg.InfraEnv, oldCfg.RegistrationToken, req)
+	require.ErrorContains(t, err, "401", "a token of before the rotation")
+	_, err = c.Register(ctx, newCfg.InfraEnv, newCfg.RegistrationToken, req)
+	require.NoError(t, err)
+	h.beat(t) // registered before: unaffected
 }

@@ -71,7 +71,7 @@ func run(ctx context.Context, args []string, log *slog.Logger) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	a, err := agent.New(agent.Config{ConfigPath: *cfgPath, Version: version, Log: log})
+	a, err := agent.New(agent.Config{ConfigPath: *cfgPath, Version: version, Log: log, SessionPath: "/run/agentboot/session.json"})
 	if err != nil {
 		return err
 	}

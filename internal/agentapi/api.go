@@ -70,6 +70,17 @@ const (
 	// agent wipes what it wrote and stays in discovery instead of
 	// rebooting into it.
 	CodeReleased = "Released"
+	// CodeHostActive: the Agent with this identity is still heard from
+	// (its host has not stopped, or another host claims to be it); the
+	// agent retries after Retry-After. A host rebooting waits out the
+	// silence of its earlier boot; a second live host makes the Agent
+	// disputed.
+	CodeHostActive = "HostActive"
+	// CodeIdentityInDoubt: the Agent with this identity is bound to a
+	// cluster or installing, and a new registration cannot prove it is the
+	// same host: it gets nothing, and the Agent's events say so. The agent
+	// retries; once the Agent is unbound it registers into the free pool.
+	CodeIdentityInDoubt = "IdentityInDoubt"
 )
 
 // InstructionsRequest is the heartbeat: the agent's clock, for the

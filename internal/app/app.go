@@ -124,6 +124,9 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 	keys := &signing.Keeper{Reader: mgr.GetAPIReader(), Namespace: c.Namespace, Log: log.WithName("signing")}
 	if c.Controllers {
 		keys.Writer = mgr.GetClient()
+	} else if c.AgentService == nil {
+		// An image service on its own reads only its keys.
+		keys.ImageService = true
 	}
 	for _, r := range []manager.Runnable{c.Catalog, keys} {
 		if err := mgr.Add(r); err != nil {
@@ -171,7 +174,8 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 	}
 	if c.ImageService != nil {
 		cfg := *c.ImageService
-		cfg.Catalog, cfg.Keys, cfg.Settings = c.Catalog, keys, c.Settings
+		// It never holds the agent keys, even in one process with the rest.
+		cfg.Catalog, cfg.Keys, cfg.Settings = c.Catalog, signing.Restricted{Source: keys, Purposes: signing.ImageServicePurposes}, c.Settings
 		cfg.Log = log.WithName("image-service")
 		svc, err := imageservice.New(cfg)
 		if err != nil {

@@ -253,7 +253,7 @@ func renderIgnition(in Input, s Settings) ([]byte, parts, error) {
 	agentCfg := agentapi.Config{
 		APIURL:            s.AgentAPIURL,
 		InfraEnv:          agentapi.InfraEnvRef{Namespace: ie.Namespace, Name: ie.Name, UID: string(ie.UID)},
-		RegistrationToken: in.Key.Token(signing.PurposeRegister, string(ie.UID), ""),
+		RegistrationToken: in.Key.RegistrationToken(string(ie.UID), signing.Epoch(ie.Annotations[signing.RotateAnnotation])),
 		CABundle:          s.CABundle,
 		NTPSources:        ie.Spec.AdditionalNTPSources,
 	}

@@ -40,6 +40,11 @@ const (
 	// AgentMachineRefNamespaceAnnotation is that AgentMachine's namespace:
 	// the hosted cluster's control-plane namespace.
 	AgentMachineRefNamespaceAnnotation = "agentMachineRefNamespace"
+	// DisputedAnnotation says why an Agent's identity is disputed: two
+	// hosts were alive under it. Such an Agent fails its
+	// identity-undisputed validation and is never approved automatically,
+	// until an administrator removes the annotation.
+	DisputedAnnotation = "agentboot.io/identity-conflict"
 )
 
 // Bound reports whether the Agent is bound to a cluster.
@@ -125,6 +130,8 @@ func Unbindable(a *v1beta1.Agent) string {
 	switch {
 	case taken || Bound(a) || status(v1beta1.BoundCondition) == "True":
 		return "already bound"
+	case a.Annotations[DisputedAnnotation] != "":
+		return "identity disputed"
 	case !a.Spec.Approved:
 		return "not approved"
 	case Released(a):

@@ -1,22 +1,29 @@
 package signing
 
 import (
-	"bytes"
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Keeper holds the current key and notices when it changes (a deleted and
-// recreated Secret). The manager's Keeper creates the Secret; the image
-// service's only reads it.
+// recreated Secret). The manager's Keeper creates the master key's Secret
+// and keeps the image service's Secret in step with it; an image service
+// running apart reads only its own (ImageService).
 type Keeper struct {
-	Reader    client.Reader
-	Writer    client.Writer // nil: never create the Secret
-	Namespace string
+	Reader client.Reader
+	// Writer creates the Secrets; nil: never.
+	Writer client.Writer
+	// ImageService reads the image service's keys instead of the master key.
+	ImageService bool
+	Namespace    string
 	Interval  time.Duration
 	Log       logr.Logger
 
@@ -66,22 +73,59 @@ func (k *Keeper) Start(ctx context.Context) error {
 }
 
 func (k *Keeper) refresh(ctx context.Context) {
-	key, err := Ensure(ctx, k.Reader, k.Writer, k.Namespace)
+	key, name, err := k.load(ctx)
 	if err != nil {
 		k.Log.Error(err, "signing key unavailable; retrying")
 		return
 	}
 	k.mu.Lock()
-	changed := !bytes.Equal(k.key.k, key.k)
+	changed := k.key.Token(PurposeImage, "keeper", "") != key.Token(PurposeImage, "keeper", "")
 	k.key = key
 	k.mu.Unlock()
 	if changed {
-		k.Log.Info("signing key loaded", "secret", k.Namespace+"/"+SecretName)
+		k.Log.Info("signing key loaded", "secret", k.Namespace+"/"+name)
 		select {
 		case k.changes <- struct{}{}:
 		default:
 		}
 	}
+}
+
+func (k *Keeper) load(ctx context.Context) (Key, string, error) {
+	if k.ImageService {
+		var s corev1.Secret
+		if err := k.Reader.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: ImageServiceSecretName}, &s); err != nil {
+			return Key{}, ImageServiceSecretName, fmt.Errorf("read the image service's keys %s/%s (the manager writes them): %w", k.Namespace, ImageServiceSecretName, err)
+		}
+		key, err := FromImageServiceSecret(&s)
+		return key, ImageServiceSecretName, err
+	}
+	key, err := Ensure(ctx, k.Reader, k.Writer, k.Namespace)
+	if err != nil || k.Writer == nil {
+		return key, SecretName, err
+	}
+	return key, SecretName, k.syncImageService(ctx, key)
+}
+
+// syncImageService writes the image service's keys derived from key.
+func (k *Keeper) syncImageService(ctx context.Context, key Key) error {
+	want := ImageServiceSecret(key, k.Namespace)
+	var have corev1.Secret
+	err := k.Reader.Get(ctx, client.ObjectKeyFromObject(want), &have)
+	switch {
+	case apierrors.IsNotFound(err):
+		err = k.Writer.Create(ctx, want)
+		if apierrors.IsAlreadyExists(err) {
+			return nil // another replica; checked again next time
+		}
+	case err == nil && !equality.Semantic.DeepEqual(have.Data, want.Data):
+		have.Data = want.Data
+		err = k.Writer.Update(ctx, &have)
+	}
+	if err != nil {
+		return fmt.Errorf("write the image service's keys %s/%s: %w", k.Namespace, ImageServiceSecretName, err)
+	}
+	return nil
 }
 
 // NeedLeaderElection is false: every replica signs and verifies.

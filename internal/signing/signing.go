@@ -1,8 +1,11 @@
 // Package signing makes and checks the tokens that guard agentboot's URLs and
-// APIs. A token is an HMAC-SHA256, under one cluster-wide key, of a purpose,
-// the UID of the object it is bound to, and a version; deleting and
-// recreating an object (a new UID) or changing its content (a new version)
-// invalidates its tokens. The key lives in a Secret the manager creates.
+// APIs. A token is an HMAC-SHA256 of the UID of the object it is bound to
+// and a version, under a key for its purpose; deleting and recreating an
+// object (a new UID) or changing its content (a new version) invalidates
+// its tokens. The purposes' keys are derived from one master key in a
+// Secret only the manager reads; the image service gets the image and
+// registration keys alone, in a Secret of their own, so that it cannot
+// mint agent tokens.
 package signing
 
 import (
@@ -11,8 +14,10 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,33 +33,85 @@ const (
 	PurposeRegister = "register"
 	// PurposeAgent lets a registered host act on its own Agent.
 	PurposeAgent = "agent"
+	// PurposeIdentity keys the digests of what hosts say they are.
+	PurposeIdentity = "host-identity"
 )
 
-// Secret holding the key.
+// purposes are all the keys derived from the master key.
+var purposes = []string{PurposeImage, PurposeRegister, PurposeAgent, PurposeIdentity}
+
+// ImageServicePurposes are the keys the image service holds: it signs and
+// checks image URLs and embeds registration tokens in discovery content.
+var ImageServicePurposes = []string{PurposeImage, PurposeRegister}
+
+// Secrets holding keys.
 const (
+	// SecretName holds the master key; only the manager reads it.
 	SecretName = "agentboot-signing-key"
-	secretKey  = "key"
-	keyLen     = 32
+	// ImageServiceSecretName holds the image service's derived keys; the
+	// manager writes it.
+	ImageServiceSecretName = "agentboot-image-service-keys"
+	secretKey              = "key"
+	keyLen                 = 32
 )
 
-// Key signs and verifies tokens.
-type Key struct{ k []byte }
+// Key signs and verifies tokens, with one derived key per purpose it holds.
+type Key struct {
+	sub map[string][]byte
+	// legacy is the master key itself, which signed registration tokens
+	// before keys were derived per purpose: discovery images made then
+	// still register. Only the manager's Key has it.
+	legacy []byte
+}
 
-// NewKey wraps raw key bytes.
+// NewKey derives every purpose's key from the master key raw.
 func NewKey(raw []byte) (Key, error) {
 	if len(raw) < keyLen {
 		return Key{}, fmt.Errorf("signing key is %d bytes, want at least %d", len(raw), keyLen)
 	}
-	return Key{k: append([]byte(nil), raw...)}, nil
+	k := Key{sub: map[string][]byte{}, legacy: append([]byte(nil), raw...)}
+	for _, p := range purposes {
+		k.sub[p] = derive(raw, p)
+	}
+	return k, nil
 }
 
-// Valid reports whether the key was loaded.
-func (k Key) Valid() bool { return len(k.k) >= keyLen }
+func derive(master []byte, purpose string) []byte {
+	m := hmac.New(sha256.New, master)
+	m.Write([]byte("agentboot purpose key\x00" + purpose))
+	return m.Sum(nil)
+}
 
-// Token binds purpose, uid and version.
+// Only returns a Key holding only the given purposes' keys (and not the
+// master key).
+func (k Key) Only(purposes ...string) Key {
+	out := Key{sub: map[string][]byte{}}
+	for _, p := range purposes {
+		if v, ok := k.sub[p]; ok {
+			out.sub[p] = v
+		}
+	}
+	return out
+}
+
+// Has reports whether the Key can sign for purpose.
+func (k Key) Has(purpose string) bool { return len(k.sub[purpose]) >= keyLen }
+
+// Valid reports whether the key was loaded.
+func (k Key) Valid() bool { return len(k.sub) > 0 }
+
+// Token binds uid and version under purpose's key; "" when the Key does
+// not hold that purpose.
 func (k Key) Token(purpose, uid, version string) string {
-	m := hmac.New(sha256.New, k.k)
-	for _, part := range []string{purpose, uid, version} {
+	if !k.Has(purpose) {
+		return ""
+	}
+	return mac(k.sub[purpose], purpose, uid, version)
+}
+
+func mac(key []byte, parts ...string) string {
+	m := hmac.New(sha256.New, key)
+	for _, part := range parts {
 		m.Write([]byte(part))
 		m.Write([]byte{0})
 	}
@@ -63,10 +120,61 @@ func (k Key) Token(purpose, uid, version string) string {
 
 // Verify checks token in constant time.
 func (k Key) Verify(token, purpose, uid, version string) bool {
-	if !k.Valid() || token == "" || uid == "" {
+	if token == "" || uid == "" {
 		return false
 	}
-	return hmac.Equal([]byte(token), []byte(k.Token(purpose, uid, version)))
+	if want := k.Token(purpose, uid, version); want != "" && hmac.Equal([]byte(token), []byte(want)) {
+		return true
+	}
+	if purpose == PurposeRegister && version == "" && len(k.legacy) >= keyLen {
+		return hmac.Equal([]byte(token), []byte(mac(k.legacy, purpose, uid, version)))
+	}
+	return false
+}
+
+// Source gives the current Key.
+type Source interface {
+	Key() (Key, error)
+}
+
+// Restricted is a Source giving only some purposes' keys of another.
+type Restricted struct {
+	Source   Source
+	Purposes []string
+}
+
+// Key returns the restricted Key.
+func (r Restricted) Key() (Key, error) {
+	k, err := r.Source.Key()
+	if err != nil {
+		return Key{}, err
+	}
+	return k.Only(r.Purposes...), nil
+}
+
+// ImageServiceSecret is the Secret of the image service's keys.
+func ImageServiceSecret(k Key, namespace string) *corev1.Secret {
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: ImageServiceSecretName, Labels: map[string]string{"app.kubernetes.io/part-of": "agentboot"}},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{},
+	}
+	for _, p := range ImageServicePurposes {
+		s.Data[p] = append([]byte(nil), k.sub[p]...)
+	}
+	return s
+}
+
+// FromImageServiceSecret reads the image service's keys.
+func FromImageServiceSecret(s *corev1.Secret) (Key, error) {
+	k := Key{sub: map[string][]byte{}}
+	for _, p := range ImageServicePurposes {
+		if len(s.Data[p]) < keyLen {
+			return Key{}, fmt.Errorf("Secret %s/%s: key %q is %d bytes, want %d", s.Namespace, s.Name, p, len(s.Data[p]), keyLen)
+		}
+		k.sub[p] = append([]byte(nil), s.Data[p]...)
+	}
+	return k, nil
 }
 
 // FromSecret reads the key from the Secret's data.
@@ -106,3 +214,42 @@ func Ensure(ctx context.Context, r client.Reader, w client.Writer, namespace str
 
 // ErrNoKey is returned while the key is not yet known.
 var ErrNoKey = errors.New("signing key not loaded yet")
+
+// RotateAnnotation on an InfraEnv rotates its registration token: any new
+// value gives a new token (and so new discovery content and URLs), and the
+// tokens of earlier values, in discovery images already made, stop
+// registering hosts. Agents already registered are not affected.
+const RotateAnnotation = "agentboot.io/rotate-registration-token"
+
+// Epoch names a rotation value in tokens: "" for none.
+func Epoch(rotation string) string {
+	if rotation == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(rotation))
+	return hex.EncodeToString(sum[:6])
+}
+
+// RegistrationToken is the token hosts of the InfraEnv uid register with,
+// at rotation epoch. The epoch travels in the token, so that it can be
+// checked before anything is read.
+func (k Key) RegistrationToken(uid, epoch string) string {
+	t := k.Token(PurposeRegister, uid, epoch)
+	if t == "" || epoch == "" {
+		return t
+	}
+	return epoch + "." + t
+}
+
+// VerifyRegistration checks a registration token for the InfraEnv uid and
+// returns the epoch it was made at.
+func (k Key) VerifyRegistration(token, uid string) (epoch string, ok bool) {
+	mac := token
+	if i := strings.LastIndexByte(token, '.'); i >= 0 {
+		epoch, mac = token[:i], token[i+1:]
+		if epoch == "" {
+			return "", false
+		}
+	}
+	return epoch, k.Verify(mac, PurposeRegister, uid, epoch)
+}

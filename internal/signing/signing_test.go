@@ -23,8 +23,84 @@ func TestTokens(t *testing.T) {
 	other, _ := NewKey([]byte("fedcba9876543210fedcba9876543210"))
 	require.False(t, other.Verify(tok, PurposeImage, "uid-1", "v1"), "another key")
 	// Separators keep fields apart: ("ab","c") differs from ("a","bc").
-	require.NotEqual(t, k.Token("p", "ab", "c"), k.Token("p", "a", "bc"))
+	require.NotEqual(t, k.Token(PurposeImage, "ab", "c"), k.Token(PurposeImage, "a", "bc"))
 	_, err = NewKey([]byte("short"))
 	require.Error(t, err)
 	require.False(t, Key{}.Verify(tok, PurposeImage, "uid-1", "v1"))
+}
+
+// Each purpose has its own key: the image service's keys cannot make an
+// agent token, and its Secret carries nothing else.
+func TestPurposeKeys(t *testing.T) {
+	master := []byte("0123456789abcdef0123456789abcdef")
+	k, err := NewKey(master)
+	require.NoError(t, err)
+	agentTok := k.Token(PurposeAgent, "ns/host", "session")
+	require.NotEmpty(t, agentTok)
+	// A token made with the master key itself (or another purpose's key)
+	// is no agent token.
+	require.False(t, k.Verify(mac(master, PurposeAgent, "ns/host", "session"), PurposeAgent, "ns/host", "session"))
+	require.False(t, k.Verify(k.Token(PurposeImage, "ns/host", "session"), PurposeAgent, "ns/host", "session"))
+
+	sec := ImageServiceSecret(k, "agentboot-system")
+	require.ElementsMatch(t, []string{PurposeImage, PurposeRegister}, keysOf(sec.Data))
+	for _, v := range sec.Data {
+		require.NotContains(t, string(v), string(master))
+	}
+	img, err := FromImageServiceSecret(sec)
+	require.NoError(t, err)
+	require.Equal(t, "", img.Token(PurposeAgent, "ns/host", "session"), "the image service cannot mint agent tokens")
+	require.False(t, img.Verify(agentTok, PurposeAgent, "ns/host", "session"))
+	require.Equal(t, k.Token(PurposeImage, "uid", "v1"), img.Token(PurposeImage, "uid", "v1"))
+	require.Equal(t, k.RegistrationToken("uid", ""), img.RegistrationToken("uid", ""))
+	restricted := k.Only(ImageServicePurposes...)
+	require.Equal(t, "", restricted.Token(PurposeAgent, "ns/host", "session"))
+
+	sec.Data[PurposeRegister] = []byte("short")
+	_, err = FromImageServiceSecret(sec)
+	require.ErrorContains(t, err, `key "register" is 5 bytes`)
+}
+
+// Registration tokens: a rotation gives a new token and retires the old;
+// tokens signed by the master key before keys were derived still register
+// (discovery images made then), but only while nothing was rotated.
+func TestRegistrationTokens(t *testing.T) {
+	master := []byte("0123456789abcdef0123456789abcdef")
+	k, err := NewKey(master)
+	require.NoError(t, err)
+	tok := k.RegistrationToken("uid-1", "")
+	epoch, ok := k.VerifyRegistration(tok, "uid-1")
+	require.True(t, ok)
+	require.Equal(t, "", epoch)
+	_, ok = k.VerifyRegistration(tok, "uid-2")
+	require.False(t, ok, "another InfraEnv")
+
+	e := Epoch("2026-11-25")
+	require.Len(t, e, 12)
+	rotated := k.RegistrationToken("uid-1", e)
+	require.NotEqual(t, tok, rotated)
+	epoch, ok = k.VerifyRegistration(rotated, "uid-1")
+	require.True(t, ok)
+	require.Equal(t, e, epoch)
+	_, ok = k.VerifyRegistration(Epoch("other")+rotated[len(e):], "uid-1")
+	require.False(t, ok, "an epoch swapped in the token")
+	_, ok = k.VerifyRegistration("."+tok, "uid-1")
+	require.False(t, ok)
+
+	legacy := mac(master, PurposeRegister, "uid-1", "")
+	epoch, ok = k.VerifyRegistration(legacy, "uid-1")
+	require.True(t, ok, "a token of an earlier release")
+	require.Equal(t, "", epoch)
+	img := k.Only(ImageServicePurposes...)
+	_, ok = img.VerifyRegistration(legacy, "uid-1")
+	require.False(t, ok, "only the manager holds the master key")
+	require.False(t, k.Verify(mac(master, PurposeImage, "uid-1", "v"), PurposeImage, "uid-1", "v"), "earlier image URLs are not accepted")
+}
+
+func keysOf(m map[string][]byte) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
 }

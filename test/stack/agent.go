@@ -2,6 +2,7 @@ package stack
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,9 @@ import (
 	"time"
 
 	"github.com/vincent-petithory/dataurl"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
@@ -164,12 +168,40 @@ func (h *Host) StepResult(step string, r agentapi.StepResult) error {
 	return h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/steps/"+step, h.Token, r, nil)
 }
 
-// Reregister registers host n again, as it does after booting discovery.
+// Silence makes the Agent ns/name look as if its host stopped a while ago
+// (its Lease last renewed an hour back), as a host that rebooted is.
+func (s *Stack) Silence(t testing.TB, ns, name string) {
+	t.Helper()
+	ctx := context.Background()
+	var l coordinationv1.Lease
+	key := client.ObjectKey{Namespace: Namespace, Name: "agent." + ns + "." + name}
+	if err := s.Client.Get(ctx, key, &l); err != nil {
+		t.Fatalf("lease of Agent %s/%s: %v", ns, name, err)
+	}
+	past := metav1.NewMicroTime(time.Now().Add(-time.Hour))
+	l.Spec.RenewTime = &past
+	if err := s.Client.Update(ctx, &l); err != nil {
+		t.Fatalf("silence Agent %s/%s: %v", ns, name, err)
+	}
+}
+
+// Reregister registers host n again, as it does after rebooting into
+// discovery: its earlier boot fell silent first.
 func (h *Host) Reregister(t testing.TB, ie *v1beta1.InfraEnv, n int) {
 	t.Helper()
+	h.s.Silence(t, h.NS, h.ID)
 	var resp agentapi.RegisterResponse
-	err := h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken,
-		agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentapi.HostIdentity{MACAddresses: []string{MAC(n)}}}, &resp)
+	var err error
+	// The service reads Leases through its cache: until it sees the
+	// silence, it holds the registration off (HostActive).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		err = h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken,
+			agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentapi.HostIdentity{MACAddresses: []string{MAC(n)}}}, &resp)
+		if err == nil || !strings.Contains(err.Error(), agentapi.CodeHostActive) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/macindex"
 )
 
@@ -41,7 +42,9 @@ func (r *Reconciler) matchAgent(ctx context.Context, host *metal3.BareMetalHost)
 	want.Labels[v1beta1.BMHLabel] = host.Name
 	enrolled := host.Labels[v1beta1.InfraEnvNameLabel] != "" && host.Labels[v1beta1.InfraEnvNameLabel] == agent.Labels[v1beta1.InfraEnvNameLabel]
 	if enrolled && !agent.Spec.Approved {
-		if err := r.approve(host, want); err != nil {
+		if why := agent.Annotations[lifecycle.DisputedAnnotation]; why != "" {
+			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AgentNotApproved", "MatchAgent", "Agent %s is disputed, not approved: %s", agent.Name, why)
+		} else if err := r.approve(host, want); err != nil {
 			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AgentNotApproved", "MatchAgent", "Agent %s: %v", agent.Name, err)
 		}
 	}

@@ -93,7 +93,7 @@ func (h *Handler) render(ctx context.Context, ie *v1beta1.InfraEnv, key signing.
 	if err != nil {
 		return nil, nil, err
 	}
-	cacheKey := strings.Join([]string{string(ie.UID), fmt.Sprint(ie.Generation), fingerprint, st.Image.ID, key.Token("cache", "", "")}, "|")
+	cacheKey := strings.Join([]string{string(ie.UID), fmt.Sprint(ie.Generation), ie.Annotations[signing.RotateAnnotation], fingerprint, st.Image.ID, key.Token(signing.PurposeImage, "render-cache", "")}, "|")
 	if e, ok := h.renders.get(cacheKey); ok {
 		return e.out, e.img, nil
 	}

@@ -34,7 +34,7 @@ const (
 type Options struct {
 	Reader      client.Reader // an informer cache with UIDIndex and the macindex indexes
 	Catalog     *osimage.Catalog
-	Keys        *signing.Keeper
+	Keys        signing.Source
 	Settings    discovery.Settings
 	AgentBinary string
 	MaxInFlight int
@@ -282,18 +282,20 @@ func (h *Handler) serveImage(secure bool) http.HandlerFunc {
 			http.Error(w, req.file+" is served over HTTPS only", http.StatusNotFound)
 			return
 		}
-		ie, err := h.infraEnvByUID(r.Context(), req.uid)
-		if err != nil {
-			h.fail(w, err)
-			return
-		}
 		key, err := h.opts.Keys.Key()
 		if err != nil {
 			retryLater(w, "the service is starting: signing key not loaded yet")
 			return
 		}
+		// The token first: an unknown InfraEnv and someone else's answer
+		// the same, and nothing is read for a request we did not sign.
 		if !key.Verify(req.token, signing.PurposeImage, req.uid, req.version) {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		ie, err := h.infraEnvByUID(r.Context(), req.uid)
+		if err != nil {
+			h.fail(w, err)
 			return
 		}
 		out, img, err := h.render(r.Context(), ie, key)

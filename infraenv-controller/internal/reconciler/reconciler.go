@@ -70,7 +70,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("infraenv").
-		For(&v1beta1.InfraEnv{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&v1beta1.InfraEnv{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, rotated{}))).
 		Watches(&v1beta1.NMStateConfig{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return r.allInfraEnvs(ctx, o.GetNamespace())
 		})).
@@ -281,4 +281,11 @@ func (r *Reconciler) recordTransition(ie *v1beta1.InfraEnv, before *v1beta1.Cond
 		eventType = corev1.EventTypeNormal
 	}
 	r.Events.Eventf(ie, nil, eventType, obs.reason, "PublishImage", "%s", obs.message)
+}
+
+// rotated lets through an InfraEnv whose registration token was rotated.
+type rotated struct{ predicate.Funcs }
+
+func (rotated) Update(e event.UpdateEvent) bool {
+	return e.ObjectOld.GetAnnotations()[signing.RotateAnnotation] != e.ObjectNew.GetAnnotations()[signing.RotateAnnotation]
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,7 +20,6 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
-	"github.com/agentboot/agentboot/internal/signing"
 )
 
 // AgentRef is an authenticated host.
@@ -43,6 +43,17 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 			writeError(w, http.StatusServiceUnavailable, "Starting", "the service is starting")
 			return
 		}
+		// The token first: nothing is read for a request that is not from
+		// a host we registered.
+		session, ok := verifyAgentToken(key, bearer(r), ns, id)
+		if !ok {
+			writeError(w, http.StatusUnauthorized, "Unauthorized", "unauthorized")
+			return
+		}
+		if !s.allow("host/"+ns+"/"+id, hostRate, hostBurst) {
+			tooMany(w)
+			return
+		}
 		var a v1beta1.Agent
 		if err := s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: id}, &a); err != nil {
 			if apierrors.IsNotFound(err) {
@@ -52,14 +63,18 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 			writeError(w, http.StatusInternalServerError, "Internal", "internal error")
 			return
 		}
-		uid := hosts.InfraEnvUID(&a)
-		if !key.Verify(bearer(r), signing.PurposeAgent, uid, ns+"/"+id) {
-			writeError(w, http.StatusUnauthorized, "Unauthorized", "unauthorized")
-			return
+		if a.Annotations[hosts.SessionAnnotation] != session {
+			// A session begun a moment ago may not be in the cache yet.
+			if err := s.o.APIReader.Get(r.Context(), client.ObjectKeyFromObject(&a), &a); err != nil || a.Annotations[hosts.SessionAnnotation] != session {
+				writeError(w, http.StatusUnauthorized, "Unauthorized", "unauthorized: this host's session ended (another registration began a new one)")
+				return
+			}
 		}
-		if !s.allow("host/"+ns+"/"+id, hostRate, hostBurst) {
-			tooMany(w)
-			return
+		uid := hosts.InfraEnvUID(&a)
+		if a.Annotations[hosts.ContestedAnnotation] != "" {
+			if err := s.dispute(r.Context(), &a); err != nil {
+				s.o.Log.Error(err, "mark Agent disputed", "agent", ns+"/"+id)
+			}
 		}
 		var ie v1beta1.InfraEnv
 		err = s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: a.Labels[v1beta1.InfraEnvNameLabel]}, &ie)
@@ -73,6 +88,24 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 		}
 		h(w, r, &AgentRef{Agent: &a, InfraEnv: &ie})
 	})
+}
+
+// dispute marks an Agent whose current session was heard from after a
+// registration with its identity was refused for it: two hosts are alive
+// under one identity, and nothing tells which is the real one. The session
+// goes on (a bound host keeps installing), but the Agent fails its identity
+// validation, so it is not bound again, until an administrator decides.
+func (s *Server) dispute(ctx context.Context, a *v1beta1.Agent) error {
+	patch := client.MergeFrom(a.DeepCopy())
+	msg := fmt.Sprintf("a second host registered as this Agent (at %s) while this Agent's host was still connected, and both were heard from afterwards: two hosts claim to be %s. Check which is real (its BMC, its console), delete the Agent if neither is, and remove annotation %s to clear the dispute",
+		a.Annotations[hosts.ContestedAnnotation], a.Name, hosts.ConflictAnnotation)
+	if a.Annotations[hosts.ConflictAnnotation] == "" {
+		a.Annotations[hosts.ConflictAnnotation] = msg
+		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "IdentityConflict", "Register", "%s", msg)
+	}
+	delete(a.Annotations, hosts.ContestedAnnotation)
+	writes.WithLabelValues("agent").Inc()
+	return s.o.Client.Patch(ctx, a, patch)
 }
 
 // inventory stores the host's hardware in the Agent's status when it changed.

@@ -2,11 +2,17 @@ package api
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,9 +53,6 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	case http.StatusGone:
 		writeError(w, code, agentapi.CodeInfraEnvGone, "InfraEnv %s/%s was deleted", ns, name)
 		return
-	case http.StatusNotFound:
-		writeError(w, code, "NotFound", "unknown InfraEnv %s/%s", ns, name)
-		return
 	case http.StatusUnauthorized:
 		writeError(w, code, "Unauthorized", "unauthorized")
 		return
@@ -61,15 +64,29 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		tooMany(w)
 		return
 	}
-	agent, created, err := s.ensureAgent(r.Context(), ie, req)
+	agent, created, err := s.ensureAgent(r.Context(), ie, req, identityDigest(key, ns, req), remoteIP(r))
 	var capped *capError
 	if errors.As(err, &capped) {
 		writeError(w, http.StatusForbidden, agentapi.CodeAgentCap, "%v", err)
 		s.o.Events.Eventf(ie, nil, corev1.EventTypeWarning, "AgentCapReached", "Register", "%v", err)
 		return
 	}
-	if apierrors.IsAlreadyExists(err) || err == errConflict {
+	switch {
+	case errors.Is(err, errConflict):
 		writeError(w, http.StatusConflict, agentapi.CodeHostIDConflict, "host ID %s is registered to another host", req.HostID)
+		return
+	case errors.Is(err, errActive):
+		w.Header().Set("Retry-After", strconv.Itoa(int(s.quietBefore()/time.Second)))
+		writeError(w, http.StatusConflict, agentapi.CodeHostActive,
+			"Agent %s/%s is still heard from; a host registering as it is refused until it has been silent for %s (if this host rebooted, that is its earlier boot and it only waits; if another host is alive as %s, the Agent is marked disputed)",
+			ns, req.HostID, s.quietBefore(), req.HostID)
+		return
+	case errors.Is(err, errInDoubt):
+		msg := fmt.Sprintf("a host registered as Agent %s from %s while the Agent is bound to a cluster: it was given nothing. If it is this host, restarted into discovery, unbind the Agent (scale its NodePool down, or let a MachineHealthCheck replace the Machine) and it registers into the free pool; if not, a host on the boot network is impersonating it", req.HostID, remoteIP(r))
+		if a := (&v1beta1.Agent{}); s.o.Client.Get(r.Context(), client.ObjectKey{Namespace: ns, Name: req.HostID}, a) == nil {
+			s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "IdentityInDoubt", "Register", "%s", msg)
+		}
+		writeError(w, http.StatusConflict, agentapi.CodeIdentityInDoubt, "%s", msg)
 		return
 	}
 	if err != nil {
@@ -93,10 +110,38 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, agentapi.RegisterResponse{
 		Namespace:        agent.Namespace,
 		HostID:           agent.Name,
-		AgentToken:       key.Token(signing.PurposeAgent, string(ie.UID), agent.Namespace+"/"+agent.Name),
+		AgentToken:       agentToken(key, agent),
 		PollSeconds:      int(s.o.PollInterval / time.Second),
 		MinDiskSizeBytes: s.minDisk(ie),
 	})
+}
+
+// agentToken authorises the per-host calls of the Agent's current session:
+// the session, and a MAC of the Agent's name and session, so that it is
+// checked before the Agent is read.
+func agentToken(key signing.Key, a *v1beta1.Agent) string {
+	session := a.Annotations[hosts.SessionAnnotation]
+	return session + "." + key.Token(signing.PurposeAgent, a.Namespace+"/"+a.Name, session)
+}
+
+// verifyAgentToken checks a token for the Agent ns/name and returns the
+// session it names.
+func verifyAgentToken(key signing.Key, token, ns, name string) (session string, ok bool) {
+	i := strings.LastIndexByte(token, '.')
+	if i <= 0 {
+		return "", false
+	}
+	session = token[:i]
+	return session, key.Verify(token[i+1:], signing.PurposeAgent, ns+"/"+name, session)
+}
+
+// remoteIP is the address a request came from, for messages.
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 // capError says an InfraEnv has as many Agents as it may.
@@ -148,28 +193,26 @@ func validRegistration(req agentapi.RegisterRequest) error {
 	return nil
 }
 
-// infraEnvFor resolves the InfraEnv a registration names: 200 when it
-// exists and the token is its; 410 when the token is valid for a UID that no
-// longer exists (deleted, or deleted and recreated); 404 when it never
-// existed as far as the token tells; 401 otherwise.
+// infraEnvFor resolves the InfraEnv a registration names. The token is
+// checked first, before anything is read: 401 for a token that is not one
+// of ours for that UID, whether the InfraEnv exists or not; then 410 when
+// the InfraEnv with that UID is gone (deleted, or deleted and recreated),
+// and 401 when its registration token was rotated since.
 func (s *Server) infraEnvFor(ctx context.Context, key signing.Key, ns, name, uid, token string) (*v1beta1.InfraEnv, int) {
-	validForUID := key.Verify(token, signing.PurposeRegister, uid, "")
+	epoch, ok := key.VerifyRegistration(token, uid)
+	if !ok {
+		return nil, http.StatusUnauthorized
+	}
 	var ie v1beta1.InfraEnv
 	err := s.o.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &ie)
 	switch {
 	case apierrors.IsNotFound(err):
-		if validForUID {
-			return nil, http.StatusGone
-		}
-		return nil, http.StatusNotFound
+		return nil, http.StatusGone
 	case err != nil:
 		return nil, http.StatusInternalServerError
 	case string(ie.UID) != uid || !ie.DeletionTimestamp.IsZero():
-		if validForUID {
-			return nil, http.StatusGone
-		}
-		return nil, http.StatusUnauthorized
-	case !validForUID:
+		return nil, http.StatusGone
+	case signing.Epoch(ie.Annotations[signing.RotateAnnotation]) != epoch:
 		return nil, http.StatusUnauthorized
 	}
 	return &ie, http.StatusOK
@@ -182,12 +225,45 @@ func (s *Server) minDisk(ie *v1beta1.InfraEnv) int64 {
 	return s.o.MinDiskSizeBytes
 }
 
-var errConflict = fmt.Errorf("host ID registered to another host")
+// Why a registration does not continue an existing Agent.
+var (
+	// errConflict: the Agent's host said something else about itself.
+	errConflict = errors.New("host ID registered to another host")
+	// errActive: the Agent's current session is still heard from.
+	errActive = errors.New("the Agent's host is still connected")
+	// errInDoubt: the Agent is bound or installing and the registration
+	// cannot prove it is that host.
+	errInDoubt = errors.New("the Agent is bound to a cluster")
+)
 
-// ensureAgent returns the host's Agent, creating it on first registration.
-// An Agent of the same name whose MAC addresses share none with this host's
-// belongs to another host: errConflict.
-func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest) (*v1beta1.Agent, bool, error) {
+// identityDigest is a keyed digest of everything a host says it is. It is
+// keyed so that the annotation does not give away the serial number to
+// whoever reads Agents, and cannot be computed from a guess.
+func identityDigest(key signing.Key, ns string, req agentapi.RegisterRequest) string {
+	id := req.Identity
+	return key.Token(signing.PurposeIdentity, ns+"/"+req.HostID,
+		strings.ToLower(id.SystemUUID)+"\n"+id.SerialNumber+"\n"+hosts.MACs(id.MACAddresses))
+}
+
+// newSession names a registration session.
+func newSession() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// ensureAgent returns the host's Agent, creating it on first registration
+// or beginning a new session of it. The identity rule:
+//   - a host must say exactly what it said when the Agent was created (host
+//     ID, SMBIOS UUID and serial, every MAC address), else errConflict;
+//   - while the current session is heard from, no new one begins
+//     (errActive), and the attempt is recorded: if the current session is
+//     heard from after it, two hosts claim the identity and the Agent is
+//     disputed (see Server.host);
+//   - an Agent bound to a cluster, or installing, never begins a new
+//     session (errInDoubt): the registration cannot prove it is the host
+//     that was bound, and a new session would get its installation.
+func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from string) (*v1beta1.Agent, bool, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	key := client.ObjectKey{Namespace: ie.Namespace, Name: req.HostID}
 	var existing v1beta1.Agent
@@ -195,10 +271,7 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	// new host (created) from one the cache has not seen yet (exists).
 	err := s.o.Client.Get(ctx, key, &existing)
 	if err == nil {
-		if !hosts.SameHost(existing.Annotations[hosts.MACsAnnotation], macs) {
-			return nil, false, errConflict
-		}
-		return &existing, false, s.adopt(ctx, &existing, ie, macs)
+		return s.resume(ctx, &existing, ie, req, digest, from)
 	}
 	if !apierrors.IsNotFound(err) {
 		return nil, false, err
@@ -213,10 +286,14 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	labels[v1beta1.InfraEnvNameLabel] = ie.Name
 	agent := &v1beta1.Agent{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace:       ie.Namespace,
-			Name:            req.HostID,
-			Labels:          labels,
-			Annotations:     map[string]string{hosts.MACsAnnotation: macs},
+			Namespace: ie.Namespace,
+			Name:      req.HostID,
+			Labels:    labels,
+			Annotations: map[string]string{
+				hosts.MACsAnnotation:     macs,
+				hosts.IdentityAnnotation: digest,
+				hosts.SessionAnnotation:  newSession(),
+			},
 			OwnerReferences: []metav1.OwnerReference{infraEnvOwner(ie)},
 		},
 		Spec: v1beta1.AgentSpec{
@@ -226,14 +303,11 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	}
 	if err := s.o.Client.Create(ctx, agent); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			// Registered a moment ago (another replica, a retry): same host?
+			// Registered a moment ago (another replica, a retry).
 			if err := s.o.APIReader.Get(ctx, key, &existing); err != nil {
 				return nil, false, err
 			}
-			if !hosts.SameHost(existing.Annotations[hosts.MACsAnnotation], macs) {
-				return nil, false, errConflict
-			}
-			return &existing, false, nil
+			return s.resume(ctx, &existing, ie, req, digest, from)
 		}
 		return nil, false, err
 	}
@@ -241,11 +315,34 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	return agent, true, nil
 }
 
-// adopt moves a re-registering host to the InfraEnv it booted from now and
-// records its current MAC addresses.
-func (s *Server) adopt(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, macs string) error {
-	if a.Labels[v1beta1.InfraEnvNameLabel] == ie.Name && hosts.InfraEnvUID(a) == string(ie.UID) && a.Annotations[hosts.MACsAnnotation] == macs {
-		return nil
+// resume begins a new session of an existing Agent, under the identity
+// rule of ensureAgent.
+func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from string) (*v1beta1.Agent, bool, error) {
+	macs := hosts.MACs(req.Identity.MACAddresses)
+	switch recorded := a.Annotations[hosts.IdentityAnnotation]; {
+	case recorded == "" && !hosts.SameHost(a.Annotations[hosts.MACsAnnotation], macs):
+		// Created before identities were recorded: its MACs tell.
+		return nil, false, errConflict
+	case recorded != "" && recorded != digest:
+		return nil, false, errConflict
+	}
+	alive, err := s.sessionAlive(ctx, a)
+	if err != nil {
+		return nil, false, err
+	}
+	if alive {
+		if a.Annotations[hosts.ContestedAnnotation] == "" {
+			patch := client.MergeFrom(a.DeepCopy())
+			a.Annotations[hosts.ContestedAnnotation] = s.o.Now().UTC().Format(time.RFC3339) + " from " + from
+			writes.WithLabelValues("agent").Inc()
+			if err := s.o.Client.Patch(ctx, a, patch); err != nil {
+				return nil, false, err
+			}
+		}
+		return nil, false, errActive
+	}
+	if lifecycle.Bound(a) {
+		return nil, false, errInDoubt
 	}
 	patch := client.MergeFrom(a.DeepCopy())
 	if a.Labels == nil {
@@ -256,38 +353,59 @@ func (s *Server) adopt(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraE
 		a.Annotations = map[string]string{}
 	}
 	a.Annotations[hosts.MACsAnnotation] = macs
+	a.Annotations[hosts.IdentityAnnotation] = digest
+	a.Annotations[hosts.SessionAnnotation] = newSession()
+	delete(a.Annotations, hosts.ContestedAnnotation)
 	a.OwnerReferences = []metav1.OwnerReference{infraEnvOwner(ie)}
 	writes.WithLabelValues("agent").Inc()
-	return s.o.Client.Patch(ctx, a, patch)
+	if err := s.o.Client.Patch(ctx, a, patch); err != nil {
+		return nil, false, err
+	}
+	return a, false, nil
+}
+
+// sessionAlive reports whether the Agent's host was heard from recently
+// enough that it may still be running: its Lease renewed within
+// LeaseRenewInterval (the Lease is written no more often) plus one and a
+// half heartbeats.
+func (s *Server) sessionAlive(ctx context.Context, a *v1beta1.Agent) (bool, error) {
+	var l coordinationv1.Lease
+	err := s.o.Client.Get(ctx, client.ObjectKey{Namespace: s.o.LeaseNamespace, Name: hosts.LeaseName(a.Namespace, a.Name)}, &l)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if l.Spec.RenewTime == nil {
+		return false, nil
+	}
+	return s.o.Now().Sub(l.Spec.RenewTime.Time) < s.quietBefore(), nil
+}
+
+// quietBefore is how long a host must have been silent before its Agent
+// begins a new session.
+func (s *Server) quietBefore() time.Duration {
+	return s.o.LeaseRenewInterval + s.o.PollInterval*3/2
 }
 
 // rebooted settles an installation when its host registers again, which it
-// does only after booting the discovery image: an unbound host released from
-// its cluster is back in the pool with its installation forgotten; a bound
-// host in the middle of installing has lost that installation.
+// does only after booting the discovery image. Only an unbound host gets
+// here (resume refuses bound and installing ones): released from its
+// cluster, it is back in the pool with its installation forgotten.
 func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
 	// Read fresh: the cache may not have an installation claimed a moment ago.
 	a := &v1beta1.Agent{}
 	if err := s.o.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), a); err != nil {
 		return err
 	}
-	p := &a.Status.Progress
-	if !lifecycle.Started(a) || lifecycle.Bound(a) && installprogress.Finished(p) {
+	if !lifecycle.Started(a) || lifecycle.Bound(a) {
 		return nil
 	}
 	before := a.DeepCopy()
-	if !lifecycle.Bound(a) {
-		installprogress.Reset(p)
-		a.Status.InstallationDiskID = ""
-		s.o.Events.Eventf(a, nil, corev1.EventTypeNormal, "BackInDiscovery", "Register", "the host booted the discovery image again and is back in the free pool")
-	} else {
-		why := "the host restarted into the discovery image during the installation, at " + string(p.CurrentStage)
-		if installprogress.Index(p.CurrentStage) >= installprogress.Index(v1beta1.StageRebooting) {
-			why = "the host booted the discovery image again instead of its installed disk; check its boot order"
-		}
-		_ = installprogress.Fail(p, why, s.o.Now())
-		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, v1beta1.InstallationFailedReason, "Register", "%s", why)
-	}
+	installprogress.Reset(&a.Status.Progress)
+	a.Status.InstallationDiskID = ""
+	s.o.Events.Eventf(a, nil, corev1.EventTypeNormal, "BackInDiscovery", "Register", "the host booted the discovery image again and is back in the free pool")
 	writes.WithLabelValues("agent-status").Inc()
 	return s.o.Client.Status().Patch(ctx, a, client.MergeFrom(before))
 }

@@ -10,6 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
 // Labels and annotations agentboot keeps.
@@ -75,3 +76,22 @@ func InfraEnvUID(a *v1beta1.Agent) string {
 	}
 	return ""
 }
+
+// Annotations of a host's registration session. A session begins each time
+// a host registers and is accepted; the agent token names it, so a token of
+// an earlier session stops working.
+const (
+	// SessionAnnotation names the current session.
+	SessionAnnotation = "agentboot.io/session"
+	// IdentityAnnotation is a keyed digest of everything the host said it
+	// is (host ID, SMBIOS UUID and serial, every MAC address): a later
+	// registration must say exactly the same to continue as this Agent.
+	IdentityAnnotation = "agentboot.io/identity"
+	// ContestedAnnotation is when a registration with this identity was
+	// refused because the current session was still alive. If the current
+	// session is heard from after that, two hosts claim one identity.
+	ContestedAnnotation = "agentboot.io/contested-at"
+	// ConflictAnnotation says why the Agent's identity is disputed
+	// (lifecycle.DisputedAnnotation).
+	ConflictAnnotation = lifecycle.DisputedAnnotation
+)

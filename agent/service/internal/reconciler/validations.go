@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 )
 
@@ -41,7 +42,8 @@ func (r Requirements) For(ie *v1beta1.InfraEnv) Requirements {
 	return r
 }
 
-// Validation IDs: assisted-service's, plus agentboot's cpu-virtualization.
+// Validation IDs: assisted-service's, plus agentboot's cpu-virtualization
+// and identity-undisputed.
 const (
 	HasInventory     = "has-inventory"
 	HasMinCPUCores   = "has-min-cpu-cores"
@@ -53,6 +55,9 @@ const (
 	Connected        = "connected"
 	NTPSynced        = "ntp-synced"
 	CNVRequirements  = "cnv-requirements-satisfied"
+	// IdentityUndisputed fails while two hosts were seen alive under the
+	// Agent's identity (hosts.ConflictAnnotation).
+	IdentityUndisputed = "identity-undisputed"
 )
 
 // facts is everything a validation looks at.
@@ -99,6 +104,7 @@ var validations = []struct {
 	{"network", []validation{
 		{Connected, connected},
 		{NTPSynced, ntpSynced},
+		{IdentityUndisputed, identityUndisputed},
 	}},
 	{"operators", []validation{
 		{CNVRequirements, cnvRequirements},
@@ -216,6 +222,13 @@ func connected(f *facts) result {
 		return fail("Host has not checked in")
 	}
 	return fail("Host has not checked in since %s", f.lastSeen.UTC().Format(time.RFC3339))
+}
+
+func identityUndisputed(f *facts) result {
+	if why := f.agent.Annotations[hosts.ConflictAnnotation]; why != "" {
+		return fail("The host's identity is disputed: %s", why)
+	}
+	return ok("No other host claims this host's identity")
 }
 
 // maxClockOffset is how far a host's clock may be from the service's.
