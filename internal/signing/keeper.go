@@ -24,8 +24,8 @@ type Keeper struct {
 	// ImageService reads the image service's keys instead of the master key.
 	ImageService bool
 	Namespace    string
-	Interval  time.Duration
-	Log       logr.Logger
+	Interval     time.Duration
+	Log          logr.Logger
 
 	mu      sync.RWMutex
 	key     Key
