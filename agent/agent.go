@@ -140,6 +140,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
+// bootProof reads the proof an ISO inserted through a BareMetalHost's BMC
+// carries; nil when this boot is not from such an ISO.
+func (a *Agent) bootProof() *agentapi.BootProof {
+	raw, err := os.ReadFile(filepath.Join(a.cfg.Root, agentapi.BootProofPath))
+	if err != nil {
+		return nil
+	}
+	var p agentapi.BootProof
+	if err := json.Unmarshal(raw, &p); err != nil || p.BareMetalHost == "" || p.Proof == "" {
+		a.log.Warn("ignoring an unreadable boot proof", "path", agentapi.BootProofPath, "err", err)
+		return nil
+	}
+	return &p
+}
+
 // session is what the agent keeps of its registration, in tmpfs: a
 // restarted agent continues its session instead of registering again
 // (which the service holds off while the session is alive), and a reboot
@@ -203,6 +218,7 @@ func (a *Agent) register(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		resp, err := a.client.Register(ctx, a.conf.InfraEnv, a.conf.RegistrationToken, agentapi.RegisterRequest{
 			InfraEnvUID: a.conf.InfraEnv.UID, HostID: hostID, Identity: ident, AgentVersion: a.cfg.Version,
+			BootProof: a.bootProof(),
 		})
 		switch {
 		case err == nil:

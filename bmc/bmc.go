@@ -8,6 +8,7 @@ import (
 	"github.com/agentboot/agentboot/bmc/internal/driver"
 	"github.com/agentboot/agentboot/bmc/internal/reconciler"
 	"github.com/agentboot/agentboot/internal/eventnote"
+	"github.com/agentboot/agentboot/internal/signing"
 )
 
 // Config tunes the BareMetalHost controller; zero values are the
@@ -28,6 +29,9 @@ type Config struct {
 	BackoffBase, BackoffCap time.Duration
 	// IPMITool is the ipmitool binary (ipmitool on PATH).
 	IPMITool string
+	// Keys sign the boot proofs in the ISOs inserted through BMCs (the
+	// manager's; set by the caller).
+	Keys signing.Source
 }
 
 // SetupWithManager adds the BareMetalHost controller to mgr (it runs on
@@ -48,5 +52,6 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		Resync:        cfg.Resync,
 		BackoffBase:   cfg.BackoffBase,
 		BackoffCap:    cfg.BackoffCap,
+		Keys:          cfg.Keys,
 	}).SetupWithManager(mgr)
 }

@@ -22,6 +22,7 @@ import (
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/bmc"
 	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/test/bmcsim"
 	"github.com/agentboot/agentboot/test/stack"
 )
@@ -68,6 +69,18 @@ func (e *env) host(name, addr string, n int, mutate ...func(*metal3.BareMetalHos
 	}
 	require.NoError(e.t, e.Client.Create(context.Background(), h))
 	return h
+}
+
+// media is the URL the controller inserts for host h: iso with the boot
+// proof only the manager's key makes, for this BareMetalHost.
+func (e *env) media(h *metal3.BareMetalHost, iso string) string {
+	e.t.Helper()
+	ctx := context.Background()
+	got := &metal3.BareMetalHost{}
+	require.NoError(e.t, e.Client.Get(ctx, client.ObjectKeyFromObject(h), got))
+	key, err := signing.Ensure(ctx, e.Client, nil, stack.Namespace)
+	require.NoError(e.t, err)
+	return iso + "&bmh=" + got.Name + "&proof=" + key.BootProof(got.Namespace, got.Name, string(got.UID))
 }
 
 // wait polls the host until ok holds, and fails with its last status.
@@ -133,14 +146,43 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 	got := e.wait(h, "provisioned", state(metal3.StateProvisioned))
 	require.Equal(t, e.ie.Status.ISODownloadURL, got.Status.Provisioning.Image.URL)
 	require.Equal(t, metal3.OperationalStatusOK, got.Status.OperationalStatus)
-	waitEvents(t, sim.Events, "insert "+e.ie.Status.ISODownloadURL, "boot-override Cd Once", "power on cdrom")
-	require.Equal(t, e.ie.Status.ISODownloadURL, sim.Image())
+	media := e.media(h, e.ie.Status.ISODownloadURL)
+	waitEvents(t, sim.Events, "insert "+media, "boot-override Cd Once", "power on cdrom")
+	require.Equal(t, media, sim.Image())
 	require.True(t, m.On())
 	e.wait(h, "powered on", func(h *metal3.BareMetalHost) bool { return h.Status.PoweredOn })
 
-	// The host registers from its boot MAC: its Agent is approved with the
-	// host's hostname, role and disk, and the host gets a hardware summary.
-	e.Register(t, e.ie, 1)
+	// A host reporting the boot MAC is no evidence: without the proof the
+	// inserted ISO carries, its Agent is matched but not approved.
+	impostor := e.Register(t, e.ie, 1)
+	require.Eventually(t, func() bool {
+		var evs eventsv1.EventList
+		require.NoError(t, e.Client.List(ctx, &evs, client.InNamespace(e.ns)))
+		for _, ev := range evs.Items {
+			if ev.Regarding.Name == "vm1" && ev.Reason == "AgentNotApproved" && strings.Contains(ev.Note, "no proof that it booted the ISO this host's BMC inserted") {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 100*time.Millisecond, "an AgentNotApproved event")
+	var unproven v1beta1.Agent
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: impostor.NS, Name: impostor.ID}, &unproven))
+	require.False(t, unproven.Spec.Approved)
+	require.NoError(t, e.Client.Delete(ctx, &unproven))
+	// Nor is a proof made up, or another BareMetalHost's.
+	forged := strings.Replace(sim.Image(), "&proof=", "&proof=AAAA", 1)
+	impostor = e.RegisterBooted(t, e.ie, 1, forged)
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: impostor.NS, Name: impostor.ID}, &unproven))
+	require.Empty(t, unproven.Annotations["agentboot.io/booted-by"])
+	time.Sleep(time.Second)
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: impostor.NS, Name: impostor.ID}, &unproven))
+	require.False(t, unproven.Spec.Approved)
+	require.NoError(t, e.Client.Delete(ctx, &unproven))
+
+	// The host registers from the ISO its BMC inserted: its Agent is
+	// approved with the host's hostname, role and disk, and the host gets
+	// a hardware summary.
+	e.RegisterBooted(t, e.ie, 1, sim.Image())
 	var agent v1beta1.Agent
 	require.Eventually(t, func() bool {
 		var agents v1beta1.AgentList
@@ -176,7 +218,7 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 	patch = client.MergeFrom(agent.DeepCopy())
 	agent.Spec.ClusterDeploymentName = nil
 	require.NoError(t, e.Client.Patch(ctx, &agent, patch))
-	waitEvents(t, sim.Events, "boot-override Hdd Once", "insert "+e.ie.Status.ISODownloadURL, "boot-override Cd Once")
+	waitEvents(t, sim.Events, "boot-override Hdd Once", "insert "+media, "boot-override Cd Once")
 	e.wait(h, "booted discovery again", func(h *metal3.BareMetalHost) bool {
 		return h.Status.Provisioning.Image.URL == e.ie.Status.ISODownloadURL
 	})
@@ -210,7 +252,7 @@ func TestChangedImageReboots(t *testing.T) {
 	got := e.wait(h, "given the new image", func(h *metal3.BareMetalHost) bool {
 		return h.Status.Provisioning.Image.URL != "" && h.Status.Provisioning.Image.URL != first
 	})
-	waitEvents(t, sim.Events, "insert "+first, "power on cdrom", "insert "+got.Status.Provisioning.Image.URL, "boot-override Cd Once", "power off", "power on cdrom")
+	waitEvents(t, sim.Events, "insert "+e.media(h, first), "power on cdrom", "insert "+e.media(h, got.Status.Provisioning.Image.URL), "boot-override Cd Once", "power off", "power on cdrom")
 }
 
 func TestIPMIBootsFromNetwork(t *testing.T) {
@@ -381,7 +423,8 @@ func TestOutageDuringEnrollment(t *testing.T) {
 	got := e.wait(h, "provisioned", state(metal3.StateProvisioned))
 	require.Equal(t, metal3.OperationalStatusOK, got.Status.OperationalStatus)
 	require.True(t, m.On())
-	waitEvents(t, sim.Events, "insert "+e.ie.Status.ISODownloadURL, "eject", "insert "+e.ie.Status.ISODownloadURL, "boot-override Cd Once", "power on cdrom")
+	media := e.media(h, e.ie.Status.ISODownloadURL)
+	waitEvents(t, sim.Events, "insert "+media, "eject", "insert "+media, "boot-override Cd Once", "power on cdrom")
 }
 
 func TestTLSVerification(t *testing.T) {

@@ -25,6 +25,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/iso9660"
 	"github.com/agentboot/agentboot/internal/liveiso"
@@ -120,6 +121,29 @@ func TestServedISOCarriesIgnitionAndKargs(t *testing.T) {
 		require.NoError(t, err)
 		require.Contains(t, string(text), "ignition.platform.id=metal agentboot.test=iso\n")
 	}
+
+	// The ISO a BMC is told to insert for one BareMetalHost carries its
+	// boot proof, in the same content version.
+	proof := strings.Repeat("P", 43)
+	proved := get(t, s, ie.Status.ISODownloadURL+"&bmh=worker-7&proof="+proof, nil)
+	require.Equal(t, http.StatusOK, proved.code, string(proved.body))
+	require.NotEqual(t, iso.header.Get("ETag"), proved.header.Get("ETag"))
+	dir = extract(t, proved.body, "images/ignition.img")
+	area, err = os.ReadFile(filepath.Join(dir, "ignition.img"))
+	require.NoError(t, err)
+	cfg, err = os.ReadFile(filepath.Join(unpackArchive(t, area), "config.ign"))
+	require.NoError(t, err)
+	require.Contains(t, string(cfg), `"path":"`+agentapi.BootProofPath+`"`)
+	want := base64.StdEncoding.EncodeToString([]byte(`{"bareMetalHost":"worker-7","proof":"` + proof + `"}`))
+	require.Contains(t, string(cfg), want)
+	for q, code := range map[string]int{
+		"&bmh=Not_A_Name&proof=" + proof: http.StatusBadRequest,
+		"&bmh=worker-7&proof=a%20b":      http.StatusBadRequest,
+		"&bmh=worker-7":                  http.StatusBadRequest,
+	} {
+		require.Equal(t, code, get(t, s, ie.Status.ISODownloadURL+q, nil).code, q)
+	}
+	require.Equal(t, http.StatusBadRequest, get(t, s, ie.Status.BootArtifacts.DiscoveryIgnitionURL+"&bmh=worker-7&proof="+proof, nil).code, "ISOs only")
 
 	// The base image in the cache is untouched: no per-host copy.
 	entries, err := filepath.Glob(filepath.Join(s.ImageCache, "images", "*", "*.iso"))

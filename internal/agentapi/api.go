@@ -26,6 +26,21 @@ type RegisterRequest struct {
 	Identity HostIdentity `json:"identity"`
 	// AgentVersion of the agent binary.
 	AgentVersion string `json:"agentVersion,omitempty"`
+	// BootProof, when the host booted an ISO its BareMetalHost's BMC
+	// inserted, is the proof that ISO carried (BootProofPath).
+	BootProof *BootProof `json:"bootProof,omitempty"`
+}
+
+// BootProofPath is where a discovery ISO inserted for one BareMetalHost
+// holds its BootProof.
+const BootProofPath = "/etc/agentboot/boot-proof.json"
+
+// BootProof ties a boot to the BareMetalHost whose BMC inserted the ISO.
+type BootProof struct {
+	// BareMetalHost is the host's name, in the InfraEnv's namespace.
+	BareMetalHost string `json:"bareMetalHost"`
+	// Proof is the manager's signature over the BareMetalHost.
+	Proof string `json:"proof"`
 }
 
 // HostIdentity are the facts that tell hosts apart.

@@ -158,7 +158,9 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		if err := agentservice.SetupController(mgr, agentCfg); err != nil {
 			return err
 		}
-		if err := bmc.SetupWithManager(mgr, c.BMC); err != nil {
+		bmcCfg := c.BMC
+		bmcCfg.Keys = keys
+		if err := bmc.SetupWithManager(mgr, bmcCfg); err != nil {
 			return err
 		}
 		npCfg := c.NodePool

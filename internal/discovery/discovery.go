@@ -187,6 +187,41 @@ func Render(in Input, s Settings) (*Output, error) {
 	return out, nil
 }
 
+// WithBootProof is the content for an ISO inserted through one
+// BareMetalHost's BMC: the same, with the proof in BootProofPath. Its
+// version and URLs are the InfraEnv's: the proof is a query parameter of
+// the URL the BMC controller inserts. area is the ISO's embed area.
+func (o *Output) WithBootProof(p agentapi.BootProof, area int64) (*Output, error) {
+	raw, err := json.Marshal(p)
+	if err != nil {
+		return nil, err
+	}
+	var add types.Config
+	add.Ignition.Version = baseIgnitionVersion
+	add.Storage.Files = []types.File{{
+		Node:          types.Node{Path: agentapi.BootProofPath, Overwrite: ptr(true)},
+		FileEmbedded1: types.FileEmbedded1{Mode: ptr(0o600), Contents: types.Resource{Source: dataURL(raw)}},
+	}}
+	addJSON, err := json.Marshal(add)
+	if err != nil {
+		return nil, err
+	}
+	ign, err := MergeOverride("boot proof", o.Ignition, addJSON)
+	if err != nil {
+		return nil, err
+	}
+	archive, err := initramfs.Archive(initramfs.XZ, initramfs.File{Path: "config.ign", Mode: 0o600, Data: ign})
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(archive)) > area {
+		return nil, inputErrorf("the discovery Ignition with a BareMetalHost's boot proof is %d KiB compressed, but the ISO's embed area holds %d KiB", (len(archive)+1023)/1024, area/1024)
+	}
+	out := *o
+	out.Ignition, out.Archive = ign, archive
+	return &out, nil
+}
+
 func imageType(ie *v1beta1.InfraEnv) v1beta1.ImageType {
 	if ie.Spec.ImageType == v1beta1.ImageTypeMinimalISO {
 		return v1beta1.ImageTypeMinimalISO

@@ -45,6 +45,13 @@ const (
 	// identity-undisputed validation and is never approved automatically,
 	// until an administrator removes the annotation.
 	DisputedAnnotation = "agentboot.io/identity-conflict"
+	// SessionStartedAnnotation is when the Agent's current registration
+	// session began (RFC 3339), written by the agent API.
+	SessionStartedAnnotation = "agentboot.io/session-started"
+	// BootedByAnnotation is the UID of the BareMetalHost whose virtual
+	// media the host of the current session proved it booted from,
+	// written by the agent API.
+	BootedByAnnotation = "agentboot.io/booted-by"
 )
 
 // Bound reports whether the Agent is bound to a cluster.

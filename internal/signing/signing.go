@@ -35,10 +35,13 @@ const (
 	PurposeAgent = "agent"
 	// PurposeIdentity keys the digests of what hosts say they are.
 	PurposeIdentity = "host-identity"
+	// PurposeBootProof proves that a host booted from the virtual media
+	// the BMC controller inserted for one BareMetalHost.
+	PurposeBootProof = "bmh-boot"
 )
 
 // purposes are all the keys derived from the master key.
-var purposes = []string{PurposeImage, PurposeRegister, PurposeAgent, PurposeIdentity}
+var purposes = []string{PurposeImage, PurposeRegister, PurposeAgent, PurposeIdentity, PurposeBootProof}
 
 // ImageServicePurposes are the keys the image service holds: it signs and
 // checks image URLs and embeds registration tokens in discovery content.
@@ -252,4 +255,12 @@ func (k Key) VerifyRegistration(token, uid string) (epoch string, ok bool) {
 		}
 	}
 	return epoch, k.Verify(mac, PurposeRegister, uid, epoch)
+}
+
+// BootProof is what the ISO inserted through the BMC of the BareMetalHost
+// ns/name (UID uid) carries, so that the host booted from it can show it
+// did: a host on the boot network never sees it (the BMC fetches the ISO),
+// and only the manager can make or check one.
+func (k Key) BootProof(ns, name, uid string) string {
+	return k.Token(PurposeBootProof, ns+"/"+name, uid)
 }

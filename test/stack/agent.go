@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -136,10 +137,38 @@ func (s *Stack) Register(t testing.TB, ie *v1beta1.InfraEnv, n int) *Host {
 // TryRegister is Register returning the agent API's refusal.
 func (s *Stack) TryRegister(t testing.TB, ie *v1beta1.InfraEnv, n int) (*Host, error) {
 	t.Helper()
+	return s.TryRegisterBooted(t, ie, n, "")
+}
+
+// RegisterBooted registers host n as booted from the ISO at mediaURL, the
+// URL a BMC was told to insert: it sends the boot proof that ISO carries.
+func (s *Stack) RegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, mediaURL string) *Host {
+	t.Helper()
+	h, err := s.TryRegisterBooted(t, ie, n, mediaURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TryRegisterBooted is RegisterBooted returning the agent API's refusal.
+func (s *Stack) TryRegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, mediaURL string) (*Host, error) {
+	t.Helper()
 	h := &Host{s: s, Cfg: s.AgentConfig(t, ie)}
+	req := agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentapi.HostIdentity{MACAddresses: []string{MAC(n)}}}
+	if mediaURL != "" {
+		u, err := url.Parse(mediaURL)
+		if err != nil {
+			return nil, err
+		}
+		q := u.Query()
+		if q.Get("bmh") == "" || q.Get("proof") == "" {
+			return nil, fmt.Errorf("media URL %s carries no boot proof", mediaURL)
+		}
+		req.BootProof = &agentapi.BootProof{BareMetalHost: q.Get("bmh"), Proof: q.Get("proof")}
+	}
 	var resp agentapi.RegisterResponse
-	err := h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken,
-		agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentapi.HostIdentity{MACAddresses: []string{MAC(n)}}}, &resp)
+	err := h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken, req, &resp)
 	if err != nil {
 		return nil, err
 	}

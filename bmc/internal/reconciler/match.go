@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/bmc/internal/address"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/macindex"
 )
@@ -42,8 +44,8 @@ func (r *Reconciler) matchAgent(ctx context.Context, host *metal3.BareMetalHost)
 	want.Labels[v1beta1.BMHLabel] = host.Name
 	enrolled := host.Labels[v1beta1.InfraEnvNameLabel] != "" && host.Labels[v1beta1.InfraEnvNameLabel] == agent.Labels[v1beta1.InfraEnvNameLabel]
 	if enrolled && !agent.Spec.Approved {
-		if why := agent.Annotations[lifecycle.DisputedAnnotation]; why != "" {
-			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AgentNotApproved", "MatchAgent", "Agent %s is disputed, not approved: %s", agent.Name, why)
+		if err := bootEvidence(host, agent); err != nil {
+			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AgentNotApproved", "MatchAgent", "Agent %s reports boot MAC %s but is not approved: %v", agent.Name, mac, err)
 		} else if err := r.approve(host, want); err != nil {
 			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AgentNotApproved", "MatchAgent", "Agent %s: %v", agent.Name, err)
 		}
@@ -60,6 +62,37 @@ func (r *Reconciler) matchAgent(ctx context.Context, host *metal3.BareMetalHost)
 		host.Status.HardwareDetails = hw
 	}
 	return want, nil
+}
+
+// bootEvidence says why an Agent reporting the host's boot MAC is not known
+// to be the host, or nil. A MAC is no evidence: any host on the boot network
+// can report any. What the host cannot forge: for virtual media, the proof
+// in the ISO this host's BMC inserted (the BMC fetched it, hosts never see
+// it); for network boot, only that its session began after the controller
+// booted the host into discovery.
+func bootEvidence(host *metal3.BareMetalHost, a *v1beta1.Agent) error {
+	if why := a.Annotations[lifecycle.DisputedAnnotation]; why != "" {
+		return fmt.Errorf("its identity is disputed: %s", why)
+	}
+	addr, err := address.Parse(host.Spec.BMC.Address)
+	if err != nil {
+		return err
+	}
+	if addr.VirtualMedia {
+		if a.Annotations[lifecycle.BootedByAnnotation] != string(host.UID) {
+			return fmt.Errorf("its registration carried no proof that it booted the ISO this host's BMC inserted (a host that registered before that boot, or another host claiming the MAC); it is approved when it registers from that ISO, or approve it by hand")
+		}
+		return nil
+	}
+	booted, err := time.Parse(time.RFC3339, host.Annotations[DiscoveryBootAnnotation])
+	if err != nil {
+		return fmt.Errorf("the controller has not booted this host into discovery yet")
+	}
+	started, err := time.Parse(time.RFC3339, a.Annotations[lifecycle.SessionStartedAnnotation])
+	if err != nil || started.Before(booted) {
+		return fmt.Errorf("it registered (%s) before the controller booted this host into discovery (%s); it is approved when it registers after such a boot, or approve it by hand", a.Annotations[lifecycle.SessionStartedAnnotation], booted.Format(time.RFC3339))
+	}
+	return nil
 }
 
 func equalAgent(a, b *v1beta1.Agent) bool {

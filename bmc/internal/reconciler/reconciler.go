@@ -34,6 +34,7 @@ import (
 	"github.com/agentboot/agentboot/bmc/internal/address"
 	"github.com/agentboot/agentboot/bmc/internal/driver"
 	"github.com/agentboot/agentboot/internal/macindex"
+	"github.com/agentboot/agentboot/internal/signing"
 )
 
 // Annotations and the finalizer agentboot reads or sets on BareMetalHosts.
@@ -48,6 +49,10 @@ const (
 	PausedAnnotation = "baremetalhost.metal3.io/paused"
 	// DetachedAnnotation (metal3's) keeps the host but stops BMC actions.
 	DetachedAnnotation = "baremetalhost.metal3.io/detached"
+	// DiscoveryBootAnnotation is when the controller last booted the host
+	// into discovery (RFC 3339): an Agent registered from its boot MAC
+	// before then is not approved automatically.
+	DiscoveryBootAnnotation = "agentboot.io/discovery-booted-at"
 )
 
 // Dialer opens a BMC session; driver.Open in production.
@@ -72,6 +77,8 @@ type Reconciler struct {
 	Resync time.Duration
 	// BackoffBase and BackoffCap shape the retry delay after errors.
 	BackoffBase, BackoffCap time.Duration
+	// Keys sign the boot proofs of inserted ISOs.
+	Keys signing.Source
 
 	bmcLocks keyedMutex
 	mu       sync.Mutex

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -97,7 +98,11 @@ func (h *hostRun) provision(ctx context.Context) step {
 	dev := driver.PXE
 	if a.VirtualMedia {
 		dev = driver.CDROM
-		if err := h.bmc.InsertMedia(ctx, iso); err != nil {
+		media, err := h.r.withBootProof(iso, h.host)
+		if err != nil {
+			return failed(metal3.ProvisioningError, err)
+		}
+		if err := h.bmc.InsertMedia(ctx, media); err != nil {
 			return failed(metal3.ProvisioningError, err)
 		}
 	}
@@ -112,6 +117,9 @@ func (h *hostRun) provision(ctx context.Context) step {
 		return failed(metal3.PowerManagementError, err)
 	}
 	h.r.forgetPower(h.host.UID)
+	if err := h.r.markDiscoveryBoot(ctx, h.host); err != nil {
+		return failed(metal3.ProvisioningError, err)
+	}
 	h.host.Status.Provisioning.Image = metal3.Image{URL: iso, DiskFormat: ptr.To("live-iso")}
 	h.host.Status.Provisioning.BootMode = h.host.Spec.BootMode
 	if h.host.Status.Provisioning.BootMode == "" {
@@ -327,4 +335,39 @@ func (r *Reconciler) powerOffForDelete(ctx context.Context, host *metal3.BareMet
 		off.Spec.Online = false
 		return (&hostRun{r: r, host: &off, bmc: bmc}).enforcePower(ctx)
 	})
+}
+
+// withBootProof adds to an InfraEnv's ISO URL the proof, for this host's
+// BMC only, that a host booted from it was booted by this BareMetalHost's
+// BMC: the image service embeds it, the agent sends it when it registers.
+func (r *Reconciler) withBootProof(iso string, host *metal3.BareMetalHost) (string, error) {
+	if r.Keys == nil {
+		return iso, nil
+	}
+	key, err := r.Keys.Key()
+	if err != nil {
+		return "", err
+	}
+	proof := key.BootProof(host.Namespace, host.Name, string(host.UID))
+	if proof == "" {
+		return "", fmt.Errorf("no key to sign the boot proof of the inserted ISO with")
+	}
+	return iso + "&bmh=" + url.QueryEscape(host.Name) + "&proof=" + proof, nil
+}
+
+// markDiscoveryBoot records on the host when the controller booted it into
+// discovery; only metadata is patched, so the status written afterwards
+// does not conflict.
+func (r *Reconciler) markDiscoveryBoot(ctx context.Context, host *metal3.BareMetalHost) error {
+	cp := host.DeepCopy()
+	patch := client.MergeFrom(host.DeepCopy())
+	if cp.Annotations == nil {
+		cp.Annotations = map[string]string{}
+	}
+	cp.Annotations[DiscoveryBootAnnotation] = time.Now().UTC().Format(time.RFC3339Nano)
+	if err := r.Client.Patch(ctx, cp, patch); err != nil {
+		return fmt.Errorf("record the discovery boot: %w", err)
+	}
+	host.Annotations, host.ResourceVersion = cp.Annotations, cp.ResourceVersion
+	return nil
 }

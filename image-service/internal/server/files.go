@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/initramfs"
 	"github.com/agentboot/agentboot/internal/lifecycle"
@@ -105,6 +108,21 @@ func (h *Handler) render(ctx context.Context, ie *v1beta1.InfraEnv, key signing.
 	return out, st.Image, nil
 }
 
+// withBootProof is out with a BareMetalHost's boot proof, cached as
+// renderings are: the BMC reads the ISO in many ranges.
+func (h *Handler) withBootProof(out *discovery.Output, img *osimage.Image, p agentapi.BootProof) (*discovery.Output, error) {
+	key := strings.Join([]string{"boot-proof", out.Version, img.ID, p.BareMetalHost, p.Proof}, "|")
+	if e, ok := h.renders.get(key); ok {
+		return e.out, nil
+	}
+	proved, err := out.WithBootProof(p, img.Layout.Ignition.Length)
+	if err != nil {
+		return nil, err
+	}
+	h.renders.put(key, renderEntry{out: proved, img: img})
+	return proved, nil
+}
+
 // nmStateConfigs selects as the controller does and fingerprints the result.
 func (h *Handler) nmStateConfigs(ctx context.Context, ie *v1beta1.InfraEnv) ([]v1beta1.NMStateConfig, string, error) {
 	sel := ie.Spec.NMStateConfigLabelSelector
@@ -131,7 +149,13 @@ func (h *Handler) nmStateConfigs(ctx context.Context, ie *v1beta1.InfraEnv) ([]v
 func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, req imageRequest, ie *v1beta1.InfraEnv, out *discovery.Output, img *osimage.Image) {
 	hdr := w.Header()
 	hdr.Set("Cache-Control", "private, no-transform")
-	hdr.Set("ETag", fmt.Sprintf(`"%s-%s"`, out.Version, req.file))
+	etag := out.Version + "-" + req.file
+	if p := req.bootProof; p != nil {
+		// One BareMetalHost's ISO is not another's.
+		sum := sha256.Sum256([]byte(p.BareMetalHost + "\x00" + p.Proof))
+		etag += "-" + hex.EncodeToString(sum[:6])
+	}
+	hdr.Set("ETag", `"`+etag+`"`)
 	modTime := contentTime(ie, out)
 
 	switch req.file {

@@ -16,10 +16,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -203,6 +205,8 @@ var (
 // imageRequest is a parsed /images/... request.
 type imageRequest struct {
 	uid, version, file, token, mac string
+	// bootProof: an ISO the BMC controller inserts for one BareMetalHost.
+	bootProof *agentapi.BootProof
 }
 
 // big files go through the download slots.
@@ -230,6 +234,15 @@ func parseImageRequest(r *http.Request) (imageRequest, error) {
 			req.token = v[0]
 		case k == "mac" && len(v) == 1 && req.file == discovery.FileIPXE:
 			req.mac = strings.ToLower(v[0])
+		case (k == "bmh" || k == "proof") && len(v) == 1 && isISO(req.file):
+			if req.bootProof == nil {
+				req.bootProof = &agentapi.BootProof{}
+			}
+			if k == "bmh" {
+				req.bootProof.BareMetalHost = v[0]
+			} else {
+				req.bootProof.Proof = v[0]
+			}
 		case len(v) > 1:
 			return req, fmt.Errorf("query parameter %q given %d times", k, len(v))
 		default:
@@ -245,7 +258,19 @@ func parseImageRequest(r *http.Request) (imageRequest, error) {
 	if _, ok := q["mac"]; ok && !macPattern.MatchString(req.mac) {
 		return req, fmt.Errorf("malformed mac %q", req.mac)
 	}
+	if p := req.bootProof; p != nil {
+		if errs := validation.IsDNS1123Subdomain(p.BareMetalHost); len(errs) > 0 {
+			return req, fmt.Errorf("malformed bmh %q: %s", p.BareMetalHost, strings.Join(errs, "; "))
+		}
+		if !tokenPattern.MatchString(p.Proof) {
+			return req, fmt.Errorf("malformed proof: bmh and proof come together, from the BareMetalHost controller")
+		}
+	}
 	return req, nil
+}
+
+func isISO(file string) bool {
+	return file == discovery.FileISO || file == discovery.FileFullISO || file == discovery.FileMinimalISO
 }
 
 var (
@@ -307,6 +332,14 @@ func (h *Handler) serveImage(secure bool) http.HandlerFunc {
 			// A valid token for content that changed since: stale.
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
+		}
+		if req.bootProof != nil {
+			// Checked by the agent API when the host registers; the image
+			// service holds no key to check it with.
+			if out, err = h.withBootProof(out, img, *req.bootProof); err != nil {
+				h.fail(w, err)
+				return
+			}
 		}
 		h.serveFile(w, r, req, ie, out, img)
 	}

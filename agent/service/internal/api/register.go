@@ -21,6 +21,7 @@ import (
 
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
@@ -64,7 +65,11 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		tooMany(w)
 		return
 	}
-	agent, created, err := s.ensureAgent(r.Context(), ie, req, identityDigest(key, ns, req), remoteIP(r))
+	bootedBy, why := s.bootedBy(r.Context(), key, ns, req.BootProof)
+	if why != "" {
+		s.o.Log.Info("registration's boot proof not accepted", "infraEnv", ns+"/"+name, "agent", req.HostID, "why", why)
+	}
+	agent, created, err := s.ensureAgent(r.Context(), ie, req, identityDigest(key, ns, req), remoteIP(r), bootedBy)
 	var capped *capError
 	if errors.As(err, &capped) {
 		writeError(w, http.StatusForbidden, agentapi.CodeAgentCap, "%v", err)
@@ -187,6 +192,9 @@ func validRegistration(req agentapi.RegisterRequest) error {
 			return fmt.Errorf("MAC address %q is not six lower-case hex pairs", m)
 		}
 	}
+	if p := req.BootProof; p != nil && (len(p.BareMetalHost) == 0 || len(p.BareMetalHost) > 253 || len(p.Proof) == 0 || len(p.Proof) > 128) {
+		return fmt.Errorf("bootProof needs a bareMetalHost name (at most 253 bytes) and a proof (at most 128)")
+	}
 	if len(req.AgentVersion) > 128 || len(req.Identity.SerialNumber) > 256 || len(req.Identity.SystemUUID) > 64 {
 		return fmt.Errorf("identity fields too long")
 	}
@@ -263,7 +271,7 @@ func newSession() string {
 //   - an Agent bound to a cluster, or installing, never begins a new
 //     session (errInDoubt): the registration cannot prove it is the host
 //     that was bound, and a new session would get its installation.
-func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from string) (*v1beta1.Agent, bool, error) {
+func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, bool, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	key := client.ObjectKey{Namespace: ie.Namespace, Name: req.HostID}
 	var existing v1beta1.Agent
@@ -271,7 +279,7 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	// new host (created) from one the cache has not seen yet (exists).
 	err := s.o.Client.Get(ctx, key, &existing)
 	if err == nil {
-		return s.resume(ctx, &existing, ie, req, digest, from)
+		return s.resume(ctx, &existing, ie, req, digest, from, bootedBy)
 	}
 	if !apierrors.IsNotFound(err) {
 		return nil, false, err
@@ -292,7 +300,6 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 			Annotations: map[string]string{
 				hosts.MACsAnnotation:     macs,
 				hosts.IdentityAnnotation: digest,
-				hosts.SessionAnnotation:  newSession(),
 			},
 			OwnerReferences: []metav1.OwnerReference{infraEnvOwner(ie)},
 		},
@@ -301,13 +308,14 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 			Approved: ie.Spec.AgentApproval != nil && ie.Spec.AgentApproval.AutoApprove,
 		},
 	}
+	s.beginSession(agent, bootedBy)
 	if err := s.o.Client.Create(ctx, agent); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			// Registered a moment ago (another replica, a retry).
 			if err := s.o.APIReader.Get(ctx, key, &existing); err != nil {
 				return nil, false, err
 			}
-			return s.resume(ctx, &existing, ie, req, digest, from)
+			return s.resume(ctx, &existing, ie, req, digest, from, bootedBy)
 		}
 		return nil, false, err
 	}
@@ -317,7 +325,7 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 
 // resume begins a new session of an existing Agent, under the identity
 // rule of ensureAgent.
-func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from string) (*v1beta1.Agent, bool, error) {
+func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, bool, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	switch recorded := a.Annotations[hosts.IdentityAnnotation]; {
 	case recorded == "" && !hosts.SameHost(a.Annotations[hosts.MACsAnnotation], macs):
@@ -354,7 +362,7 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 	}
 	a.Annotations[hosts.MACsAnnotation] = macs
 	a.Annotations[hosts.IdentityAnnotation] = digest
-	a.Annotations[hosts.SessionAnnotation] = newSession()
+	s.beginSession(a, bootedBy)
 	delete(a.Annotations, hosts.ContestedAnnotation)
 	a.OwnerReferences = []metav1.OwnerReference{infraEnvOwner(ie)}
 	writes.WithLabelValues("agent").Inc()
@@ -362,6 +370,39 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 		return nil, false, err
 	}
 	return a, false, nil
+}
+
+// beginSession records a new session on a (to be written by the caller):
+// its name, when it began, and the BareMetalHost whose virtual media it
+// proved it booted from, if any.
+func (s *Server) beginSession(a *v1beta1.Agent, bootedBy string) {
+	if a.Annotations == nil {
+		a.Annotations = map[string]string{}
+	}
+	a.Annotations[hosts.SessionAnnotation] = newSession()
+	a.Annotations[lifecycle.SessionStartedAnnotation] = s.o.Now().UTC().Format(time.RFC3339Nano)
+	if bootedBy != "" {
+		a.Annotations[lifecycle.BootedByAnnotation] = bootedBy
+	} else {
+		delete(a.Annotations, lifecycle.BootedByAnnotation)
+	}
+}
+
+// bootedBy checks a registration's boot proof and returns the UID of the
+// BareMetalHost it proves, or "" (with why, for the log) when there is
+// none or it does not hold.
+func (s *Server) bootedBy(ctx context.Context, key signing.Key, ns string, p *agentapi.BootProof) (string, string) {
+	if p == nil {
+		return "", ""
+	}
+	var bmh metal3.BareMetalHost
+	if err := s.o.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: p.BareMetalHost}, &bmh); err != nil {
+		return "", fmt.Sprintf("BareMetalHost %s/%s: %v", ns, p.BareMetalHost, err)
+	}
+	if !key.Verify(p.Proof, signing.PurposeBootProof, ns+"/"+bmh.Name, string(bmh.UID)) {
+		return "", fmt.Sprintf("the boot proof for BareMetalHost %s/%s does not hold (a BareMetalHost recreated since, or a forgery)", ns, bmh.Name)
+	}
+	return string(bmh.UID), ""
 }
 
 // sessionAlive reports whether the Agent's host was heard from recently
