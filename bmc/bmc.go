@@ -1,6 +1,7 @@
 package bmc
 
 import (
+	"net/netip"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,6 +33,8 @@ type Config struct {
 	// Keys sign the boot proofs in the ISOs inserted through BMCs (the
 	// manager's; set by the caller).
 	Keys signing.Source
+	// Networks, when set, are the only networks BMC addresses may be in.
+	Networks []netip.Prefix
 }
 
 // SetupWithManager adds the BareMetalHost controller to mgr (it runs on
@@ -53,5 +56,6 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		BackoffBase:   cfg.BackoffBase,
 		BackoffCap:    cfg.BackoffCap,
 		Keys:          cfg.Keys,
+		Networks:      cfg.Networks,
 	}).SetupWithManager(mgr)
 }

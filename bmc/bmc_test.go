@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -437,4 +440,28 @@ func TestTLSVerification(t *testing.T) {
 	e.wait(verified, "refusing the self-signed certificate", errorContains(metal3.RegistrationError, "certificate"))
 	insecure := e.host("tls-insecure", addr, 61, func(h *metal3.BareMetalHost) { h.Spec.BMC.DisableCertificateVerification = true })
 	e.wait(insecure, "provisioned", state(metal3.StateProvisioned))
+}
+
+// With --bmc-networks, a BareMetalHost pointing its BMC anywhere else is an
+// error naming the networks, and not one request reaches that address: a
+// tenant cannot make the manager probe internal services with credentials.
+func TestBMCNetworksRefuseOtherAddresses(t *testing.T) {
+	cfg := fast
+	cfg.Networks = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}
+	s := stack.Start(t, stack.Options{BMC: cfg})
+	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "bmc", "lab", nil)}
+	e.ns = e.ie.Namespace
+	e.secret("bmc-secret", "admin", password)
+	var requests atomic.Int64
+	sim := &bmcsim.Redfish{User: "admin", Password: password, Machine: &bmcsim.MemMachine{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		sim.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	h := e.host("elsewhere", "redfish-virtualmedia+"+srv.URL+"/redfish/v1/Systems/1", 60)
+	got := e.wait(h, "refused", errorContains(metal3.RegistrationError, "is outside the BMC networks this agentboot may reach (--bmc-networks=198.18.0.0/15)"))
+	require.LessOrEqual(t, len(got.Status.ErrorMessage), 600)
+	time.Sleep(time.Second)
+	require.Zero(t, requests.Load(), "nothing was sent to the BMC address")
 }

@@ -47,11 +47,23 @@ type Config struct {
 	// MaxConcurrentDownloads bounds image downloads in flight; past it the
 	// service answers 503 with Retry-After.
 	MaxConcurrentDownloads int
+	// BootNamespaces are the namespaces whose BareMetalHost boot MACs and
+	// pxe-default InfraEnvs decide where a network-booting host goes: on a
+	// boot network shared by teams, a namespace the admin has not
+	// designated must not capture or block other teams' hosts.
+	BootNamespaces Namespaces
 	// Listen opens the listeners; nil is net.Listen. Tests listen inside a
 	// network namespace with it.
 	Listen func(network, addr string) (net.Listener, error)
 	Log    logr.Logger
 }
+
+// Namespaces is a set of namespaces, or every namespace.
+type Namespaces = server.Namespaces
+
+// ParseNamespaces reads a comma-separated list of namespaces; "*" is every
+// namespace and "" none.
+func ParseNamespaces(s string) (Namespaces, error) { return server.ParseNamespaces(s) }
 
 // Service is the image service.
 type Service struct {
@@ -100,6 +112,7 @@ func (s *Service) SetupWithManager(mgr manager.Manager) error {
 		Settings:    s.cfg.Settings,
 		AgentBinary: s.cfg.AgentBinary,
 		MaxInFlight: s.cfg.MaxConcurrentDownloads,
+		BootNS:      s.cfg.BootNamespaces,
 		Log:         s.cfg.Log,
 	})
 	if err != nil {

@@ -562,3 +562,45 @@ func TestBootScriptByMAC(t *testing.T) {
 	require.Contains(t, body, "missing")
 	require.True(t, strings.HasSuffix(body, "\nsleep 30\nchain --replace --autofree http://"+s.HTTPAddr+"/boot.ipxe?mac=52:54:00:aa:00:04\n"), body)
 }
+
+// On a boot network shared by teams, only namespaces the admin designated
+// (--boot-network-namespaces) decide where network-booting hosts go: a
+// tenant's pxe-default InfraEnv captures nothing, and its BareMetalHost
+// with another host's boot MAC neither steals nor blocks that host.
+func TestBootNetworkNamespaces(t *testing.T) {
+	s := stack.Start(t, stack.Options{BootNetworkNamespaces: "pxe-admin"})
+	ctx := context.Background()
+	byMAC := func(mac string) string {
+		t.Helper()
+		r := get(t, s, s.Settings.ImageServiceHTTPURL+"/boot.ipxe?mac="+url.QueryEscape(mac), nil)
+		require.Equal(t, http.StatusOK, r.code, string(r.body))
+		return string(r.body)
+	}
+	tenant := setup(t, s, func(ie *v1beta1.InfraEnv) { ie.Labels = map[string]string{v1beta1.PXEDefaultLabel: "true"} })
+	bmc := metal3.BMCDetails{Address: "ipmi://198.18.0.9", CredentialsName: "bmc-secret"}
+	claim := &metal3.BareMetalHost{
+		ObjectMeta: metav1.ObjectMeta{Namespace: tenant.Namespace, Name: "not-mine", Labels: map[string]string{v1beta1.InfraEnvNameLabel: tenant.Name},
+			Annotations: map[string]string{"baremetalhost.metal3.io/detached": ""}},
+		Spec: metal3.BareMetalHostSpec{BootMACAddress: "52:54:00:bb:00:01", BMC: bmc},
+	}
+	require.NoError(t, s.Client.Create(ctx, claim))
+	require.Eventually(t, func() bool {
+		body := byMAC("52:54:00:bb:00:01")
+		return strings.Contains(body, "BareMetalHosts "+tenant.Namespace+"/not-mine ignored: not in a namespace designated for network boot (--boot-network-namespaces=pxe-admin)") &&
+			strings.Contains(body, "InfraEnvs "+tenant.Namespace+"/hardware-inventory ignored") && strings.HasSuffix(body, "\nexit\n")
+	}, 10*time.Second, 100*time.Millisecond, "a tenant's claims are ignored, and the host is told")
+
+	// The designated namespace's default takes every unclaimed host,
+	// including the one the tenant tried to claim.
+	require.NoError(t, s.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "pxe-admin"}}))
+	require.NoError(t, s.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "pxe-admin", Name: "pull-secret"},
+		Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"quay.io":{"auth":"bWU6c2VjcmV0"}}}`)}}))
+	def := stack.NewInfraEnv("pxe-admin", "pool")
+	def.Labels = map[string]string{v1beta1.PXEDefaultLabel: "true"}
+	require.NoError(t, s.Client.Create(ctx, def))
+	def = s.WaitImage(t, client.ObjectKeyFromObject(def))
+	want := string(get(t, s, def.Status.BootArtifacts.IpxeScriptURL, nil).body)
+	require.Contains(t, want, "kernel ")
+	require.Eventually(t, func() bool { return byMAC("52:54:00:bb:00:01") == want }, 10*time.Second, 100*time.Millisecond)
+	require.Equal(t, want, byMAC("52:54:00:bb:00:02"))
+}

@@ -76,6 +76,11 @@ func runDev(ctx context.Context, args []string) error {
 	if err := fs.Set("image-cache-dir", ".agentboot/cache"); err != nil {
 		return err
 	}
+	// One developer's cluster: every namespace may claim network-booting
+	// hosts.
+	if err := fs.Set("boot-network-namespaces", "*"); err != nil {
+		return err
+	}
 	if err := fs.Set("pxe-lease-file", ".agentboot/dev/pxe-leases.json"); err != nil {
 		return err
 	}
@@ -158,8 +163,16 @@ func runDev(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	img.cfg.AgentBinary = disc.agentBinary
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &img.cfg, AgentService: ag.config(), NodePool: m.nodePool()}, log); err != nil {
+	imgCfg, err := img.config()
+	if err != nil {
+		return err
+	}
+	imgCfg.AgentBinary = disc.agentBinary
+	bmcCfg, err := m.bmc()
+	if err != nil {
+		return err
+	}
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &imgCfg, AgentService: ag.config(), NodePool: m.nodePool(), BMC: bmcCfg}, log); err != nil {
 		return err
 	}
 

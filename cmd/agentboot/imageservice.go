@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 
 	imageservice "github.com/agentboot/agentboot/image-service"
@@ -11,7 +12,8 @@ import (
 
 // imageServiceFlags are the image service's own settings.
 type imageServiceFlags struct {
-	cfg imageservice.Config
+	cfg            imageservice.Config
+	bootNamespaces string
 }
 
 func (i *imageServiceFlags) register(fs *flag.FlagSet) {
@@ -20,6 +22,20 @@ func (i *imageServiceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&i.cfg.TLSCertFile, "tls-cert-file", "", "HTTPS serving certificate (PEM)")
 	fs.StringVar(&i.cfg.TLSKeyFile, "tls-key-file", "", "HTTPS serving key (PEM)")
 	fs.IntVar(&i.cfg.MaxConcurrentDownloads, "max-concurrent-downloads", 256, "image downloads served at once; more get 503 with Retry-After")
+	fs.StringVar(&i.bootNamespaces, "boot-network-namespaces", "", "comma-separated namespaces whose BareMetalHost boot MACs and "+
+		"agentboot.io/pxe-default InfraEnvs decide where network-booting hosts go; \"*\" for every namespace (a boot network one team owns); "+
+		"empty: none (hosts boot discovery through their ISO, or through the site's PXE server chainloading an InfraEnv's iPXE URL)")
+}
+
+// config is the image service's configuration from the flags.
+func (i *imageServiceFlags) config() (imageservice.Config, error) {
+	ns, err := imageservice.ParseNamespaces(i.bootNamespaces)
+	if err != nil {
+		return imageservice.Config{}, fmt.Errorf("--boot-network-namespaces: %w", err)
+	}
+	cfg := i.cfg
+	cfg.BootNamespaces = ns
+	return cfg, nil
 }
 
 func runImageService(ctx context.Context, args []string) error {
@@ -68,8 +84,12 @@ func runImageService(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	i.cfg.AgentBinary = d.agentBinary
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, ImageService: &i.cfg}, log); err != nil {
+	imgCfg, err := i.config()
+	if err != nil {
+		return err
+	}
+	imgCfg.AgentBinary = d.agentBinary
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, ImageService: &imgCfg}, log); err != nil {
 		return err
 	}
 	log.Info("starting image service", "version", version)

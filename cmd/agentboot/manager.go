@@ -4,12 +4,15 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
+	"strings"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/agentboot/agentboot/bmc"
 	"github.com/agentboot/agentboot/internal/app"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/nodepool"
@@ -25,6 +28,7 @@ type managerFlags struct {
 	probeAddr     string
 	nodePools     bool
 	approveCSRs   bool
+	bmcNetworks   string
 }
 
 func (m *managerFlags) register(fs *flag.FlagSet) {
@@ -39,6 +43,24 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
 	fs.BoolVar(&m.nodePools, "nodepools", true, "install the Agents cluster-api-provider-agent binds for HyperShift NodePools and explain NodePool shortfalls; false hands out no installation (another service installs them)")
 	fs.BoolVar(&m.approveCSRs, "approve-kubelet-csrs", true, "approve the kubelet CSRs of hosts agentboot installed, after checking them as cluster-machine-approver does; false leaves every one to a person, with an event naming it")
+	fs.StringVar(&m.bmcNetworks, "bmc-networks", "", "comma-separated CIDRs BareMetalHost BMC addresses must be in (names are resolved and every address checked); empty: any. "+
+		"Set it where tenants declare BareMetalHosts, so that none can make the manager connect, with credentials, to services on other networks")
+}
+
+// bmc is the BareMetalHost controller's configuration from the flags.
+func (m managerFlags) bmc() (bmc.Config, error) {
+	var cfg bmc.Config
+	for _, s := range strings.Split(m.bmcNetworks, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return cfg, fmt.Errorf("--bmc-networks: %q is not a CIDR: %w", s, err)
+		}
+		cfg.Networks = append(cfg.Networks, p.Masked())
+	}
+	return cfg, nil
 }
 
 func (m managerFlags) nodePool() nodepool.Config {
@@ -99,7 +121,11 @@ func runManager(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, AgentService: ag.config(), NodePool: m.nodePool()}, log); err != nil {
+	bmcCfg, err := m.bmc()
+	if err != nil {
+		return err
+	}
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, AgentService: ag.config(), NodePool: m.nodePool(), BMC: bmcCfg}, log); err != nil {
 		return err
 	}
 	log.Info("starting manager", "version", version, "namespace", m.namespace)

@@ -68,6 +68,9 @@ type Options struct {
 	// MaxAgentsPerInfraEnv caps each InfraEnv's Agents (default: the
 	// service's).
 	MaxAgentsPerInfraEnv int
+	// BootNetworkNamespaces are the namespaces that may claim
+	// network-booting hosts (--boot-network-namespaces); default "*".
+	BootNetworkNamespaces string
 	// Listen and Dial, when set, put the services' listeners and the
 	// stack's HTTP client somewhere else (the VM lab's network namespace);
 	// listeners then bind AdvertiseHost.
@@ -237,9 +240,17 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	} else if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
 		return fail(err)
 	}
+	if opts.BootNetworkNamespaces == "" {
+		opts.BootNetworkNamespaces = "*"
+	}
+	bootNS, err := imageservice.ParseNamespaces(opts.BootNetworkNamespaces)
+	if err != nil {
+		return fail(err)
+	}
 	imgSvc := &imageservice.Config{
 		HTTPSAddr: s.HTTPSAddr, HTTPAddr: s.HTTPAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
 		AgentBinary: s.AgentBin, MaxConcurrentDownloads: opts.MaxConcurrentDownloads, Listen: opts.Listen,
+		BootNamespaces: bootNS,
 	}
 	controllers := app.Components{
 		Namespace:   Namespace,

@@ -1,14 +1,19 @@
 package reconciler
 
 import (
+	"context"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/bmc/internal/address"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
@@ -56,4 +61,48 @@ func TestBootEvidence(t *testing.T) {
 			require.ErrorContains(t, err, c.want)
 		})
 	}
+}
+
+// BMC addresses outside --bmc-networks are never contacted, whether
+// written as an address or as a name.
+func TestBMCNetworks(t *testing.T) {
+	r := &Reconciler{
+		Networks: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("2001:db8::/32")},
+		Resolve: func(_ context.Context, host string) ([]netip.Addr, error) {
+			return map[string][]netip.Addr{
+				"bmc.lab":      {netip.MustParseAddr("198.18.4.2")},
+				"internal.svc": {netip.MustParseAddr("10.96.0.1")},
+				"split.lab":    {netip.MustParseAddr("198.18.4.3"), netip.MustParseAddr("10.0.0.3")},
+			}[host], nil
+		},
+	}
+	for addr, want := range map[string]string{
+		"ipmi://198.18.0.9":                                     "",
+		"redfish://bmc.lab/redfish/v1/Systems/1":                "",
+		"redfish://[2001:db8::5]/redfish/v1/Systems/1":          "",
+		"redfish://127.0.0.1:8000/redfish/v1/Systems/1":         "BMC address 127.0.0.1 (127.0.0.1) is outside the BMC networks this agentboot may reach (--bmc-networks=198.18.0.0/15,2001:db8::/32)",
+		"redfish://internal.svc/redfish/v1/Systems/1":           "(10.96.0.1) is outside",
+		"redfish-virtualmedia://split.lab/redfish/v1/Systems/1": "(10.0.0.3) is outside",
+		"ipmi://nowhere.lab":                                    "resolves to nothing",
+		"ipmi://[::ffff:10.0.0.1]":                              "is outside",
+	} {
+		a, err := address.Parse(addr)
+		require.NoError(t, err, addr)
+		err = r.allowed(context.Background(), a)
+		if want == "" {
+			require.NoError(t, err, addr)
+			continue
+		}
+		require.ErrorContains(t, err, want, addr)
+	}
+	require.NoError(t, (&Reconciler{}).allowed(context.Background(), address.Address{Host: "10.0.0.1"}), "no --bmc-networks: any")
+}
+
+func TestBoundMessage(t *testing.T) {
+	require.Equal(t, "power off: 500 a b", boundMessage("power off: 500 a\nb"))
+	long := strings.Repeat("é", 400) // 800 bytes
+	got := boundMessage(long)
+	require.True(t, utf8.ValidString(got))
+	require.LessOrEqual(t, len(got), maxMessage+len("… (999 more bytes)"))
+	require.True(t, strings.HasSuffix(got, "… (288 more bytes)"), got[len(got)-30:])
 }

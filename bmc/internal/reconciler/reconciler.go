@@ -10,8 +10,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -79,6 +84,10 @@ type Reconciler struct {
 	BackoffBase, BackoffCap time.Duration
 	// Keys sign the boot proofs of inserted ISOs.
 	Keys signing.Source
+	// Networks, when set, are the only networks BMC addresses may be in.
+	Networks []netip.Prefix
+	// Resolve looks names up (net.DefaultResolver in production).
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 
 	bmcLocks keyedMutex
 	mu       sync.Mutex
@@ -214,6 +223,9 @@ func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driv
 	if err != nil {
 		return nil, address.Address{}, failed(metal3.RegistrationError, err)
 	}
+	if err := r.allowed(ctx, a); err != nil {
+		return nil, address.Address{}, failed(metal3.RegistrationError, err)
+	}
 	if host.Spec.BMC.CredentialsName == "" {
 		return nil, address.Address{}, failed(metal3.RegistrationError, errors.New("spec.bmc.credentialsName is empty"))
 	}
@@ -229,6 +241,50 @@ func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driv
 	}
 	// errType tells the caller how to classify its first call's failure.
 	return bmc, a, step{errType: errType}
+}
+
+// allowed checks the BMC's address against Networks: an IP literal, or
+// every address its name resolves to. Names are resolved again at connect
+// time; list BMCs by IP where DNS could change in between.
+func (r *Reconciler) allowed(ctx context.Context, a address.Address) error {
+	if len(r.Networks) == 0 {
+		return nil
+	}
+	var addrs []netip.Addr
+	if ip, err := netip.ParseAddr(a.Host); err == nil {
+		addrs = []netip.Addr{ip}
+	} else {
+		resolve := r.Resolve
+		if resolve == nil {
+			resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
+				return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+			}
+		}
+		if addrs, err = resolve(ctx, a.Host); err != nil {
+			return fmt.Errorf("BMC address %s: %w", a.Host, err)
+		}
+	}
+	if len(addrs) == 0 {
+		return fmt.Errorf("BMC address %s resolves to nothing", a.Host)
+	}
+	for _, ip := range addrs {
+		ip = ip.Unmap()
+		in := false
+		for _, n := range r.Networks {
+			if n.Contains(ip) {
+				in = true
+				break
+			}
+		}
+		if !in {
+			nets := make([]string, len(r.Networks))
+			for i, n := range r.Networks {
+				nets[i] = n.String()
+			}
+			return fmt.Errorf("BMC address %s (%s) is outside the BMC networks this agentboot may reach (--bmc-networks=%s): nothing was sent to it", a.Host, ip, strings.Join(nets, ","))
+		}
+	}
+	return nil
 }
 
 func (r *Reconciler) credentials(ctx context.Context, host *metal3.BareMetalHost) (driver.Credentials, error) {
@@ -253,7 +309,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, host *metal3.BareMetalHost
 	st := &host.Status
 	switch {
 	case res.err != nil:
-		msg := res.err.Error()
+		msg := boundMessage(res.err.Error())
 		if st.ErrorMessage != msg || st.ErrorType != res.errType {
 			r.Events.Eventf(host, nil, corev1.EventTypeWarning, reasonFor(res.errType), "BMC", "%s", msg)
 		}
@@ -271,6 +327,29 @@ func (r *Reconciler) writeStatus(ctx context.Context, host *metal3.BareMetalHost
 	now := metav1.Now()
 	st.LastUpdated = &now
 	return r.Client.Status().Update(ctx, host)
+}
+
+// maxMessage bounds an error message in status and events: BMC replies
+// end up in them, and a BMC address may point anywhere (--bmc-networks).
+const maxMessage = 512
+
+// boundMessage keeps the first maxMessage bytes of a message, on one line
+// of printable characters.
+func boundMessage(msg string) string {
+	msg = strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return ' '
+		}
+		return r
+	}, msg)
+	if len(msg) <= maxMessage {
+		return msg
+	}
+	cut := maxMessage
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + fmt.Sprintf("… (%d more bytes)", len(msg)-cut)
 }
 
 func reasonFor(t metal3.ErrorType) string {

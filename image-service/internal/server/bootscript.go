@@ -113,21 +113,15 @@ func (h *Handler) infraEnvForMAC(ctx context.Context, mac string) (*v1beta1.Infr
 	if err := h.opts.Reader.List(ctx, &hosts, client.MatchingFields{macindex.BootMAC: mac}); err != nil {
 		return nil, "", "", err
 	}
-	var claims []string
-	for _, bmh := range hosts.Items {
-		if bmh.DeletionTimestamp.IsZero() {
-			claims = append(claims, bmh.Namespace+"/"+bmh.Name)
-		}
+	live, claims, ignored := designated(h.opts.BootNS, hosts.Items)
+	notDesignated := func(what string, names []string) string {
+		return fmt.Sprintf("; %s %s ignored: not in a namespace designated for network boot (--boot-network-namespaces=%s)", what, strings.Join(names, ", "), h.opts.BootNS)
 	}
-	sort.Strings(claims)
 	switch {
 	case len(claims) > 1:
 		return nil, BootAmbiguous, fmt.Sprintf("BareMetalHosts %s all have boot MAC %s", strings.Join(claims, ", "), mac), nil
 	case len(claims) == 1:
-		for _, bmh := range hosts.Items {
-			if !bmh.DeletionTimestamp.IsZero() {
-				continue
-			}
+		for _, bmh := range live {
 			if bmh.Spec.ExternallyProvisioned {
 				return nil, BootUnknown, fmt.Sprintf("BareMetalHost %s/%s is externally provisioned: agentboot does not boot it into discovery", bmh.Namespace, bmh.Name), nil
 			}
@@ -150,22 +144,45 @@ func (h *Handler) infraEnvForMAC(ctx context.Context, mac string) (*v1beta1.Infr
 	if err := h.opts.Reader.List(ctx, &envs, client.MatchingLabels{v1beta1.PXEDefaultLabel: "true"}); err != nil {
 		return nil, "", "", err
 	}
-	var defaults []string
-	var found *v1beta1.InfraEnv
-	for i := range envs.Items {
-		if envs.Items[i].DeletionTimestamp.IsZero() {
-			defaults = append(defaults, envs.Items[i].Namespace+"/"+envs.Items[i].Name)
-			found = &envs.Items[i]
-		}
-	}
-	sort.Strings(defaults)
+	found, defaults, ignoredDefaults := designated(h.opts.BootNS, envs.Items)
 	switch len(defaults) {
 	case 0:
-		return nil, BootUnknown, fmt.Sprintf("no BareMetalHost has boot MAC %s and no InfraEnv is labelled %s=true", mac, v1beta1.PXEDefaultLabel), nil
+		why := fmt.Sprintf("no BareMetalHost has boot MAC %s and no InfraEnv is labelled %s=true", mac, v1beta1.PXEDefaultLabel)
+		if len(ignored) > 0 {
+			why += notDesignated("BareMetalHosts", ignored)
+		}
+		if len(ignoredDefaults) > 0 {
+			why += notDesignated("InfraEnvs", ignoredDefaults)
+		}
+		return nil, BootUnknown, why, nil
 	case 1:
-		return found, "", "", nil
+		return found[0], "", "", nil
 	}
 	return nil, BootAmbiguous, fmt.Sprintf("InfraEnvs %s are all labelled %s=true", strings.Join(defaults, ", "), v1beta1.PXEDefaultLabel), nil
+}
+
+// designated keeps the objects of items that are not being deleted and are
+// in namespaces designated for network boot, with their names, and names
+// the ignored others.
+func designated[T any, P interface {
+	*T
+	client.Object
+}](ns Namespaces, items []T) (kept []P, names, ignored []string) {
+	for i := range items {
+		o := P(&items[i])
+		name := o.GetNamespace() + "/" + o.GetName()
+		switch {
+		case !o.GetDeletionTimestamp().IsZero():
+		case !ns.Has(o.GetNamespace()):
+			ignored = append(ignored, name)
+		default:
+			kept = append(kept, o)
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	sort.Strings(ignored)
+	return kept, names, ignored
 }
 
 // exitScript says why and gives the host back to its firmware's next boot

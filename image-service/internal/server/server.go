@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,7 +41,51 @@ type Options struct {
 	Settings    discovery.Settings
 	AgentBinary string
 	MaxInFlight int
-	Log         logr.Logger
+	// BootNS are the namespaces designated to claim network-booting hosts.
+	BootNS Namespaces
+	Log    logr.Logger
+}
+
+// Namespaces is a set of namespaces, or every namespace.
+type Namespaces struct {
+	all   bool
+	names map[string]bool
+}
+
+// ParseNamespaces reads a comma-separated list; "*" is every namespace and
+// "" none.
+func ParseNamespaces(s string) (Namespaces, error) {
+	n := Namespaces{names: map[string]bool{}}
+	for _, name := range strings.Split(s, ",") {
+		name = strings.TrimSpace(name)
+		switch {
+		case name == "":
+		case name == "*":
+			n.all = true
+		default:
+			if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+				return Namespaces{}, fmt.Errorf("namespace %q: %s", name, strings.Join(errs, "; "))
+			}
+			n.names[name] = true
+		}
+	}
+	return n, nil
+}
+
+// Has reports whether ns is in the set.
+func (n Namespaces) Has(ns string) bool { return n.all || n.names[ns] }
+
+// String lists the set for messages.
+func (n Namespaces) String() string {
+	if n.all {
+		return "*"
+	}
+	names := make([]string, 0, len(n.names))
+	for k := range n.names {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ",")
 }
 
 // Handler answers image requests.
