@@ -601,3 +601,69 @@ func TestRegistrationTokenRotation(t *testing.T) {
 	require.NoError(t, err)
 	h.beat(t) // registered before: unaffected
 }
+
+// Once bound, a host cannot rename itself: its name is what it joins its
+// cluster as and what its kubelet certificates are approved for.
+func TestBoundHostKeepsItsName(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	h := register(t, ie, 41)
+	require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, stack.FakeInventory("worker-41", stack.MAC(41))))
+	h.waitAgent(t, "reported its name", func(a *v1beta1.Agent) bool { return a.Status.Inventory.Hostname == "worker-41" })
+	a := h.agent(t)
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Spec.ClusterDeploymentName = &v1beta1.ClusterReference{Namespace: ie.Namespace, Name: "some-cluster"}
+	require.NoError(t, s.Client.Patch(ctx, a, patch))
+	// The Agent controller saw the binding, so the agent API's cache has it.
+	h.waitAgent(t, "bound", func(a *v1beta1.Agent) bool {
+		return condition(a, v1beta1.BoundCondition).Status == corev1.ConditionTrue
+	})
+	inv := stack.FakeInventory("another-node", stack.MAC(41))
+	inv.Memory.PhysicalBytes++ // something else changed too, and is stored
+	require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, inv))
+	got := h.waitAgent(t, "stored the new inventory", func(a *v1beta1.Agent) bool {
+		return a.Status.Inventory.Memory.PhysicalBytes == inv.Memory.PhysicalBytes
+	})
+	require.Equal(t, "worker-41", got.Status.Inventory.Hostname)
+	// The address it connects from is recorded: serving certificates are
+	// approved only for addresses a host was seen using.
+	require.Equal(t, "127.0.0.1", got.Annotations[lifecycle.SourceAddressesAnnotation])
+}
+
+// Anyone with a discovery token can upload inventories: what is stored per
+// Agent is bounded, and a host changing its inventory on every request
+// gets its writes limited (30, then one every 5 s), not the apiserver
+// filled.
+func TestInventoryStorageIsBounded(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	h := register(t, ie, 51)
+	large := stack.LargeServerInventory(time.Now().UTC().Truncate(time.Second))
+	require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, large), "a large 2-socket server's inventory is stored")
+	huge := stack.LargeServerInventory(time.Now().UTC().Truncate(time.Second))
+	for i := range 300 {
+		d := huge.Disks[0]
+		d.ID = fmt.Sprintf("%s-%d", d.ID, i)
+		huge.Disks = append(huge.Disks, d)
+	}
+	err := h.c.PutInventory(ctx, h.ns, h.id, huge)
+	require.ErrorContains(t, err, "400")
+	require.ErrorContains(t, err, "more than the 65536 kept per Agent")
+
+	// Every upload a change: after the burst, 429s and no writes.
+	var limited error
+	stored := 0
+	for i := range 40 {
+		inv := stack.FakeInventory("h51", stack.MAC(51))
+		inv.Memory.PhysicalBytes += int64(i + 1)
+		time.Sleep(550 * time.Millisecond) // under the request rate: only writes are limited
+		if err := h.c.PutInventory(ctx, h.ns, h.id, inv); err != nil {
+			limited = err
+			break
+		}
+		stored++
+	}
+	require.Error(t, limited, "40 changed inventories in 22 s were all written")
+	require.ErrorContains(t, limited, "429")
+	require.GreaterOrEqual(t, stored, 28, "the burst is stored")
+}

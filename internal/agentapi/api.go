@@ -16,6 +16,13 @@ const (
 // MaxInventoryBytes bounds an inventory upload.
 const MaxInventoryBytes = 1 << 20
 
+// MaxStoredInventoryBytes bounds the inventory kept in an Agent's status,
+// as JSON: a large 2-socket server (256 threads, 26 disks, 8 NICs with
+// five addresses each, 8 GPUs; stack.LargeServerInventory) is 18 KiB, the
+// 2-core VM CI runs on 2 KiB. Anyone holding a discovery token can upload, so etcd
+// holds at most this much per Agent, times the Agents an InfraEnv may have.
+const MaxStoredInventoryBytes = 64 << 10
+
 // RegisterRequest is what a host sends to join an InfraEnv.
 type RegisterRequest struct {
 	// InfraEnvUID is the UID of the InfraEnv the discovery image was made for.

@@ -52,6 +52,10 @@ const (
 	// media the host of the current session proved it booted from,
 	// written by the agent API.
 	BootedByAnnotation = "agentboot.io/booted-by"
+	// SourceAddressesAnnotation lists the addresses the host's agent was
+	// seen connecting from (the last few, comma-separated), written by the
+	// agent API: addresses a host actually uses, unlike those it reports.
+	SourceAddressesAnnotation = "agentboot.io/source-addresses"
 )
 
 // Bound reports whether the Agent is bound to a cluster.

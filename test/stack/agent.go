@@ -168,7 +168,16 @@ func (s *Stack) TryRegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, med
 		req.BootProof = &agentapi.BootProof{BareMetalHost: q.Get("bmh"), Proof: q.Get("proof")}
 	}
 	var resp agentapi.RegisterResponse
-	err := h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken, req, &resp)
+	var err error
+	// As the agent does, retry what the service says to retry: an Agent of
+	// this ID deleted a moment ago, still alive in its cache.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		err = h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken, req, &resp)
+		if err == nil || time.Now().After(deadline) || !strings.Contains(err.Error(), ": 503 ") && !strings.Contains(err.Error(), agentapi.CodeHostActive) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	if err != nil {
 		return nil, err
 	}

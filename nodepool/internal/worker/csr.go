@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
 // The identity OpenShift kubelets bootstrap with, exactly as
@@ -40,8 +41,10 @@ const (
 
 // csrContext is what a CSR of this host is checked against.
 type csrContext struct {
-	hostname   string
-	ips        []net.IP
+	hostname string
+	// ips are the addresses the host reported; seen those it was seen
+	// connecting to the agent API from.
+	ips, seen  []net.IP
 	nodeExists bool
 	// notBefore: a CSR created earlier was not made for this
 	// installation (its AgentMachine is younger, or it is over an hour
@@ -60,7 +63,7 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 	if err != nil {
 		return 0, fmt.Errorf("list CertificateSigningRequests: %w", err)
 	}
-	cc := csrContext{hostname: hostname, ips: addresses(a), nodeExists: nodeExists, notBefore: machineCreated.Add(-maxClockSkew)}
+	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), nodeExists: nodeExists, notBefore: machineCreated.Add(-maxClockSkew)}
 	pending := 0
 	for i := range list.Items {
 		csr := &list.Items[i]
@@ -213,9 +216,18 @@ func checkCSR(csr *certificatesv1.CertificateSigningRequest, cc csrContext, now 
 				return fmt.Sprintf("DNS name %q is not the host's name %q", d, hostname)
 			}
 		}
+		// Where agentboot saw the host connect from one of the addresses it
+		// reported, source addresses reach it unchanged: then every
+		// address must be one the host was seen using, not only one it
+		// reported (which could be a VIP). Behind NAT, the report is all
+		// there is.
+		trusted := slices.ContainsFunc(cc.seen, func(ip net.IP) bool { return slices.ContainsFunc(ips, ip.Equal) })
 		for _, ip := range req.IPAddresses {
-			if !slices.ContainsFunc(ips, ip.Equal) {
+			switch {
+			case !slices.ContainsFunc(ips, ip.Equal):
 				return fmt.Sprintf("IP address %s is not one of the host's", ip)
+			case trusted && !slices.ContainsFunc(cc.seen, ip.Equal):
+				return fmt.Sprintf("IP address %s is one the host reported but was never seen using (it connected from %s): a host may not claim an address it does not use, such as a VIP; approve it by hand if it is the host's", ip, joinIPs(cc.seen))
 			}
 		}
 		return usages(certificatesv1.UsageDigitalSignature, certificatesv1.UsageKeyEncipherment, certificatesv1.UsageServerAuth)
@@ -236,4 +248,23 @@ func addresses(a *v1beta1.Agent) []net.IP {
 		}
 	}
 	return out
+}
+
+// sourceAddresses are the addresses the host was seen connecting from.
+func sourceAddresses(a *v1beta1.Agent) []net.IP {
+	var out []net.IP
+	for _, s := range strings.Split(a.Annotations[lifecycle.SourceAddressesAnnotation], ",") {
+		if ip := net.ParseIP(strings.TrimSpace(s)); ip != nil {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+func joinIPs(ips []net.IP) string {
+	s := make([]string, len(ips))
+	for i, ip := range ips {
+		s[i] = ip.String()
+	}
+	return strings.Join(s, ", ")
 }

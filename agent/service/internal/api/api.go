@@ -75,6 +75,12 @@ const (
 	// bursts of step reports.
 	hostRate  = 2
 	hostBurst = 20
+	// Status writes per host (inventory, progress, NTP sources): an
+	// agent writes once a minute at most, and an installation's ~25
+	// progress reports fit the burst; a host changing its inventory on
+	// every request does not turn its 2 requests a second into writes.
+	writeRate  = 0.2
+	writeBurst = 30
 	// Registrations per InfraEnv, to protect the apiserver when a rack
 	// powers on at once; agents retry with backoff.
 	registerRate  = 100

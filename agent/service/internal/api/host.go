@@ -2,11 +2,15 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
+	"net/netip"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -20,6 +24,7 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
 // AgentRef is an authenticated host.
@@ -76,6 +81,9 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 				s.o.Log.Error(err, "mark Agent disputed", "agent", ns+"/"+id)
 			}
 		}
+		if err := s.noteSource(r.Context(), &a, remoteIP(r)); err != nil {
+			s.o.Log.Error(err, "record the host's source address", "agent", ns+"/"+id)
+		}
 		var ie v1beta1.InfraEnv
 		err = s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: a.Labels[v1beta1.InfraEnvNameLabel]}, &ie)
 		if apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != uid) {
@@ -88,6 +96,43 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 		}
 		h(w, r, &AgentRef{Agent: &a, InfraEnv: &ie})
 	})
+}
+
+// allowWrite limits the status writes one host causes.
+func (s *Server) allowWrite(a *v1beta1.Agent) bool {
+	return s.allow("write/"+a.Namespace+"/"+a.Name, writeRate, writeBurst)
+}
+
+// maxSourceAddresses is how many source addresses an Agent keeps.
+const maxSourceAddresses = 8
+
+// noteSource records an address the host connected from, when it is new:
+// kubelet serving certificates are approved only for addresses the host
+// was seen using (see the nodepool worker).
+func (s *Server) noteSource(ctx context.Context, a *v1beta1.Agent, ip string) error {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return nil
+	}
+	ip = addr.Unmap().String()
+	var seen []string
+	if v := a.Annotations[lifecycle.SourceAddressesAnnotation]; v != "" {
+		seen = strings.Split(v, ",")
+	}
+	if slices.Contains(seen, ip) {
+		return nil
+	}
+	seen = append(seen, ip)
+	if len(seen) > maxSourceAddresses {
+		seen = seen[len(seen)-maxSourceAddresses:]
+	}
+	patch := client.MergeFrom(a.DeepCopy())
+	if a.Annotations == nil {
+		a.Annotations = map[string]string{}
+	}
+	a.Annotations[lifecycle.SourceAddressesAnnotation] = strings.Join(seen, ",")
+	writes.WithLabelValues("agent").Inc()
+	return s.o.Client.Patch(ctx, a, patch)
 }
 
 // dispute marks an Agent whose current session was heard from after a
@@ -119,9 +164,25 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 		writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %v", err)
 		return
 	}
+	if raw, _ := json.Marshal(&inv); len(raw) > agentapi.MaxStoredInventoryBytes {
+		writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %d bytes as stored, more than the %d kept per Agent (a large 2-socket server's is about 18 KiB)",
+			len(raw), agentapi.MaxStoredInventoryBytes)
+		return
+	}
 	a := ref.Agent
+	if lifecycle.Bound(a) && a.Status.Inventory.Hostname != "" && inv.Hostname != a.Status.Inventory.Hostname {
+		// Once bound, the host's name is what it joins its cluster as and
+		// what its kubelet certificates are approved for: a host renaming
+		// itself must not become another node.
+		s.o.Log.Info("kept the hostname of a bound host", "agent", a.Namespace+"/"+a.Name, "reported", inv.Hostname, "kept", a.Status.Inventory.Hostname)
+		inv.Hostname = a.Status.Inventory.Hostname
+	}
 	if sameInventory(&a.Status.Inventory, &inv) {
 		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	if !s.allowWrite(a) {
+		tooMany(w)
 		return
 	}
 	patch := client.MergeFrom(a.DeepCopy())
@@ -223,6 +284,9 @@ func (s *Server) storeNTP(ctx context.Context, a *v1beta1.Agent, srcs []agentapi
 	}
 	if len(want) == 0 && len(a.Status.NTPSources) == 0 || equality.Semantic.DeepEqual(want, a.Status.NTPSources) {
 		return nil
+	}
+	if !s.allowWrite(a) {
+		return nil // informational: a later heartbeat stores it
 	}
 	patch := client.MergeFrom(a.DeepCopy())
 	a.Status.NTPSources = want
@@ -334,6 +398,10 @@ func (s *Server) progress(w http.ResponseWriter, r *http.Request, ref *AgentRef)
 	// A host writing its disk does not heartbeat; its reports are contact.
 	if err := s.renewLease(r.Context(), ref.Agent, 0, true); err != nil {
 		s.o.Log.Error(err, "renew lease", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
+	}
+	if !s.allowWrite(ref.Agent) {
+		tooMany(w)
+		return
 	}
 	if s.o.Steps != nil {
 		if err := s.o.Steps.Progress(r.Context(), ref, p); err != nil {

@@ -86,6 +86,10 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 			"Agent %s/%s is still heard from; a host registering as it is refused until it has been silent for %s (if this host rebooted, that is its earlier boot and it only waits; if another host is alive as %s, the Agent is marked disputed)",
 			ns, req.HostID, s.quietBefore(), req.HostID)
 		return
+	case errors.Is(err, errDeleting):
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "Deleting", "Agent %s/%s was deleted a moment ago; register again", ns, req.HostID)
+		return
 	case errors.Is(err, errInDoubt):
 		msg := fmt.Sprintf("a host registered as Agent %s from %s while the Agent is bound to a cluster: it was given nothing. If it is this host, restarted into discovery, unbind the Agent (scale its NodePool down, or let a MachineHealthCheck replace the Machine) and it registers into the free pool; if not, a host on the boot network is impersonating it", req.HostID, remoteIP(r))
 		if a := (&v1beta1.Agent{}); s.o.Client.Get(r.Context(), client.ObjectKey{Namespace: ns, Name: req.HostID}, a) == nil {
@@ -242,6 +246,9 @@ var (
 	// errInDoubt: the Agent is bound or installing and the registration
 	// cannot prove it is that host.
 	errInDoubt = errors.New("the Agent is bound to a cluster")
+	// errDeleting: the Agent went away while the registration continued
+	// it; registering again creates it anew.
+	errDeleting = errors.New("the Agent was deleted meanwhile")
 )
 
 // identityDigest is a keyed digest of everything a host says it is. It is
@@ -313,6 +320,9 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 		if apierrors.IsAlreadyExists(err) {
 			// Registered a moment ago (another replica, a retry).
 			if err := s.o.APIReader.Get(ctx, key, &existing); err != nil {
+				if apierrors.IsNotFound(err) {
+					return nil, false, errDeleting
+				}
 				return nil, false, err
 			}
 			return s.resume(ctx, &existing, ie, req, digest, from, bootedBy)
@@ -367,6 +377,9 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 	a.OwnerReferences = []metav1.OwnerReference{infraEnvOwner(ie)}
 	writes.WithLabelValues("agent").Inc()
 	if err := s.o.Client.Patch(ctx, a, patch); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, false, errDeleting
+		}
 		return nil, false, err
 	}
 	return a, false, nil
