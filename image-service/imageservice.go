@@ -47,6 +47,11 @@ type Config struct {
 	// MaxConcurrentDownloads bounds image downloads in flight; past it the
 	// service answers 503 with Retry-After.
 	MaxConcurrentDownloads int
+	// MaxDownloadsPerClient bounds one client address's downloads in
+	// flight (8); DownloadStallTimeout how long a download may make no
+	// progress before its connection is closed (1m).
+	MaxDownloadsPerClient int
+	DownloadStallTimeout  time.Duration
 	// BootNamespaces are the namespaces whose BareMetalHost boot MACs and
 	// pxe-default InfraEnvs decide where a network-booting host goes: on a
 	// boot network shared by teams, a namespace the admin has not
@@ -106,14 +111,16 @@ func (s *Service) SetupWithManager(mgr manager.Manager) error {
 		return err
 	}
 	h, err := server.NewHandler(server.Options{
-		Reader:      mgr.GetCache(),
-		Catalog:     s.cfg.Catalog,
-		Keys:        s.cfg.Keys,
-		Settings:    s.cfg.Settings,
-		AgentBinary: s.cfg.AgentBinary,
-		MaxInFlight: s.cfg.MaxConcurrentDownloads,
-		BootNS:      s.cfg.BootNamespaces,
-		Log:         s.cfg.Log,
+		Reader:       mgr.GetCache(),
+		Catalog:      s.cfg.Catalog,
+		Keys:         s.cfg.Keys,
+		Settings:     s.cfg.Settings,
+		AgentBinary:  s.cfg.AgentBinary,
+		MaxInFlight:  s.cfg.MaxConcurrentDownloads,
+		MaxPerClient: s.cfg.MaxDownloadsPerClient,
+		StallTimeout: s.cfg.DownloadStallTimeout,
+		BootNS:       s.cfg.BootNamespaces,
+		Log:          s.cfg.Log,
 	})
 	if err != nil {
 		return err

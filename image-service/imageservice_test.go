@@ -1,6 +1,7 @@
 package imageservice_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -9,12 +10,14 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -371,6 +374,66 @@ func TestConcurrencyLimit(t *testing.T) {
 	require.Equal(t, http.StatusOK, get(t, s, ie.Status.BootArtifacts.IpxeScriptURL, nil).code)
 	resp.Body.Close()
 	require.Eventually(t, func() bool { return get(t, s, ie.Status.ISODownloadURL, nil).code == http.StatusOK }, 10*time.Second, 50*time.Millisecond)
+}
+
+// Download slots a slow client cannot keep: one client address has at
+// most --max-downloads-per-client of them, a client that stops reading
+// loses its slot after --download-stall-timeout, and the OS images' own
+// files (kernels, root filesystems) have slots of their own.
+func TestDownloadSlotsAgainstSlowClients(t *testing.T) {
+	s := stack.Start(t, stack.Options{MaxConcurrentDownloads: 2, MaxDownloadsPerClient: 1, DownloadStallTimeout: 2 * time.Second, ISOOverHTTP: true})
+	ie := setup(t, s, nil)
+	iso, err := url.Parse(s.Local(ie.Status.ISODownloadURL))
+	require.NoError(t, err)
+	// stalled asks for the ISO from source address from and never reads
+	// (a small receive window, as curl --limit-rate 1 leaves).
+	stalled := func(from string) (status string, conn net.Conn) {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Control: func(_, _ string, c syscall.RawConn) error {
+			return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		}}
+		conn, err := d.Dial("tcp", iso.Host)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", iso.RequestURI(), iso.Host)
+		require.NoError(t, err)
+		line, err := bufio.NewReaderSize(conn, 64).ReadString('\n')
+		require.NoError(t, err)
+		return strings.TrimSpace(line), conn
+	}
+	client := func(from string) *http.Client {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		return &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+	}
+	fetch := func(from, u string) (int, string) {
+		t.Helper()
+		resp, err := client(from).Get(u)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return resp.StatusCode, string(body)
+	}
+
+	status, _ := stalled("127.0.0.2")
+	require.Equal(t, "HTTP/1.1 200 OK", status)
+	code, body := fetch("127.0.0.2", iso.String())
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "this client (127.0.0.2) already has 1 downloads in progress")
+	status, _ = stalled("127.0.0.3")
+	require.Equal(t, "HTTP/1.1 200 OK", status)
+	code, body = fetch("127.0.0.4", iso.String())
+	require.Equal(t, http.StatusServiceUnavailable, code, "both slots are held")
+	require.Contains(t, body, "too many downloads in progress")
+	code, _ = fetch("127.0.0.4", s.Local(ie.Status.BootArtifacts.KernelURL))
+	require.Equal(t, http.StatusOK, code, "kernels do not wait for ISO slots")
+
+	// The stalled clients lose their slots: a reading client gets one.
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		code, _ := fetch("127.0.0.4", iso.String())
+		return code == http.StatusOK
+	}, 60*time.Second, 500*time.Millisecond)
+	t.Logf("stalled downloads gave their slots back after %s", time.Since(start).Round(100*time.Millisecond))
 }
 
 func TestISOOverHTTPAndMinimal(t *testing.T) {

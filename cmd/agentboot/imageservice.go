@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	imageservice "github.com/agentboot/agentboot/image-service"
 	"github.com/agentboot/agentboot/internal/app"
@@ -21,7 +22,9 @@ func (i *imageServiceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&i.cfg.HTTPAddr, "http-addr", ":8080", "plain-HTTP listen address (iPXE scripts, kernels, initrds, root filesystems)")
 	fs.StringVar(&i.cfg.TLSCertFile, "tls-cert-file", "", "HTTPS serving certificate (PEM)")
 	fs.StringVar(&i.cfg.TLSKeyFile, "tls-key-file", "", "HTTPS serving key (PEM)")
-	fs.IntVar(&i.cfg.MaxConcurrentDownloads, "max-concurrent-downloads", 256, "image downloads served at once; more get 503 with Retry-After")
+	fs.IntVar(&i.cfg.MaxConcurrentDownloads, "max-concurrent-downloads", 256, "per-InfraEnv image downloads (ISOs, initrds) served at once, and as many OS image files (kernels, root filesystems, disk images); more get 503 with Retry-After")
+	fs.IntVar(&i.cfg.MaxDownloadsPerClient, "max-downloads-per-client", 8, "downloads one client address may have in progress; more get 503 with Retry-After")
+	fs.DurationVar(&i.cfg.DownloadStallTimeout, "download-stall-timeout", time.Minute, "a download whose client takes less than 4 MiB in this long is closed, freeing its slot")
 	fs.StringVar(&i.bootNamespaces, "boot-network-namespaces", "", "comma-separated namespaces whose BareMetalHost boot MACs and "+
 		"agentboot.io/pxe-default InfraEnvs decide where network-booting hosts go; \"*\" for every namespace (a boot network one team owns); "+
 		"empty: none (hosts boot discovery through their ISO, or through the site's PXE server chainloading an InfraEnv's iPXE URL)")

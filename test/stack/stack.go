@@ -53,6 +53,10 @@ type Options struct {
 	ISOOverHTTP bool
 	// MaxConcurrentDownloads bounds image downloads.
 	MaxConcurrentDownloads int
+	// MaxDownloadsPerClient and DownloadStallTimeout tune the image
+	// service's download slots.
+	MaxDownloadsPerClient int
+	DownloadStallTimeout  time.Duration
 	// Images replace the dev OS image stream in the catalog.
 	Images []osimage.Entry
 	// Quiet drops component logs (benchmarks).
@@ -250,7 +254,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	imgSvc := &imageservice.Config{
 		HTTPSAddr: s.HTTPSAddr, HTTPAddr: s.HTTPAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
 		AgentBinary: s.AgentBin, MaxConcurrentDownloads: opts.MaxConcurrentDownloads, Listen: opts.Listen,
-		BootNamespaces: bootNS,
+		BootNamespaces: bootNS, MaxDownloadsPerClient: opts.MaxDownloadsPerClient, DownloadStallTimeout: opts.DownloadStallTimeout,
 	}
 	controllers := app.Components{
 		Namespace:   Namespace,

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"sort"
@@ -169,10 +170,11 @@ func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, req imageReq
 		return
 	}
 
-	if !h.acquire(w) {
+	release, ok := h.acquire(w, r, h.slots)
+	if !ok {
 		return
 	}
-	defer h.release()
+	defer release()
 
 	content, name, err := h.content(req.file, out, img)
 	if err != nil {
@@ -184,19 +186,20 @@ func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, req imageReq
 		hdr.Set("Content-Type", "application/x-iso9660-image")
 		hdr.Set("Content-Disposition", fmt.Sprintf(`attachment; filename="%s-%s"`, ie.Name, name))
 	}
-	serveStream(w, r, modTime, content)
+	serveStream(w, r, modTime, content, h.opts.StallTimeout)
 }
 
 // serveStream is http.ServeContent (ranges, conditionals, HEAD) with the
 // body written by Stream.WriteRange, so the base image goes out with
 // sendfile on plain HTTP.
-func serveStream(w http.ResponseWriter, r *http.Request, modTime time.Time, s *overlay.Stream) {
-	http.ServeContent(&streamWriter{ResponseWriter: w, stream: s}, r, "", modTime, s)
+func serveStream(w http.ResponseWriter, r *http.Request, modTime time.Time, s *overlay.Stream, stall time.Duration) {
+	http.ServeContent(&streamWriter{ResponseWriter: w, stream: s, stall: stall}, r, "", modTime, s)
 }
 
 type streamWriter struct {
 	http.ResponseWriter
 	stream *overlay.Stream
+	stall  time.Duration
 }
 
 // ReadFrom is what io.CopyN in http.ServeContent calls with the stream,
@@ -204,20 +207,57 @@ type streamWriter struct {
 func (sw *streamWriter) ReadFrom(src io.Reader) (int64, error) {
 	lr, ok := src.(*io.LimitedReader)
 	if !ok || lr.R != io.Reader(sw.stream) {
-		return io.Copy(writerOnly{sw.ResponseWriter}, src)
+		// Multipart ranges: every write gets the stall deadline.
+		return io.Copy(stallWriter{sw.ResponseWriter, sw.stall}, src)
 	}
 	pos, err := sw.stream.Seek(0, io.SeekCurrent)
 	if err != nil {
 		return 0, err
 	}
-	n, err := sw.stream.WriteRange(sw.ResponseWriter, pos, min(lr.N, sw.stream.Size()-pos))
-	lr.N -= n
-	_, _ = sw.stream.Seek(n, io.SeekCurrent)
-	return n, err
+	// In chunks, each with its own write deadline: a client must take
+	// stallChunk bytes per StallTimeout or lose the connection and its
+	// slot; a steady one is never cut, however long the file.
+	rc := http.NewResponseController(sw.ResponseWriter)
+	want := min(lr.N, sw.stream.Size()-pos)
+	var total int64
+	for total < want {
+		if sw.stall > 0 {
+			_ = rc.SetWriteDeadline(time.Now().Add(sw.stall))
+		}
+		n, err := sw.stream.WriteRange(sw.ResponseWriter, pos+total, min(stallChunk, want-total))
+		total += n
+		if err != nil {
+			lr.N -= total
+			_, _ = sw.stream.Seek(total, io.SeekCurrent)
+			return total, err
+		}
+	}
+	_ = rc.SetWriteDeadline(time.Time{})
+	lr.N -= total
+	_, _ = sw.stream.Seek(total, io.SeekCurrent)
+	return total, nil
 }
+
+// stallChunk is how much of a download a client must take per
+// StallTimeout: 4 MiB a minute (70 KB/s) by default.
+const stallChunk = 4 << 20
 
 // writerOnly hides ReadFrom, so io.Copy does not recurse.
 type writerOnly struct{ io.Writer }
+
+// stallWriter writes with a deadline per write; it hides ReadFrom, so
+// io.Copy does not recurse.
+type stallWriter struct {
+	w     http.ResponseWriter
+	stall time.Duration
+}
+
+func (s stallWriter) Write(p []byte) (int, error) {
+	if s.stall > 0 {
+		_ = http.NewResponseController(s.w).SetWriteDeadline(time.Now().Add(s.stall))
+	}
+	return s.w.Write(p)
+}
 
 // content builds the stream of a large file without copying the base image.
 func (h *Handler) content(file string, out *discovery.Output, img *osimage.Image) (*overlay.Stream, string, error) {
@@ -287,14 +327,15 @@ func (h *Handler) serveArtifact(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "this OS image has no "+file, http.StatusNotFound)
 		return
 	}
-	if !h.acquire(w) {
+	release, ok := h.acquire(w, r, h.publicSlots)
+	if !ok {
 		return
 	}
-	defer h.release()
+	defer release()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("ETag", fmt.Sprintf(`"%s-%s"`, st.Image.ID, file))
 	w.Header().Set("Cache-Control", "public, max-age=86400")
-	serveStream(w, r, time.Time{}, overlay.Concat(overlay.FileSection(st.Image.Path, st.Image.ReaderAt(), area.Offset, area.Length)))
+	serveStream(w, r, time.Time{}, overlay.Concat(overlay.FileSection(st.Image.Path, st.Image.ReaderAt(), area.Offset, area.Length)), h.opts.StallTimeout)
 }
 
 // serveDisk serves the OS disk image of k as the catalog cached it.
@@ -308,31 +349,59 @@ func (h *Handler) serveDisk(w http.ResponseWriter, r *http.Request, k osimage.Ke
 		retryLater(w, fmt.Sprintf("the disk image of OS image %s is not ready yet", k))
 		return
 	}
-	if !h.acquire(w) {
+	release, ok := h.acquire(w, r, h.publicSlots)
+	if !ok {
 		return
 	}
-	defer h.release()
+	defer release()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("ETag", fmt.Sprintf(`"%s-disk"`, st.Image.ID))
 	w.Header().Set("Cache-Control", "public, max-age=86400")
-	serveStream(w, r, time.Time{}, overlay.Concat(overlay.FileSection(st.Image.Path, st.Image.ReaderAt(), 0, st.Image.Size)))
+	serveStream(w, r, time.Time{}, overlay.Concat(overlay.FileSection(st.Image.Path, st.Image.ReaderAt(), 0, st.Image.Size)), h.opts.StallTimeout)
 }
 
-// acquire takes a download slot or answers 503.
-func (h *Handler) acquire(w http.ResponseWriter) bool {
+// acquire takes a slot of pool for the request's client, or answers 503:
+// when the pool is full, or the client already has MaxPerClient downloads
+// in flight.
+func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, pool chan struct{}) (release func(), ok bool) {
+	client := clientAddr(r)
+	h.clientsMu.Lock()
+	if h.clients[client] >= h.opts.MaxPerClient {
+		h.clientsMu.Unlock()
+		retryLater(w, fmt.Sprintf("this client (%s) already has %d downloads in progress", client, h.opts.MaxPerClient))
+		return nil, false
+	}
+	h.clients[client]++
+	h.clientsMu.Unlock()
+	unclaim := func() {
+		h.clientsMu.Lock()
+		if h.clients[client]--; h.clients[client] <= 0 {
+			delete(h.clients, client)
+		}
+		h.clientsMu.Unlock()
+	}
 	select {
-	case h.slots <- struct{}{}:
+	case pool <- struct{}{}:
 		inFlight.Inc()
-		return true
+		return func() {
+			inFlight.Dec()
+			<-pool
+			unclaim()
+		}, true
 	default:
+		unclaim()
 		retryLater(w, "too many downloads in progress")
-		return false
+		return nil, false
 	}
 }
 
-func (h *Handler) release() {
-	inFlight.Dec()
-	<-h.slots
+// clientAddr is the address a request came from.
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 // contentTime is when the controller published this content, if it did.

@@ -41,6 +41,13 @@ type Options struct {
 	Settings    discovery.Settings
 	AgentBinary string
 	MaxInFlight int
+	// MaxPerClient bounds the downloads one client address has in flight
+	// (8), so that one client cannot take every slot.
+	MaxPerClient int
+	// StallTimeout is how long a download may make no progress (each
+	// chunk of it must be taken within it; 60s): a client reading a byte
+	// a second gives its slot back.
+	StallTimeout time.Duration
 	// BootNS are the namespaces designated to claim network-booting hosts.
 	BootNS Namespaces
 	Log    logr.Logger
@@ -93,8 +100,13 @@ type Handler struct {
 	opts     Options
 	agent    *os.File
 	agentMod time.Time
-	slots    chan struct{}
-	renders  *renderCache
+	// slots bounds per-InfraEnv downloads (ISOs, initrds); publicSlots
+	// the OS images' own files (kernels, root filesystems, disk images),
+	// which every booting host fetches: one kind cannot starve the other.
+	slots, publicSlots chan struct{}
+	clientsMu          sync.Mutex
+	clients            map[string]int // downloads in flight per client address
+	renders            *renderCache
 }
 
 var (
@@ -128,7 +140,14 @@ func NewHandler(opts Options) (*Handler, error) {
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 256
 	}
-	return &Handler{opts: opts, agent: f, agentMod: st.ModTime(), slots: make(chan struct{}, opts.MaxInFlight), renders: newRenderCache(128)}, nil
+	if opts.MaxPerClient <= 0 {
+		opts.MaxPerClient = 8
+	}
+	if opts.StallTimeout <= 0 {
+		opts.StallTimeout = time.Minute
+	}
+	return &Handler{opts: opts, agent: f, agentMod: st.ModTime(), renders: newRenderCache(128),
+		slots: make(chan struct{}, opts.MaxInFlight), publicSlots: make(chan struct{}, opts.MaxInFlight), clients: map[string]int{}}, nil
 }
 
 // HTTPS is the handler of the HTTPS listener: everything.

@@ -116,7 +116,7 @@ func freePort() int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func run(clientList string, duration time.Duration, repeats int) error {
+func run(clientList string, duration time.Duration, repeats int) (err error) {
 	root := testenv.RepoRoot()
 	bin := filepath.Join(root, "bin")
 	iso, err := testenv.DevImage()
@@ -127,7 +127,11 @@ func run(clientList string, duration time.Duration, repeats int) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() {
+		if err == nil { // the logs stay for a failed run
+			os.RemoveAll(dir)
+		}
+	}()
 	env, err := testenv.Start(testenv.Options{})
 	if err != nil {
 		return err
@@ -155,14 +159,17 @@ func run(clientList string, duration time.Duration, repeats int) error {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "agentboot-system"}}); err != nil {
 		return err
 	}
-	mgr, err := start("manager", dir, append([]string{filepath.Join(bin, "agentboot"), "manager", "--image-cache-dir", filepath.Join(dir, "cache-manager")}, common...)...)
+	mgr, err := start("manager", dir, append([]string{filepath.Join(bin, "agentboot"), "manager", "--image-cache-dir", filepath.Join(dir, "cache-manager"),
+		"--agent-api-addr", fmt.Sprintf("127.0.0.1:%d", freePort()), "--agent-api-tls-cert-file", cert, "--agent-api-tls-key-file", key}, common...)...)
 	if err != nil {
 		return err
 	}
 	defer mgr.stop()
 	svc, err := start("image-service", dir, append([]string{filepath.Join(bin, "agentboot"), "image-service", "--image-cache-dir", filepath.Join(dir, "cache-images"),
 		"--https-addr", fmt.Sprintf("127.0.0.1:%d", imgHTTPS), "--http-addr", fmt.Sprintf("127.0.0.1:%d", imgHTTP),
-		"--tls-cert-file", cert, "--tls-key-file", key, "--max-concurrent-downloads", "1024"}, common...)...)
+		"--tls-cert-file", cert, "--tls-key-file", key, "--max-concurrent-downloads", "1024",
+		// Every simulated client is on 127.0.0.1.
+		"--max-downloads-per-client", "1024"}, common...)...)
 	if err != nil {
 		return err
 	}
