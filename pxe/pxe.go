@@ -69,11 +69,17 @@ type Config struct {
 	// lease file.
 	PoolStart, PoolEnd netip.Addr
 	PrefixLen          int
-	Router             netip.Addr
-	DNS                []netip.Addr
-	LeaseTime          time.Duration
-	Reservations       map[string]netip.Addr
-	LeaseFile          string
+	// Relays are the DHCP relay agents whose requests are answered; a
+	// request through any other is dropped.
+	Relays []netip.Addr
+	// NewClientRate bounds the DHCP packets of MACs not seen lately, per
+	// second (50).
+	NewClientRate float64
+	Router        netip.Addr
+	DNS           []netip.Addr
+	LeaseTime     time.Duration
+	Reservations  map[string]netip.Addr
+	LeaseFile     string
 
 	// Socket factories; the defaults open them on this host. Tests open
 	// them inside a network namespace.
@@ -136,6 +142,14 @@ func New(cfg Config) (*Server, error) {
 		BIOSBinary: cfg.BIOSBinary, EFIBinary: cfg.EFIBinary, ARM64Binary: cfg.ARM64Binary,
 		Router: cfg.Router, DNS: cfg.DNS, LeaseTime: cfg.LeaseTime, Log: cfg.Log.WithName("dhcp"),
 	}
+	// The boot network, so that replies go nowhere else: the prefix
+	// given, or the interface's.
+	if cfg.PrefixLen > 0 {
+		dcfg.Subnet = netip.PrefixFrom(cfg.ServerIP, cfg.PrefixLen).Masked()
+	} else if pfx, err := interfaceIPv4(cfg.Interface, cfg.ServerIP); err == nil {
+		dcfg.Subnet = pfx.Masked()
+	}
+	dcfg.Relays, dcfg.NewClientRate = cfg.Relays, cfg.NewClientRate
 	if cfg.Mode == Authoritative {
 		if !cfg.PoolStart.IsValid() || !cfg.PoolEnd.IsValid() {
 			return nil, errors.New("pxe: authoritative mode needs an address pool")
@@ -334,7 +348,11 @@ func (s *Server) serveDHCP(conn net.PacketConn, port int) error {
 				continue
 			}
 			up, _ := m.Addr.(*net.UDPAddr)
-			dst := dhcp.Destination(reply.req, up, port)
+			dst, ok := s.handler.Destination(reply.req, up, port)
+			if !ok {
+				s.handler.Dropped("destination-outside-boot-network")
+				continue
+			}
 			out = append(out, ipv4.Message{Buffers: [][]byte{reply.resp.ToBytes()}, Addr: dst})
 		}
 		for off := 0; off < len(out); {

@@ -20,6 +20,8 @@ import (
 // pxeFlags are the PXE service's settings. `agentboot pxe` registers them
 // as they are; `agentboot dev` with a "pxe-" prefix.
 type pxeFlags struct {
+	relays                               string
+	newClientRate                        float64
 	iface, serverIP, mode, bootScriptURL string
 	tftpDir, tftpAddr, httpAddr          string
 	tftpSinglePort                       bool
@@ -46,9 +48,27 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&p.prefixLen, prefix+"prefix-length", 0, "authoritative mode: the boot network's prefix length (default: the interface address's)")
 	fs.StringVar(&p.router, prefix+"router", "", "authoritative mode: default gateway given to clients")
 	fs.StringVar(&p.dns, prefix+"dns", "", "authoritative mode: comma-separated DNS servers given to clients")
+	fs.Float64Var(&p.newClientRate, prefix+"dhcp-new-clients-per-second", 50, "DHCP packets a second from MACs not seen lately, all together (burst: four times it, at least 200); clients with a lease or reservation are not counted, so a flood of made-up MACs delays only new clients")
+	fs.StringVar(&p.relays, prefix+"dhcp-relays", "", "comma-separated DHCP relay agents (giaddr) whose clients are answered; requests through any other are dropped (empty: clients on the boot network only)")
 	fs.DurationVar(&p.leaseTime, prefix+"lease-time", 12*time.Hour, "authoritative mode: lease duration")
 	fs.Var(&p.reservations, prefix+"reservation", "authoritative mode: MAC=IP, always give this MAC this address (repeatable)")
 	fs.StringVar(&p.leaseFile, prefix+"lease-file", "/var/lib/agentboot/pxe-leases.json", "authoritative mode: where leases are kept (and each change, before it is acknowledged, in this name plus .journal)")
+}
+
+// parseIPv4List reads comma-separated IPv4 addresses; "" is none.
+func parseIPv4List(v string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		a, err := parseIPv4(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // config turns the flags into the service's configuration; prefix names the
@@ -61,7 +81,7 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 		Interface: p.iface, Mode: pxe.Mode(p.mode), BootScriptURL: p.bootScriptURL,
 		TFTPDir: p.tftpDir, TFTPAddr: p.tftpAddr, TFTPSinglePort: p.tftpSinglePort, HTTPAddr: p.httpAddr,
 		BIOSBinary: p.biosBinary, EFIBinary: p.efiBinary, ARM64Binary: p.arm64Binary,
-		PrefixLen: p.prefixLen, LeaseTime: p.leaseTime, LeaseFile: p.leaseFile, Log: log,
+		PrefixLen: p.prefixLen, LeaseTime: p.leaseTime, LeaseFile: p.leaseFile, Log: log, NewClientRate: p.newClientRate,
 	}
 	if p.iface == "" {
 		return cfg, flagErr("interface", "required: the interface on the boot network")
@@ -111,14 +131,11 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 			return cfg, flagErr("router", "%v", err)
 		}
 	}
-	if p.dns != "" {
-		for _, s := range strings.Split(p.dns, ",") {
-			a, err := parseIPv4(strings.TrimSpace(s))
-			if err != nil {
-				return cfg, flagErr("dns", "%v", err)
-			}
-			cfg.DNS = append(cfg.DNS, a)
-		}
+	if cfg.DNS, err = parseIPv4List(p.dns); err != nil {
+		return cfg, flagErr("dns", "%v", err)
+	}
+	if cfg.Relays, err = parseIPv4List(p.relays); err != nil {
+		return cfg, flagErr("dhcp-relays", "%v", err)
 	}
 	if p.leaseTime < time.Minute {
 		return cfg, flagErr("lease-time", "%s is shorter than a minute", p.leaseTime)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
+	"k8s.io/utils/lru"
 
 	"github.com/agentboot/agentboot/pxe/internal/leases"
 )
@@ -54,17 +56,32 @@ type Config struct {
 	Router    netip.Addr
 	DNS       []netip.Addr
 	LeaseTime time.Duration
-	Log       logr.Logger
-	Now       func() time.Time
+	// Subnet is the boot network (the server's address and prefix), when
+	// known: replies go only to addresses in it (a request's source on
+	// port 4011, its ciaddr), never to whatever address a packet names.
+	Subnet netip.Prefix
+	// Relays are the DHCP relay agents (giaddr) whose requests are
+	// answered; a request naming any other relay is dropped, so that
+	// made-up packets cannot send replies to arbitrary addresses.
+	Relays []netip.Addr
+	// NewClientRate is how many packets a second MACs not seen lately
+	// may send together (50; the burst is four times that, at least
+	// 200). Clients holding a lease or a reservation are not counted.
+	NewClientRate float64
+	Log           logr.Logger
+	Now           func() time.Time
 }
 
 // Handler turns requests into replies.
 type Handler struct {
 	cfg      Config
 	mu       sync.Mutex
-	limiters map[string]*rate.Limiter
-	others   map[string]time.Time // other DHCP servers seen, for the log
-	metrics  *Metrics
+	limiters *lru.Cache // MAC → *rate.Limiter, the most recently seen
+	// newClients limits the packets of MACs without a limiter yet, so
+	// that rotating MACs buys no fresh burst beyond it.
+	newClients *rate.Limiter
+	others     map[string]time.Time // other DHCP servers seen, for the log
+	metrics    *Metrics
 }
 
 // Metrics count what the handler did.
@@ -104,7 +121,12 @@ func New(cfg Config, m *Metrics) (*Handler, error) {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	return &Handler{cfg: cfg, limiters: map[string]*rate.Limiter{}, others: map[string]time.Time{}, metrics: m}, nil
+	if cfg.NewClientRate <= 0 {
+		cfg.NewClientRate = newClientRate
+	}
+	burst := max(newClientBurst, int(4*cfg.NewClientRate))
+	return &Handler{cfg: cfg, limiters: lru.New(maxTrackedMACs), newClients: rate.NewLimiter(rate.Limit(cfg.NewClientRate), burst),
+		others: map[string]time.Time{}, metrics: m}, nil
 }
 
 // Per-MAC limit: real clients retransmit every few seconds; a burst of 10
@@ -112,6 +134,15 @@ func New(cfg Config, m *Metrics) (*Handler, error) {
 const (
 	macRate  = 5
 	macBurst = 10
+	// MACs not seen lately: a rack of 200 powering on at once is served
+	// at once, then 50 new clients a second. Clients holding a lease or a
+	// reservation are exempt: a flood of made-up MACs delays new clients
+	// (which retransmit), never the ones already served.
+	newClientRate  = 50
+	newClientBurst = 200
+	// maxTrackedMACs bounds the per-MAC state; the least recently seen
+	// MAC is forgotten first.
+	maxTrackedMACs = 65536
 )
 
 // firmware is what a client is.
@@ -189,8 +220,12 @@ func (h *Handler) Respond(req *dhcpv4.DHCPv4, port int) *dhcpv4.DHCPv4 {
 		return nil
 	}
 	mac := req.ClientHWAddr.String()
-	if !h.allow(mac) {
-		h.drop("rate-limited")
+	if gw := addr(req.GatewayIPAddr); gw.IsValid() && !slices.Contains(h.cfg.Relays, gw) {
+		h.drop("unknown-relay")
+		return nil
+	}
+	if ok, why := h.allow(mac); !ok {
+		h.drop(why)
 		return nil
 	}
 	h.noticeOtherServer(req)
@@ -285,18 +320,23 @@ func (h *Handler) drop(reason string) {
 	h.cfg.Log.V(2).Info("dropped a DHCP packet", "reason", reason)
 }
 
-func (h *Handler) allow(mac string) bool {
+func (h *Handler) allow(mac string) (bool, string) {
+	now := h.cfg.Now()
+	known := h.cfg.Leases != nil && h.cfg.Leases.Known(mac)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	l, ok := h.limiters[mac]
+	v, ok := h.limiters.Get(mac)
 	if !ok {
-		if len(h.limiters) > 65536 {
-			h.limiters = map[string]*rate.Limiter{} // bound memory under a MAC flood
+		if !known && !h.newClients.AllowN(now, 1) {
+			return false, "new-client-rate-limited"
 		}
-		l = rate.NewLimiter(macRate, macBurst)
-		h.limiters[mac] = l
+		v = rate.NewLimiter(macRate, macBurst)
+		h.limiters.Add(mac, v)
 	}
-	return l.AllowN(h.cfg.Now(), 1)
+	if !v.(*rate.Limiter).AllowN(now, 1) {
+		return false, "rate-limited"
+	}
+	return true, ""
 }
 
 // noticeOtherServer logs, once an hour per server, a client request that
@@ -350,7 +390,8 @@ func (h *Handler) authoritative(req *dhcpv4.DHCPv4, mac string, f firmware, bi b
 			h.drop("malformed")
 			return nil
 		}
-		if _, err := db.Ack(mac, requested, h.cfg.LeaseTime, req.HostName()); err != nil {
+		l, err := db.Ack(mac, requested, h.cfg.LeaseTime, req.HostName())
+		if err != nil {
 			h.cfg.Log.Info("refusing a requested address", "mac", mac, "ip", requested.String(), "reason", err.Error())
 			nak, err := dhcpv4.NewReplyFromRequest(req, dhcpv4.WithMessageType(dhcpv4.MessageTypeNak),
 				dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IP(h.cfg.ServerIP.AsSlice()))))
@@ -360,12 +401,21 @@ func (h *Handler) authoritative(req *dhcpv4.DHCPv4, mac string, f firmware, bi b
 			h.metrics.Packets.WithLabelValues(dhcpv4.MessageTypeNak.String()).Inc()
 			return nak
 		}
-		return h.withLease(req, dhcpv4.MessageTypeAck, requested, f, bi)
+		ack := h.withLease(req, dhcpv4.MessageTypeAck, requested, f, bi)
+		if ack != nil {
+			// A renewal may keep the lease it had: tell its real end.
+			ack.UpdateOption(dhcpv4.OptIPAddressLeaseTime(l.Expiry.Sub(h.cfg.Now()).Round(time.Second)))
+		}
+		return ack
 	case dhcpv4.MessageTypeRelease:
 		_ = db.Release(mac, addr(req.ClientIPAddr))
 	case dhcpv4.MessageTypeDecline:
 		if requested.IsValid() {
-			_ = db.Decline(mac, requested)
+			if err := db.Decline(mac, requested); err != nil {
+				h.drop("decline-refused")
+				h.cfg.Log.V(1).Info("ignored a DECLINE", "mac", mac, "ip", requested.String(), "reason", err.Error())
+				return nil
+			}
 			h.cfg.Log.Info("client declined an address (in use on the network?)", "mac", mac, "ip", requested.String())
 		}
 	case dhcpv4.MessageTypeInform:
@@ -407,25 +457,49 @@ func addr(ip net.IP) netip.Addr {
 	return a.Unmap()
 }
 
-// Destination says where a reply to req, received from peer, goes: the
-// client's address when it has one, else broadcast.
-func Destination(req *dhcpv4.DHCPv4, peer *net.UDPAddr, port int) *net.UDPAddr {
-	if gw := req.GatewayIPAddr; gw != nil && !gw.IsUnspecified() {
-		return &net.UDPAddr{IP: gw, Port: dhcpv4.ServerPort} // through the relay agent
+// Destination says where a reply to req, received from peer, goes: its
+// relay agent (one of Relays; Respond drops the others), the client's own
+// address, or broadcast. A request's source (port 4011) and ciaddr are
+// used only when they lie in the boot network and, in authoritative mode,
+// ciaddr only when it is the client's lease: a made-up packet cannot aim
+// replies at another address. ok is false when there is nowhere to send.
+func (h *Handler) Destination(req *dhcpv4.DHCPv4, peer *net.UDPAddr, port int) (*net.UDPAddr, bool) {
+	if gw := addr(req.GatewayIPAddr); gw.IsValid() {
+		if !slices.Contains(h.cfg.Relays, gw) {
+			return nil, false
+		}
+		return &net.UDPAddr{IP: net.IP(gw.AsSlice()), Port: dhcpv4.ServerPort}, true // through the relay agent
 	}
-	if port == 4011 && peer != nil && !peer.IP.IsUnspecified() {
-		return peer // ProxyDHCP: the client already has an address
+	local := func(ip netip.Addr) bool { return !h.cfg.Subnet.IsValid() || h.cfg.Subnet.Contains(ip) }
+	if port == 4011 {
+		// ProxyDHCP: the client already has an address and asked from it.
+		if peer == nil {
+			return nil, false
+		}
+		src := addr(peer.IP)
+		if !src.IsValid() || !local(src) {
+			return nil, false
+		}
+		return peer, true
 	}
-	if ip := req.ClientIPAddr; ip != nil && !ip.IsUnspecified() && req.MessageType() != dhcpv4.MessageTypeDiscover {
-		return &net.UDPAddr{IP: ip, Port: dhcpv4.ClientPort}
+	if ip := addr(req.ClientIPAddr); ip.IsValid() && req.MessageType() != dhcpv4.MessageTypeDiscover && local(ip) {
+		if h.cfg.Leases == nil {
+			return &net.UDPAddr{IP: net.IP(ip.AsSlice()), Port: dhcpv4.ClientPort}, true
+		}
+		if l, ok := h.cfg.Leases.LeaseOf(req.ClientHWAddr.String()); ok && l.IP == ip {
+			return &net.UDPAddr{IP: net.IP(ip.AsSlice()), Port: dhcpv4.ClientPort}, true
+		}
 	}
-	return &net.UDPAddr{IP: net.IPv4bcast, Port: dhcpv4.ClientPort}
+	return &net.UDPAddr{IP: net.IPv4bcast, Port: dhcpv4.ClientPort}, true
 }
 
 // String describes the configuration for the log.
 func (c Config) String() string {
 	return fmt.Sprintf("mode=%s server=%s", c.Mode, c.ServerIP)
 }
+
+// Dropped counts a packet dropped after Respond, for reason.
+func (h *Handler) Dropped(reason string) { h.drop(reason) }
 
 // Malformed counts a packet that did not parse.
 func (h *Handler) Malformed() { h.drop("malformed") }

@@ -1,6 +1,7 @@
 package dhcp
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -24,6 +25,7 @@ func newHandler(t *testing.T, mode Mode) *Handler {
 	cfg := Config{
 		Mode: mode, ServerIP: server, BootScriptURL: "http://198.18.0.1:8080/boot.ipxe",
 		HTTPBase: "http://198.18.0.1:8070", BIOSBinary: "undionly.kpxe", EFIBinary: "ipxe.efi",
+		Subnet: netip.MustParsePrefix("198.18.0.0/24"), Relays: []netip.Addr{netip.MustParseAddr("198.18.1.1")},
 		Log: testr.New(t),
 	}
 	if mode == Authoritative {
@@ -180,13 +182,77 @@ func TestAuthoritativeDORA(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.Others))
 }
 
+// Replies go to the client, its relay or broadcast, never to an address a
+// made-up packet names: a relay not configured, a source or ciaddr outside
+// the boot network, a ciaddr that is not the client's lease.
 func TestDestination(t *testing.T) {
+	h := newHandler(t, Proxy)
+	dest := func(req *dhcpv4.DHCPv4, peer *net.UDPAddr, port int) string {
+		d, ok := h.Destination(req, peer, port)
+		if !ok {
+			return "none"
+		}
+		return d.String()
+	}
 	c := client{mac: "52:54:00:00:04:01"}
 	d := c.packet(t, dhcpv4.MessageTypeDiscover)
-	require.Equal(t, "255.255.255.255:68", Destination(d, &net.UDPAddr{IP: net.IPv4zero, Port: 68}, 67).String())
+	require.Equal(t, "255.255.255.255:68", dest(d, &net.UDPAddr{IP: net.IPv4zero, Port: 68}, 67))
 	r := c.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithClientIP(net.ParseIP("198.18.0.5")))
-	require.Equal(t, "198.18.0.5:68", Destination(r, &net.UDPAddr{IP: net.ParseIP("198.18.0.5"), Port: 68}, 67).String())
-	require.Equal(t, "198.18.0.5:4011", Destination(r, &net.UDPAddr{IP: net.ParseIP("198.18.0.5"), Port: 4011}, 4011).String())
+	require.Equal(t, "198.18.0.5:68", dest(r, &net.UDPAddr{IP: net.ParseIP("198.18.0.5"), Port: 68}, 67))
+	require.Equal(t, "198.18.0.5:4011", dest(r, &net.UDPAddr{IP: net.ParseIP("198.18.0.5"), Port: 4011}, 4011))
 	relayed := c.packet(t, dhcpv4.MessageTypeDiscover, dhcpv4.WithGatewayIP(net.ParseIP("198.18.1.1")))
-	require.Equal(t, "198.18.1.1:67", Destination(relayed, nil, 67).String())
+	require.Equal(t, "198.18.1.1:67", dest(relayed, nil, 67))
+
+	// Made up: another relay, a ciaddr or source elsewhere.
+	spoofedRelay := c.packet(t, dhcpv4.MessageTypeDiscover, dhcpv4.WithGatewayIP(net.ParseIP("10.0.0.53")))
+	require.Equal(t, "none", dest(spoofedRelay, nil, 67))
+	require.Nil(t, h.Respond(spoofedRelay, 67), "a request through an unknown relay is not answered")
+	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("unknown-relay")))
+	elsewhere := c.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithClientIP(net.ParseIP("10.0.0.53")))
+	require.Equal(t, "255.255.255.255:68", dest(elsewhere, &net.UDPAddr{IP: net.ParseIP("10.0.0.53"), Port: 68}, 67))
+	require.Equal(t, "none", dest(elsewhere, &net.UDPAddr{IP: net.ParseIP("10.0.0.53"), Port: 4011}, 4011))
+
+	// Authoritative: ciaddr only when it is the client's lease.
+	a := newHandler(t, Authoritative)
+	leased := client{mac: "52:54:00:00:04:02"}
+	offer := a.Respond(leased.packet(t, dhcpv4.MessageTypeDiscover), 67)
+	require.NotNil(t, offer)
+	ack := a.Respond(leased.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(offer.YourIPAddr)), dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IP(server.AsSlice())))), 67)
+	require.Equal(t, dhcpv4.MessageTypeAck, ack.MessageType())
+	renew := leased.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithClientIP(offer.YourIPAddr))
+	got, ok := a.Destination(renew, nil, 67)
+	require.True(t, ok)
+	require.Equal(t, offer.YourIPAddr.String()+":68", got.String())
+	notLeased := leased.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithClientIP(net.ParseIP("198.18.0.7")))
+	got, _ = a.Destination(notLeased, nil, 67)
+	require.Equal(t, "255.255.255.255:68", got.String(), "not its lease: broadcast, not unicast to someone else")
+}
+
+// A flood of DISCOVERs from made-up MACs: each new MAC buys no fresh burst
+// beyond the new-client limit, and a client holding a lease is still served.
+func TestMACFloodIsBounded(t *testing.T) {
+	h := newHandler(t, Authoritative)
+	known := client{mac: "52:54:00:00:05:01"}
+	offer := h.Respond(known.packet(t, dhcpv4.MessageTypeDiscover), 67)
+	require.NotNil(t, offer)
+	request := func() *dhcpv4.DHCPv4 {
+		return h.Respond(known.packet(t, dhcpv4.MessageTypeRequest, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(offer.YourIPAddr)),
+			dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IP(server.AsSlice())))), 67)
+	}
+	require.Equal(t, dhcpv4.MessageTypeAck, request().MessageType())
+
+	start := time.Now()
+	answered := 0
+	for i := range 2000 {
+		c := client{mac: fmt.Sprintf("02:00:00:%02x:%02x:%02x", i>>16, (i>>8)&0xff, i&0xff)}
+		if h.Respond(c.packet(t, dhcpv4.MessageTypeDiscover), 67) != nil {
+			answered++
+		}
+	}
+	allowed := newClientBurst + int(time.Since(start).Seconds()*newClientRate) + 1
+	require.LessOrEqual(t, answered, allowed, "new MACs are limited together")
+	require.Greater(t, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("new-client-rate-limited")), 1000.0)
+	ack := request()
+	require.NotNil(t, ack, "the client holding a lease is served during the flood")
+	require.Equal(t, dhcpv4.MessageTypeAck, ack.MessageType())
 }

@@ -250,7 +250,16 @@ func (db *DB) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
 		}
 	}
 	if !ok {
+		// Offers are no promise: the address offered longest ago goes to
+		// this client, so DISCOVERs from ever new MACs cannot empty the
+		// pool; only acknowledged leases can.
+		ip, ok = db.oldestOffer(mac)
+	}
+	if !ok {
 		return netip.Addr{}, ErrPoolExhausted
+	}
+	if o := db.owner[ip]; o.offered != "" && o.offered != mac {
+		db.dropOffer(o.offered)
 	}
 	db.dropOffer(mac)
 	db.offered[mac] = Lease{MAC: mac, IP: ip, Expiry: now.Add(db.cfg.OfferHold)}
@@ -259,6 +268,30 @@ func (db *DB) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
 		db.sweepOffers(now)
 	}
 	return ip, nil
+}
+
+// oldestOffer is the pool address offered longest ago to another client
+// and not acknowledged to anyone, declined or reserved.
+func (db *DB) oldestOffer(mac string) (netip.Addr, bool) {
+	var best Lease
+	found := false
+	now := db.cfg.Now()
+	for m, l := range db.offered {
+		o := db.owner[l.IP]
+		if m == mac || !db.cfg.Pool.Contains(l.IP) || o.acked != "" && now.Before(db.acked[o.acked].Expiry) {
+			continue
+		}
+		if _, r := db.reserved[l.IP]; r {
+			continue
+		}
+		if until, d := db.declined[l.IP]; d && now.Before(until) {
+			continue
+		}
+		if !found || l.Expiry.Before(best.Expiry) {
+			best, found = l, true
+		}
+	}
+	return best.IP, found
 }
 
 func (db *DB) dropOffer(mac string) {
@@ -298,8 +331,26 @@ func (db *DB) Ack(mac string, ip netip.Addr, d time.Duration, hostname string) (
 	if db.inUse(ip, mac) {
 		return Lease{}, fmt.Errorf("%s is leased to another client", ip)
 	}
-	l := Lease{MAC: mac, IP: ip, Expiry: db.cfg.Now().Add(d), Hostname: hostname}
+	now := db.cfg.Now()
 	prev, had := db.acked[mac]
+	_, reserved := db.cfg.Reservations[mac]
+	offer, offered := db.offered[mac]
+	switch {
+	case reserved, offered && offer.IP == ip && now.Before(offer.Expiry):
+	case had && prev.IP == ip:
+		if prev.Expiry.Sub(now) >= d/2 && prev.Hostname == hostname {
+			// A renewal while half the lease is left: nothing to write.
+			// A client's renewals, or anyone's with its MAC, cost no
+			// disk sync until then.
+			return prev, nil
+		}
+	default:
+		// Not offered to this client and not its lease: an INIT-REBOOT
+		// of a client we do not know, or a made-up REQUEST. Nothing is
+		// written for it.
+		return Lease{}, fmt.Errorf("%s was not offered to %s and is not its lease", ip, mac)
+	}
+	l := Lease{MAC: mac, IP: ip, Expiry: now.Add(d), Hostname: hostname}
 	displaced, wasDisplaced := db.acked[db.owner[ip].acked]
 	db.setAcked(mac, l)
 	if err := db.persist(entry{Op: opAck, Lease: l}); err != nil {
@@ -337,6 +388,26 @@ func (db *DB) removeAcked(mac string) {
 	}
 }
 
+// Known reports whether mac holds a lease or a reservation: a client the
+// server already serves, which a flood of new MACs must not crowd out.
+func (db *DB) Known(mac string) bool {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if _, ok := db.cfg.Reservations[mac]; ok {
+		return true
+	}
+	l, ok := db.acked[mac]
+	return ok && db.cfg.Now().Before(l.Expiry)
+}
+
+// LeaseOf returns mac's current lease.
+func (db *DB) LeaseOf(mac string) (Lease, bool) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	l, ok := db.acked[mac]
+	return l, ok && db.cfg.Now().Before(l.Expiry)
+}
+
 // Release frees mac's address.
 func (db *DB) Release(mac string, ip netip.Addr) error {
 	db.mu.Lock()
@@ -345,11 +416,31 @@ func (db *DB) Release(mac string, ip netip.Addr) error {
 }
 
 // Decline takes an address a client found in use out of the pool for a
-// while.
+// while: only an address of the pool offered or leased to that client, and
+// only while fewer than a quarter of the pool (at least 16) are declined,
+// so that DECLINEs, from one MAC or many, cannot empty the pool.
 func (db *DB) Decline(mac string, ip netip.Addr) error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
-	db.declined[ip] = db.cfg.Now().Add(db.cfg.DeclineHold)
+	now := db.cfg.Now()
+	offer, offered := db.offered[mac]
+	lease, leased := db.acked[mac]
+	switch {
+	case !db.cfg.Pool.Contains(ip):
+		return fmt.Errorf("%s is not in the pool", ip)
+	case !(offered && offer.IP == ip) && !(leased && lease.IP == ip):
+		return fmt.Errorf("%s was neither offered nor leased to %s", ip, mac)
+	}
+	for a, until := range db.declined {
+		if !now.Before(until) {
+			delete(db.declined, a)
+		}
+	}
+	if limit := max(16, int(db.cfg.Pool.size()/4)); len(db.declined) >= limit {
+		db.dropOffer(mac)
+		return fmt.Errorf("%d addresses are declined already, the most at once: %s stays in the pool", len(db.declined), ip)
+	}
+	db.declined[ip] = now.Add(db.cfg.DeclineHold)
 	db.dropOffer(mac)
 	return db.dropAcked(mac, ip)
 }

@@ -87,16 +87,25 @@ func TestDeclineExhaustionExpiry(t *testing.T) {
 	two, err := db.Offer("52:54:00:00:00:02", netip.Addr{})
 	require.NoError(t, err)
 	require.NotEqual(t, one, two, "a declined address stays out of the pool")
-	_, err = db.Offer("52:54:00:00:00:03", netip.Addr{})
+	// An offer is no promise: with every free address offered, the one
+	// offered longest ago goes to the next client (DISCOVERs from ever new
+	// MACs cannot empty the pool).
+	three, err := db.Offer("52:54:00:00:00:03", netip.Addr{})
+	require.NoError(t, err)
+	require.Equal(t, two, three)
+	_, err = db.Ack("52:54:00:00:00:02", two, time.Hour, "")
+	require.ErrorContains(t, err, "another client", "its offer went to 52:54:00:00:00:03")
+	// Leases are a promise: with every address leased or declined, nothing.
+	_, err = db.Ack("52:54:00:00:00:03", two, time.Hour, "")
+	require.NoError(t, err)
+	_, err = db.Offer("52:54:00:00:00:04", netip.Addr{})
 	require.ErrorIs(t, err, ErrPoolExhausted)
 
 	// Offers and declines run out; an expired lease's address goes to
 	// another client, whose lease then replaces it.
-	_, err = db.Ack("52:54:00:00:00:02", two, time.Hour, "")
-	require.NoError(t, err)
 	c.now = c.now.Add(2 * time.Hour)
 	got := map[netip.Addr]bool{}
-	for _, mac := range []string{"52:54:00:00:00:03", "52:54:00:00:00:04"} {
+	for _, mac := range []string{"52:54:00:00:00:05", "52:54:00:00:00:06"} {
 		ip, err := db.Offer(mac, netip.Addr{})
 		require.NoError(t, err)
 		got[ip] = true
@@ -104,7 +113,7 @@ func TestDeclineExhaustionExpiry(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Len(t, got, 2)
-	require.Len(t, db.Leases(), 2, "the expired lease of 52:54:00:00:00:02 was replaced")
+	require.Len(t, db.Leases(), 2, "the expired lease of 52:54:00:00:00:03 was replaced")
 }
 
 // Offers are spread by MAC and stay cheap in a large pool full of offers.
@@ -150,7 +159,7 @@ func TestBadInput(t *testing.T) {
 	db := open(t, Config{Pool: pool, File: file})
 	require.NoError(t, os.Remove(file+".journal"))
 	require.NoError(t, os.Mkdir(file+".journal", 0o755))
-	_, err = db.Ack("52:54:00:00:00:01", a("198.18.0.2"), time.Hour, "")
+	_, err = grant(db, "52:54:00:00:00:01", a("198.18.0.2"), time.Hour, "")
 	require.ErrorContains(t, err, "lease journal")
 	require.Empty(t, db.Leases())
 
@@ -174,9 +183,9 @@ func TestJournal(t *testing.T) {
 	cfg := Config{Pool: pool, File: filepath.Join(t.TempDir(), "leases.json"), Now: c.Now}
 	journal := cfg.File + ".journal"
 	db := open(t, cfg)
-	_, err := db.Ack(mac1, a("198.18.0.2"), time.Hour, "one")
+	_, err := grant(db, mac1, a("198.18.0.2"), time.Hour, "one")
 	require.NoError(t, err)
-	_, err = db.Ack(mac2, a("198.18.0.3"), time.Hour, "two")
+	_, err = grant(db, mac2, a("198.18.0.3"), time.Hour, "two")
 	require.NoError(t, err)
 	require.NoError(t, db.Release(mac1, a("198.18.0.2")))
 	raw, err := os.ReadFile(journal)
@@ -196,7 +205,7 @@ func TestJournal(t *testing.T) {
 
 	// A crash after the lease file was written but before the journal was
 	// emptied: replaying it again changes nothing.
-	_, err = db.Ack(mac1, a("198.18.0.4"), time.Hour, "one again")
+	_, err = grant(db, mac1, a("198.18.0.4"), time.Hour, "one again")
 	require.NoError(t, err)
 	require.NoError(t, db.Release(mac2, a("198.18.0.3")))
 	raw, err = os.ReadFile(journal)
@@ -232,7 +241,7 @@ func TestTornJournalIsRewritten(t *testing.T) {
 	c := &clock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	cfg := Config{Pool: Pool{First: a("198.18.0.1"), Last: a("198.18.0.9")}, File: filepath.Join(t.TempDir(), "leases.json"), Now: c.Now}
 	db := open(t, cfg)
-	_, err := db.Ack(mac1, a("198.18.0.2"), time.Hour, "")
+	_, err := grant(db, mac1, a("198.18.0.2"), time.Hour, "")
 	require.NoError(t, err)
 	f, err := os.OpenFile(cfg.File+".journal", os.O_WRONLY|os.O_APPEND, 0)
 	require.NoError(t, err)
@@ -240,12 +249,12 @@ func TestTornJournalIsRewritten(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 	db.torn = true
-	_, err = db.Ack(mac2, a("198.18.0.3"), time.Hour, "")
+	_, err = grant(db, mac2, a("198.18.0.3"), time.Hour, "")
 	require.NoError(t, err)
 	raw, err := os.ReadFile(cfg.File + ".journal")
 	require.NoError(t, err)
 	require.Empty(t, raw, "folded into the lease file")
-	_, err = db.Ack(mac1, a("198.18.0.2"), 2*time.Hour, "")
+	_, err = grant(db, mac1, a("198.18.0.2"), 2*time.Hour, "")
 	require.NoError(t, err)
 	require.Equal(t, db.Leases(), open(t, cfg).Leases())
 	require.Len(t, db.Leases(), 2)
@@ -259,7 +268,7 @@ func TestJournalStaysShort(t *testing.T) {
 	db := open(t, cfg)
 	for i := range 1000 {
 		ip := a(fmt.Sprintf("198.18.0.%d", 1+i%9))
-		_, err := db.Ack(mac1, ip, time.Hour, "")
+		_, err := grant(db, mac1, ip, time.Hour, "")
 		require.NoError(t, err)
 		if i%2 == 0 {
 			require.NoError(t, db.Release(mac1, ip))
@@ -270,4 +279,85 @@ func TestJournalStaysShort(t *testing.T) {
 	require.LessOrEqual(t, bytes.Count(raw, []byte("\n")), 256)
 	require.Equal(t, db.Leases(), open(t, cfg).Leases())
 	require.Equal(t, a("198.18.0.1"), db.Leases()[0].IP, "the last ACK (i=999) was of 198.18.0.1")
+}
+
+// grant acknowledges ip to mac as after an OFFER of it, as a client's
+// DHCPREQUEST in SELECTING state is (white-box: the offer is placed
+// directly, wherever the pool's spread would have put it).
+func grant(db *DB, mac string, ip netip.Addr, d time.Duration, hostname string) (Lease, error) {
+	db.mu.Lock()
+	if l, ok := db.acked[mac]; !ok || l.IP != ip {
+		db.dropOffer(mac)
+		db.offered[mac] = Lease{MAC: mac, IP: ip, Expiry: db.cfg.Now().Add(db.cfg.OfferHold)}
+		db.own(ip, func(o *owner) { o.offered = mac })
+	}
+	db.mu.Unlock()
+	return db.Ack(mac, ip, d, hostname)
+}
+
+// What a host on the boot network can do to the pool with made-up packets:
+// DECLINE only what it was offered or leased, and at most a quarter of the
+// pool at once; REQUEST only what it was offered or holds, and renew
+// without a disk write while half its lease is left.
+func TestSpoofedPacketsCannotDrainThePool(t *testing.T) {
+	c := &clock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := Config{Pool: Pool{First: a("198.18.0.1"), Last: a("198.18.0.100")}, File: filepath.Join(t.TempDir(), "leases.json"), Now: c.Now}
+	db := open(t, cfg)
+	victim, err := db.Offer(mac1, netip.Addr{})
+	require.NoError(t, err)
+	_, err = db.Ack(mac1, victim, time.Hour, "victim")
+	require.NoError(t, err)
+
+	// A REQUEST for a free address nobody offered it: refused.
+	free := a("198.18.0.77")
+	if free == victim {
+		free = a("198.18.0.78")
+	}
+	_, err = db.Ack(mac2, free, time.Hour, "")
+	require.ErrorContains(t, err, free.String()+" was not offered to "+mac2+" and is not its lease")
+
+	// DECLINE of someone else's address, or of one outside the pool.
+	require.ErrorContains(t, db.Decline(mac2, victim), "neither offered nor leased to "+mac2)
+	require.ErrorContains(t, db.Decline(mac2, a("10.0.0.1")), "not in the pool")
+	require.Len(t, db.Leases(), 1, "the victim keeps its lease")
+
+	// DECLINEs from ever new MACs, each of its own offer: a quarter of the
+	// pool at most.
+	declined := 0
+	for i := range 100 {
+		mac := fmt.Sprintf("02:00:00:00:%02x:%02x", i>>8, i&0xff)
+		ip, err := db.Offer(mac, netip.Addr{})
+		require.NoError(t, err)
+		if db.Decline(mac, ip) == nil {
+			declined++
+		}
+	}
+	require.Equal(t, 25, declined)
+	_, err = db.Offer("02:00:00:00:ff:ff", netip.Addr{})
+	require.NoError(t, err, "75 addresses remain")
+
+	// A REQUEST for an address never offered is refused and writes nothing.
+	journal := func() int {
+		raw, err := os.ReadFile(cfg.File + ".journal")
+		require.NoError(t, err)
+		return bytes.Count(raw, []byte("\n"))
+	}
+	before := journal()
+	for i := range 50 {
+		_, err := db.Ack(fmt.Sprintf("02:00:00:01:00:%02x", i), a(fmt.Sprintf("198.18.0.%d", 30+i)), time.Hour, "")
+		require.Error(t, err, "never offered to this MAC (free, or offered to another)")
+	}
+	// Renewals (the victim's, or anyone's with its MAC) write nothing
+	// while half the lease is left, then one line.
+	for range 50 {
+		l, err := db.Ack(mac1, victim, time.Hour, "victim")
+		require.NoError(t, err)
+		require.Equal(t, victim, l.IP)
+	}
+	require.Equal(t, before, journal(), "no write for made-up REQUESTs or early renewals")
+	c.now = c.now.Add(31 * time.Minute)
+	l, err := db.Ack(mac1, victim, time.Hour, "victim")
+	require.NoError(t, err)
+	require.Equal(t, c.now.Add(time.Hour), l.Expiry)
+	require.Equal(t, before+1, journal())
 }
