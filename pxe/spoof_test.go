@@ -1,0 +1,154 @@
+package pxe
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/dhcpv4/server4"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agentboot/agentboot/test/netns"
+)
+
+// A host on the boot network sends made-up DHCP packets, through real
+// sockets on a veth pair, to agentboot in authoritative mode: a DECLINE of
+// another client's address, a request through a relay that does not
+// exist, an INIT-REBOOT for an address nobody offered it. The victim keeps
+// its lease, nothing is written to disk, and nothing is sent for the
+// relay. Root only (network namespaces); CI runs it as root.
+func TestSpoofedDHCPOnVeth(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	const prefix = "abspoof"
+	netns.RemoveStale(prefix)
+	id := fmt.Sprintf("%s%d", prefix, os.Getpid())
+	srv, err := netns.New(id + "-s")
+	require.NoError(t, err)
+	t.Cleanup(srv.Close)
+	cli, err := netns.New(id + "-c")
+	require.NoError(t, err)
+	t.Cleanup(cli.Close)
+	require.NoError(t, srv.IP("link", "add", "s0", "type", "veth", "peer", "name", "c0", "netns", cli.Name))
+	require.NoError(t, srv.IP("addr", "add", "198.18.7.1/24", "dev", "s0"))
+	require.NoError(t, srv.IP("link", "set", "s0", "up"))
+	require.NoError(t, cli.IP("addr", "add", "198.18.7.2/24", "dev", "c0"))
+	require.NoError(t, cli.IP("link", "set", "c0", "up"))
+
+	dir, _ := binaries(t)
+	leaseFile := filepath.Join(t.TempDir(), "leases.json")
+	cfg := Config{
+		Interface: "s0", ServerIP: netip.MustParseAddr("198.18.7.1"), PrefixLen: 24, Mode: Authoritative,
+		PoolStart: netip.MustParseAddr("198.18.7.100"), PoolEnd: netip.MustParseAddr("198.18.7.110"), LeaseFile: leaseFile,
+		BootScriptURL: "http://198.18.7.1:8080/boot.ipxe", TFTPDir: dir, TFTPAddr: "198.18.7.1:69", HTTPAddr: "198.18.7.1:8070",
+		ListenDHCP: func(iface string, p int) (c net.PacketConn, err error) {
+			err = srv.Do(func() (err error) {
+				c, err = server4.NewIPv4UDPConn(iface, &net.UDPAddr{Port: p})
+				return err
+			})
+			return c, err
+		},
+		ListenPacket: srv.ListenPacket, Listen: srv.Listen,
+		Log: testr.New(t),
+	}
+	var s *Server
+	require.NoError(t, srv.Do(func() (err error) {
+		s, err = New(cfg) // reads the interface, which is in the namespace
+		return err
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	// The client side: port 68, replies broadcast to it.
+	conn, err := cli.ListenPacket("udp4", "0.0.0.0:68")
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	server := &net.UDPAddr{IP: net.ParseIP("198.18.7.1"), Port: 67}
+	// exchange sends p and returns the server's answer to it, or nil.
+	exchange := func(p *dhcpv4.DHCPv4, wait time.Duration) *dhcpv4.DHCPv4 {
+		t.Helper()
+		_, err := conn.WriteTo(p.ToBytes(), server)
+		require.NoError(t, err)
+		buf := make([]byte, 1500)
+		deadline := time.Now().Add(wait)
+		for {
+			require.NoError(t, conn.SetReadDeadline(deadline))
+			n, _, err := conn.ReadFrom(buf)
+			if err != nil {
+				return nil // nothing came
+			}
+			if r, err := dhcpv4.FromBytes(buf[:n]); err == nil && r.TransactionID == p.TransactionID {
+				return r
+			}
+		}
+	}
+	packet := func(mac string, t2 dhcpv4.MessageType, mods ...dhcpv4.Modifier) *dhcpv4.DHCPv4 {
+		t.Helper()
+		hw, err := net.ParseMAC(mac)
+		require.NoError(t, err)
+		p, err := dhcpv4.New(append([]dhcpv4.Modifier{dhcpv4.WithHwAddr(hw), dhcpv4.WithMessageType(t2), dhcpv4.WithBroadcast(true)}, mods...)...)
+		require.NoError(t, err)
+		return p
+	}
+	serverID := dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.ParseIP("198.18.7.1")))
+	const victim, attacker = "52:54:00:07:00:01", "52:54:00:07:00:66"
+
+	// The victim's exchange, over the wire; the server is up when it answers.
+	var offer *dhcpv4.DHCPv4
+	require.Eventually(t, func() bool {
+		offer = exchange(packet(victim, dhcpv4.MessageTypeDiscover), 500*time.Millisecond)
+		return offer != nil
+	}, 20*time.Second, 100*time.Millisecond, "no OFFER")
+	ip := offer.YourIPAddr
+	ack := exchange(packet(victim, dhcpv4.MessageTypeRequest, serverID, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(ip))), 2*time.Second)
+	require.NotNil(t, ack)
+	require.Equal(t, dhcpv4.MessageTypeAck, ack.MessageType())
+	journal := func() []byte {
+		raw, err := os.ReadFile(leaseFile + ".journal")
+		require.NoError(t, err)
+		return raw
+	}
+	before := journal()
+	require.Equal(t, 1, bytes.Count(before, []byte("\n")), "the victim's lease")
+	dropped := func(reason string) float64 {
+		return testutil.ToFloat64(s.handler.Metrics().Dropped.WithLabelValues(reason))
+	}
+
+	// A DECLINE of the victim's address from another MAC.
+	require.Nil(t, exchange(packet(attacker, dhcpv4.MessageTypeDecline, serverID, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(ip))), 500*time.Millisecond))
+	require.Eventually(t, func() bool { return dropped("decline-refused") == 1 }, 5*time.Second, 50*time.Millisecond)
+
+	// A DISCOVER naming a relay agent nobody configured: no reply, to it or
+	// anyone.
+	require.Nil(t, exchange(packet(attacker, dhcpv4.MessageTypeDiscover, dhcpv4.WithGatewayIP(net.ParseIP("10.0.0.53"))), time.Second))
+	require.Equal(t, 1.0, dropped("unknown-relay"))
+
+	// An INIT-REBOOT for a free address nobody offered this MAC: a NAK,
+	// and nothing written.
+	nak := exchange(packet(attacker, dhcpv4.MessageTypeRequest, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(net.ParseIP("198.18.7.109")))), 2*time.Second)
+	require.NotNil(t, nak)
+	require.Equal(t, dhcpv4.MessageTypeNak, nak.MessageType())
+
+	// The victim renews: still its address, and early renewals write
+	// nothing.
+	renew := exchange(packet(victim, dhcpv4.MessageTypeRequest, serverID, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(ip))), 2*time.Second)
+	require.NotNil(t, renew)
+	require.Equal(t, dhcpv4.MessageTypeAck, renew.MessageType())
+	require.True(t, renew.YourIPAddr.Equal(ip))
+	require.Equal(t, before, journal(), "nothing written for the attacker's packets or the early renewal")
+}
