@@ -51,6 +51,17 @@ func freeAddr(t testing.TB, network string) string {
 	}
 }
 
+// runUntilCleanup runs s until the test ends.
+func runUntilCleanup(t *testing.T, s *Server) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
 // startTFTPAndHTTP runs the service with DHCP on a throwaway loopback socket
 // (binding port 67 needs root; the VM lab covers it).
 func startServer(t *testing.T, mode Mode, options ...func(*Config)) (*Server, string, string) {
@@ -73,13 +84,7 @@ func startServer(t *testing.T, mode Mode, options ...func(*Config)) (*Server, st
 	}
 	s, err := New(cfg)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	runUntilCleanup(t, s)
 	require.Eventually(t, func() bool {
 		c, err := net.Dial("tcp", httpAddr)
 		if err == nil {

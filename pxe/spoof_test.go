@@ -2,7 +2,6 @@ package pxe
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -66,13 +65,7 @@ func TestSpoofedDHCPOnVeth(t *testing.T) {
 		s, err = New(cfg) // reads the interface, which is in the namespace
 		return err
 	}))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	runUntilCleanup(t, s)
 
 	// The client side: port 68, replies broadcast to it.
 	conn, err := cli.ListenPacket("udp4", "0.0.0.0:68")
