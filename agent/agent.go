@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -55,6 +56,7 @@ type Agent struct {
 	log    *slog.Logger
 
 	ns, id       string
+	session      string // the registration session the token names
 	poll         time.Duration
 	minDisk      int64
 	lastUploaded [32]byte
@@ -104,15 +106,17 @@ func New(cfg Config) (*Agent, error) {
 // deleted (ErrInfraEnvGone). Failures of the service are retried forever.
 func (a *Agent) Run(ctx context.Context) error {
 	ntp.AddSources(ctx, a.conf.NTPSources, a.log)
-	resumed := a.resumeSession()
+	// Registered, the agent keeps its session through every failure but a
+	// refused token: registering again while its session is alive would
+	// be held off, and refused for good once its host is bound.
+	registered := a.resumeSession()
 	for {
 		var err error
-		if resumed {
-			resumed = false
-		} else {
+		if !registered {
 			err = a.register(ctx)
+			registered = err == nil
 		}
-		if err == nil {
+		if registered {
 			err = a.heartbeat(ctx)
 		}
 		switch {
@@ -122,6 +126,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Info("stopping: the InfraEnv was deleted", "infraEnv", a.conf.InfraEnv.Namespace+"/"+a.conf.InfraEnv.Name)
 			return err
 		case errors.Is(err, errReregister):
+			registered = false
 			a.forgetSession()
 			a.log.Info("registering again", "reason", err)
 		case client.IsCode(err, agentapi.CodeHostActive), client.IsCode(err, agentapi.CodeIdentityInDoubt):
@@ -181,11 +186,21 @@ func (a *Agent) resumeSession() bool {
 	}
 	r := s.Response
 	a.ns, a.id = r.Namespace, r.HostID
-	a.client.SetToken(r.AgentToken)
+	a.setToken(r.AgentToken)
 	a.poll = time.Duration(r.PollSeconds) * time.Second
 	a.minDisk = r.MinDiskSizeBytes
 	a.log.Info("continuing the session of an earlier run", "agent", a.ns+"/"+a.id)
 	return true
+}
+
+// setToken uses an agent token and remembers the session it names, which
+// the agent shows when it has to register again in the same boot (its
+// token refused after the service's key changed, say).
+func (a *Agent) setToken(token string) {
+	a.client.SetToken(token)
+	if i := strings.LastIndexByte(token, '.'); i > 0 {
+		a.session = token[:i]
+	}
 }
 
 func (a *Agent) saveSession(r agentapi.RegisterResponse) {
@@ -218,12 +233,12 @@ func (a *Agent) register(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		resp, err := a.client.Register(ctx, a.conf.InfraEnv, a.conf.RegistrationToken, agentapi.RegisterRequest{
 			InfraEnvUID: a.conf.InfraEnv.UID, HostID: hostID, Identity: ident, AgentVersion: a.cfg.Version,
-			BootProof: a.bootProof(),
+			BootProof: a.bootProof(), Session: a.session,
 		})
 		switch {
 		case err == nil:
 			a.ns, a.id = resp.Namespace, resp.HostID
-			a.client.SetToken(resp.AgentToken)
+			a.setToken(resp.AgentToken)
 			a.poll = time.Duration(resp.PollSeconds) * time.Second
 			a.minDisk = resp.MinDiskSizeBytes
 			a.lastUploaded = [32]byte{}

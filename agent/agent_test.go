@@ -136,7 +136,11 @@ func TestAgentLifecycle(t *testing.T) {
 	require.Equal(t, mine.Virtualization.Verdict, inv.Virtualization.Verdict)
 	require.Equal(t, mine.Virtualization.KVMUsable, inv.Virtualization.KVMUsable)
 
-	// The service goes away and comes back: the host stays connected.
+	// The service goes away and comes back: the host stays connected, in
+	// the same session (registering again would be held off while it is
+	// alive).
+	session := agentOf().Annotations["agentboot.io/session"]
+	require.NotEmpty(t, session)
 	p.stop()
 	time.Sleep(2 * time.Second)
 	p.start(t)
@@ -157,11 +161,9 @@ func TestAgentLifecycle(t *testing.T) {
 		}, 30*time.Second, 200*time.Millisecond, what)
 	}
 	renewed("heartbeats resume after the outage")
+	require.Equal(t, session, agentOf().Annotations["agentboot.io/session"], "the agent kept its session through the outage")
 
-	// The agent restarts in the same boot: it continues its session
-	// (registering again would be held off while the session is alive).
-	session := agentOf().Annotations["agentboot.io/session"]
-	require.NotEmpty(t, session)
+	// The agent restarts in the same boot: it continues its session.
 	cancel()
 	<-done
 	done, cancel = run()

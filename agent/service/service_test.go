@@ -3,8 +3,11 @@ package agentservice_test
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -22,6 +25,7 @@ import (
 
 	agentclient "github.com/agentboot/agentboot/agent/internal/client"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
@@ -514,6 +518,21 @@ func TestHostIdentity(t *testing.T) {
 	}
 	real, err := reg(victim)
 	require.NoError(t, err)
+	realSession := real.token[:strings.LastIndexByte(real.token, '.')]
+
+	// The agent of the current session registering again (its token was
+	// refused, say after the service's key changed) continues it.
+	c, err := agentclient.New(cfg)
+	require.NoError(t, err)
+	resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: realSession})
+	require.NoError(t, err)
+	require.Equal(t, real.token, resp.AgentToken, "the same session")
+	_, err = c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: strings.Repeat("0", 32)})
+	require.True(t, agentclient.IsCode(err, agentapi.CodeHostActive), "a made-up session continues nothing: %v", err)
+	a0 := real.agent(t)
+	p0 := client.MergeFrom(a0.DeepCopy())
+	delete(a0.Annotations, "agentboot.io/contested-at") // that attempt is not what this test disputes
+	require.NoError(t, s.Client.Patch(ctx, a0, p0))
 
 	// What a PXE request gives away (the UUID, one MAC) is not the host.
 	_, err = reg(agentapi.HostIdentity{SystemUUID: id, MACAddresses: []string{stack.MAC(21)}})
@@ -574,6 +593,65 @@ func TestHostIdentity(t *testing.T) {
 	waitEvent(t, ie.Namespace, id, "IdentityInDoubt")
 	again.beat(t) // the bound session still works
 	require.Equal(t, again.agent(t).Annotations["agentboot.io/session"], a.Annotations["agentboot.io/session"])
+
+	// Unless its own BareMetalHost's BMC booted it: the boot proof in the
+	// ISO that BMC inserted says so, and a new session begins.
+	bmh := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "vm21",
+		Annotations: map[string]string{"baremetalhost.metal3.io/detached": ""}},
+		Spec: metal3.BareMetalHostSpec{BootMACAddress: stack.MAC(21), BMC: metal3.BMCDetails{Address: "ipmi://198.18.0.9", CredentialsName: "none"}}}
+	require.NoError(t, s.Client.Create(ctx, bmh))
+	key, err := signing.Ensure(ctx, s.Client, nil, stack.Namespace)
+	require.NoError(t, err)
+	a = again.agent(t)
+	patch = client.MergeFrom(a.DeepCopy())
+	a.Labels[v1beta1.BMHLabel] = "vm21"
+	require.NoError(t, s.Client.Patch(ctx, a, patch))
+	var booted *host
+	require.Eventually(t, func() bool { // the service sees the label and the BareMetalHost through its cache
+		c, err := agentclient.New(cfg)
+		require.NoError(t, err)
+		resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim,
+			BootProof: &agentapi.BootProof{BareMetalHost: "vm21", Proof: key.BootProof(ie.Namespace, "vm21", string(bmh.UID))}})
+		if err != nil {
+			return false
+		}
+		booted = &host{cfg: cfg, c: c, ns: resp.Namespace, id: resp.HostID, token: resp.AgentToken}
+		return true
+	}, 30*time.Second, 500*time.Millisecond)
+	require.NotEqual(t, again.token, booted.token)
+	require.Equal(t, string(bmh.UID), booted.agent(t).Annotations[lifecycle.BootedByAnnotation])
+}
+
+// An agent started by a release before registration sessions holds a
+// token of the old format: it keeps working for its Agent until the host
+// registers again.
+func TestAgentTokenOfEarlierRelease(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	h := register(t, ie, 61)
+	a := h.agent(t)
+	patch := client.MergeFrom(a.DeepCopy())
+	delete(a.Annotations, "agentboot.io/session") // as the earlier release left it
+	require.NoError(t, s.Client.Patch(ctx, a, patch))
+	var secret corev1.Secret
+	require.NoError(t, s.Client.Get(ctx, client.ObjectKey{Namespace: stack.Namespace, Name: signing.SecretName}, &secret))
+	m := hmac.New(sha256.New, secret.Data["key"])
+	for _, part := range []string{signing.PurposeAgent, string(ie.UID), h.ns + "/" + h.id} {
+		m.Write([]byte(part))
+		m.Write([]byte{0})
+	}
+	old, err := agentclient.New(h.cfg)
+	require.NoError(t, err)
+	old.SetToken(base64.RawURLEncoding.EncodeToString(m.Sum(nil)))
+	require.Eventually(t, func() bool {
+		_, err := old.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+		return err == nil
+	}, 30*time.Second, 600*time.Millisecond, "the old token works for an Agent without a session")
+	// Once a session began, it does not.
+	again := reregister(t, ie, 61)
+	_, err = old.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+	require.ErrorContains(t, err, "401")
+	again.beat(t)
 }
 
 // Rotating an InfraEnv's registration token: new discovery content and

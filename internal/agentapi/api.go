@@ -36,6 +36,10 @@ type RegisterRequest struct {
 	// BootProof, when the host booted an ISO its BareMetalHost's BMC
 	// inserted, is the proof that ISO carried (BootProofPath).
 	BootProof *BootProof `json:"bootProof,omitempty"`
+	// Session is the registration session the agent holds, when it
+	// registers again in the same boot (its token was refused, say after
+	// the service's key changed): it continues that session.
+	Session string `json:"session,omitempty"`
 }
 
 // BootProofPath is where a discovery ISO inserted for one BareMetalHost

@@ -129,10 +129,17 @@ func (k Key) Verify(token, purpose, uid, version string) bool {
 	if want := k.Token(purpose, uid, version); want != "" && hmac.Equal([]byte(token), []byte(want)) {
 		return true
 	}
-	if purpose == PurposeRegister && version == "" && len(k.legacy) >= keyLen {
-		return hmac.Equal([]byte(token), []byte(mac(k.legacy, purpose, uid, version)))
+	return purpose == PurposeRegister && version == "" && k.VerifyLegacy(token, purpose, uid, version)
+}
+
+// VerifyLegacy checks a token made with the master key itself, as releases
+// before the derived keys made every token; only the manager's Key can.
+// Agents running then still hold such agent tokens.
+func (k Key) VerifyLegacy(token, purpose, uid, version string) bool {
+	if token == "" || uid == "" || len(k.legacy) < keyLen {
+		return false
 	}
-	return false
+	return hmac.Equal([]byte(token), []byte(mac(k.legacy, purpose, uid, version)))
 }
 
 // Source gives the current Key.

@@ -213,8 +213,11 @@ func installing(a *v1beta1.Agent) bool {
 	if a == nil {
 		return false
 	}
+	// Bound counts: a host waiting for its installation is left running
+	// (a reboot for a new ISO would start a new session of its Agent,
+	// and its installation would start over for nothing).
 	st := a.Status.Progress.CurrentStage
-	return (st != "" && st != v1beta1.StageFailed) || lifecycle.BootsFromDisk(a)
+	return (st != "" && st != v1beta1.StageFailed) || lifecycle.BootsFromDisk(a) || lifecycle.Bound(a) && st == ""
 }
 
 // enrollment returns the ISO the host should boot: the discovery ISO of

@@ -336,7 +336,6 @@ func (db *DB) Ack(mac string, ip netip.Addr, d time.Duration, hostname string) (
 	_, reserved := db.cfg.Reservations[mac]
 	offer, offered := db.offered[mac]
 	switch {
-	case reserved, offered && offer.IP == ip && now.Before(offer.Expiry):
 	case had && prev.IP == ip:
 		if prev.Expiry.Sub(now) >= d/2 && prev.Hostname == hostname {
 			// A renewal while half the lease is left: nothing to write.
@@ -344,6 +343,7 @@ func (db *DB) Ack(mac string, ip netip.Addr, d time.Duration, hostname string) (
 			// disk sync until then.
 			return prev, nil
 		}
+	case reserved, offered && offer.IP == ip && now.Before(offer.Expiry):
 	default:
 		// Not offered to this client and not its lease: an INIT-REBOOT
 		// of a client we do not know, or a made-up REQUEST. Nothing is

@@ -25,6 +25,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/signing"
 )
 
 // AgentRef is an authenticated host.
@@ -51,7 +52,7 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 		// The token first: nothing is read for a request that is not from
 		// a host we registered.
 		session, ok := verifyAgentToken(key, bearer(r), ns, id)
-		if !ok {
+		if !ok && !s.legacyAgent(r.Context(), key, bearer(r), ns, id) {
 			writeError(w, http.StatusUnauthorized, "Unauthorized", "unauthorized")
 			return
 		}
@@ -98,6 +99,22 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 	})
 }
 
+// legacyAgent accepts the agent token an agent got from a release before
+// registration sessions, for an Agent that has had none since: hosts
+// running then keep running through the upgrade. Its next registration
+// begins a session, and the token stops working. The Agent is read from the
+// cache only, for a token of the old format only.
+func (s *Server) legacyAgent(ctx context.Context, key signing.Key, token, ns, id string) bool {
+	if token == "" || strings.Contains(token, ".") {
+		return false
+	}
+	var a v1beta1.Agent
+	if err := s.o.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: id}, &a); err != nil || a.Annotations[hosts.SessionAnnotation] != "" {
+		return false
+	}
+	return key.VerifyLegacy(token, signing.PurposeAgent, hosts.InfraEnvUID(&a), ns+"/"+id)
+}
+
 // allowWrite limits the status writes one host causes.
 func (s *Server) allowWrite(a *v1beta1.Agent) bool {
 	return s.allow("write/"+a.Namespace+"/"+a.Name, writeRate, writeBurst)
@@ -119,8 +136,8 @@ func (s *Server) noteSource(ctx context.Context, a *v1beta1.Agent, ip string) er
 	if v := a.Annotations[lifecycle.SourceAddressesAnnotation]; v != "" {
 		seen = strings.Split(v, ",")
 	}
-	if slices.Contains(seen, ip) {
-		return nil
+	if slices.Contains(seen, ip) || !s.allowWrite(a) {
+		return nil // known, or a host changing address on every request
 	}
 	seen = append(seen, ip)
 	if len(seen) > maxSourceAddresses {

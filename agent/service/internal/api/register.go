@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -69,7 +70,8 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	if why != "" {
 		s.o.Log.Info("registration's boot proof not accepted", "infraEnv", ns+"/"+name, "agent", req.HostID, "why", why)
 	}
-	agent, created, err := s.ensureAgent(r.Context(), ie, req, identityDigest(key, ns, req), remoteIP(r), bootedBy)
+	agent, kind, err := s.ensureAgent(r.Context(), ie, req, identityDigest(key, ns, req), remoteIP(r), bootedBy)
+	created := kind == kindCreated
 	var capped *capError
 	if errors.As(err, &capped) {
 		writeError(w, http.StatusForbidden, agentapi.CodeAgentCap, "%v", err)
@@ -103,7 +105,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "Internal", "could not register the host")
 		return
 	}
-	if !created {
+	if kind == kindNewSession {
 		if err := s.rebooted(r.Context(), agent); err != nil {
 			s.o.Log.Error(err, "register host", "infraEnv", ns+"/"+name, "agent", req.HostID)
 			writeError(w, http.StatusInternalServerError, "Internal", "could not register the host")
@@ -196,6 +198,9 @@ func validRegistration(req agentapi.RegisterRequest) error {
 			return fmt.Errorf("MAC address %q is not six lower-case hex pairs", m)
 		}
 	}
+	if len(req.Session) > 64 {
+		return fmt.Errorf("session longer than 64 characters")
+	}
 	if p := req.BootProof; p != nil && (len(p.BareMetalHost) == 0 || len(p.BareMetalHost) > 253 || len(p.Proof) == 0 || len(p.Proof) > 128) {
 		return fmt.Errorf("bootProof needs a bareMetalHost name (at most 253 bytes) and a proof (at most 128)")
 	}
@@ -236,6 +241,19 @@ func (s *Server) minDisk(ie *v1beta1.InfraEnv) int64 {
 	}
 	return s.o.MinDiskSizeBytes
 }
+
+// registration is what a registration did.
+type registration int
+
+const (
+	kindNone registration = iota
+	// kindCreated: a new Agent.
+	kindCreated
+	// kindNewSession: an existing Agent's host, in a new boot.
+	kindNewSession
+	// kindContinued: the current session's agent, registering again.
+	kindContinued
+)
 
 // Why a registration does not continue an existing Agent.
 var (
@@ -278,7 +296,7 @@ func newSession() string {
 //   - an Agent bound to a cluster, or installing, never begins a new
 //     session (errInDoubt): the registration cannot prove it is the host
 //     that was bound, and a new session would get its installation.
-func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, bool, error) {
+func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, registration, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	key := client.ObjectKey{Namespace: ie.Namespace, Name: req.HostID}
 	var existing v1beta1.Agent
@@ -289,10 +307,10 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 		return s.resume(ctx, &existing, ie, req, digest, from, bootedBy)
 	}
 	if !apierrors.IsNotFound(err) {
-		return nil, false, err
+		return nil, kindNone, err
 	}
 	if err := s.underCap(ctx, ie); err != nil {
-		return nil, false, err
+		return nil, kindNone, err
 	}
 	labels := map[string]string{}
 	for k, v := range ie.Spec.AgentLabels {
@@ -321,46 +339,55 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 			// Registered a moment ago (another replica, a retry).
 			if err := s.o.APIReader.Get(ctx, key, &existing); err != nil {
 				if apierrors.IsNotFound(err) {
-					return nil, false, errDeleting
+					return nil, kindNone, errDeleting
 				}
-				return nil, false, err
+				return nil, kindNone, err
 			}
 			return s.resume(ctx, &existing, ie, req, digest, from, bootedBy)
 		}
-		return nil, false, err
+		return nil, kindNone, err
 	}
 	writes.WithLabelValues("agent").Inc()
-	return agent, true, nil
+	return agent, kindCreated, nil
 }
 
 // resume begins a new session of an existing Agent, under the identity
 // rule of ensureAgent.
-func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, bool, error) {
+func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, registration, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	switch recorded := a.Annotations[hosts.IdentityAnnotation]; {
-	case recorded == "" && !hosts.SameHost(a.Annotations[hosts.MACsAnnotation], macs):
-		// Created before identities were recorded: its MACs tell.
-		return nil, false, errConflict
+	case recorded == "" && a.Annotations[hosts.MACsAnnotation] != macs:
+		// Created before identities were recorded: all its MACs must
+		// match (one is no secret).
+		return nil, kindNone, errConflict
 	case recorded != "" && recorded != digest:
-		return nil, false, errConflict
+		return nil, kindNone, errConflict
 	}
+	if cur := a.Annotations[hosts.SessionAnnotation]; req.Session != "" && cur != "" && subtle.ConstantTimeCompare([]byte(req.Session), []byte(cur)) == 1 {
+		// The agent of the current session, whose token was refused
+		// (the service's key changed): same host, same boot.
+		return a, kindContinued, nil
+	}
+	// A boot proof for the Agent's own BareMetalHost says its BMC just
+	// booted it: that outweighs an earlier session, and a binding.
+	proven := bootedBy != "" && req.BootProof != nil && a.Labels[v1beta1.BMHLabel] == req.BootProof.BareMetalHost
 	alive, err := s.sessionAlive(ctx, a)
 	if err != nil {
-		return nil, false, err
+		return nil, kindNone, err
 	}
-	if alive {
+	if alive && !proven {
 		if a.Annotations[hosts.ContestedAnnotation] == "" {
 			patch := client.MergeFrom(a.DeepCopy())
 			a.Annotations[hosts.ContestedAnnotation] = s.o.Now().UTC().Format(time.RFC3339) + " from " + from
 			writes.WithLabelValues("agent").Inc()
 			if err := s.o.Client.Patch(ctx, a, patch); err != nil {
-				return nil, false, err
+				return nil, kindNone, err
 			}
 		}
-		return nil, false, errActive
+		return nil, kindNone, errActive
 	}
-	if lifecycle.Bound(a) {
-		return nil, false, errInDoubt
+	if lifecycle.Bound(a) && !proven {
+		return nil, kindNone, errInDoubt
 	}
 	patch := client.MergeFrom(a.DeepCopy())
 	if a.Labels == nil {
@@ -378,11 +405,11 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 	writes.WithLabelValues("agent").Inc()
 	if err := s.o.Client.Patch(ctx, a, patch); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, false, errDeleting
+			return nil, kindNone, errDeleting
 		}
-		return nil, false, err
+		return nil, kindNone, err
 	}
-	return a, false, nil
+	return a, kindNewSession, nil
 }
 
 // beginSession records a new session on a (to be written by the caller):
@@ -443,21 +470,34 @@ func (s *Server) quietBefore() time.Duration {
 	return s.o.LeaseRenewInterval + s.o.PollInterval*3/2
 }
 
-// rebooted settles an installation when its host registers again, which it
-// does only after booting the discovery image. Only an unbound host gets
-// here (resume refuses bound and installing ones): released from its
-// cluster, it is back in the pool with its installation forgotten.
+// rebooted settles an installation when its host registers again in a new
+// boot of the discovery image: released from its cluster, it is back in the
+// pool with its installation forgotten; still bound (which resume allows
+// only for a host its BareMetalHost's BMC booted), its installation failed.
 func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
 	// Read fresh: the cache may not have an installation claimed a moment ago.
 	a := &v1beta1.Agent{}
 	if err := s.o.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), a); err != nil {
 		return err
 	}
-	if !lifecycle.Started(a) || lifecycle.Bound(a) {
+	p := &a.Status.Progress
+	if !lifecycle.Started(a) || lifecycle.Bound(a) && installprogress.Finished(p) {
 		return nil
 	}
 	before := a.DeepCopy()
-	installprogress.Reset(&a.Status.Progress)
+	if lifecycle.Bound(a) {
+		// Only a host its own BMC booted gets here bound (resume): its
+		// installation is lost.
+		why := "the host restarted into the discovery image during the installation, at " + string(p.CurrentStage)
+		if installprogress.Index(p.CurrentStage) >= installprogress.Index(v1beta1.StageRebooting) {
+			why = "the host booted the discovery image again instead of its installed disk; check its boot order"
+		}
+		_ = installprogress.Fail(p, why, s.o.Now())
+		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, v1beta1.InstallationFailedReason, "Register", "%s", why)
+		writes.WithLabelValues("agent-status").Inc()
+		return s.o.Client.Status().Patch(ctx, a, client.MergeFrom(before))
+	}
+	installprogress.Reset(p)
 	a.Status.InstallationDiskID = ""
 	s.o.Events.Eventf(a, nil, corev1.EventTypeNormal, "BackInDiscovery", "Register", "the host booted the discovery image again and is back in the free pool")
 	writes.WithLabelValues("agent-status").Inc()
