@@ -182,20 +182,25 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 	require.False(t, unproven.Spec.Approved)
 	require.NoError(t, e.Client.Delete(ctx, &unproven))
 
+	// Another host keeps reporting the boot MAC; that does not stop the
+	// one with the proof.
+	squatter := e.Register(t, e.ie, 2)
+	require.NoError(t, squatter.PutInventory(stack.FakeInventory("squatter", stack.MAC(1))))
+
 	// The host registers from the ISO its BMC inserted: its Agent is
 	// approved with the host's hostname, role and disk, and the host gets
 	// a hardware summary.
-	e.RegisterBooted(t, e.ie, 1, sim.Image())
+	genuine := e.RegisterBooted(t, e.ie, 1, sim.Image())
 	var agent v1beta1.Agent
 	require.Eventually(t, func() bool {
-		var agents v1beta1.AgentList
-		if err := e.Client.List(ctx, &agents, client.InNamespace(e.ns), client.MatchingLabels{v1beta1.BMHLabel: "vm1"}); err != nil || len(agents.Items) != 1 {
-			return false
-		}
-		agent = agents.Items[0]
-		return agent.Spec.Approved
+		return e.Client.Get(ctx, client.ObjectKey{Namespace: genuine.NS, Name: genuine.ID}, &agent) == nil &&
+			agent.Labels[v1beta1.BMHLabel] == "vm1" && agent.Spec.Approved
 	}, 30*time.Second, 100*time.Millisecond)
 	require.Equal(t, "worker-1.example", agent.Spec.Hostname)
+	var squatted v1beta1.Agent
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: squatter.NS, Name: squatter.ID}, &squatted))
+	require.False(t, squatted.Spec.Approved, "reporting the MAC is not enough")
+	require.Empty(t, squatted.Labels[v1beta1.BMHLabel], "and it is not the host's Agent")
 	require.Equal(t, v1beta1.AgentRoleWorker, agent.Spec.Role)
 	require.Equal(t, "/dev/disk/by-id/virtio-disk0", agent.Spec.InstallationDiskID)
 	got = e.wait(h, "given hardware details", func(h *metal3.BareMetalHost) bool { return h.Status.HardwareDetails != nil })

@@ -188,6 +188,11 @@ func (s *Stack) TryRegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, med
 	return h, nil
 }
 
+// PutInventory uploads an inventory, as the agent does.
+func (h *Host) PutInventory(inv *agentapi.Inventory) error {
+	return h.call(http.MethodPut, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/inventory", h.Token, inv, nil)
+}
+
 // Heartbeat asks for instructions.
 func (h *Host) Heartbeat() (agentapi.Instructions, error) {
 	var out agentapi.Instructions

@@ -29,14 +29,29 @@ func (r *Reconciler) matchAgent(ctx context.Context, host *metal3.BareMetalHost)
 	if err := r.Client.List(ctx, &agents, client.InNamespace(host.Namespace), client.MatchingFields{macindex.AgentMAC: mac}); err != nil {
 		return nil, err
 	}
-	if len(agents.Items) != 1 {
-		if len(agents.Items) > 1 {
-			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AmbiguousAgent", "MatchAgent",
-				"%d Agents report boot MAC %s; none is matched until only one does", len(agents.Items), mac)
+	if len(agents.Items) > 1 {
+		// Anyone can report a MAC; only this host's BMC's boot proof
+		// tells which of them booted the ISO it inserted.
+		var proven []v1beta1.Agent
+		for _, a := range agents.Items {
+			if a.Annotations[lifecycle.BootedByAnnotation] == string(host.UID) {
+				proven = append(proven, a)
+			}
 		}
+		if len(proven) != 1 {
+			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AmbiguousAgent", "MatchAgent",
+				"%d Agents report boot MAC %s and %d carry this host's boot proof; none is matched until only one does", len(agents.Items), mac, len(proven))
+			return nil, nil
+		}
+		agents.Items = proven
+	}
+	if len(agents.Items) != 1 {
 		return nil, nil
 	}
 	agent := &agents.Items[0]
+	if err := r.unlabelOthers(ctx, host, agent.Name); err != nil {
+		return nil, err
+	}
 	want := agent.DeepCopy()
 	if want.Labels == nil {
 		want.Labels = map[string]string{}
@@ -91,6 +106,28 @@ func bootEvidence(host *metal3.BareMetalHost, a *v1beta1.Agent) error {
 	started, err := time.Parse(time.RFC3339, a.Annotations[lifecycle.SessionStartedAnnotation])
 	if err != nil || started.Before(booted) {
 		return fmt.Errorf("it registered (%s) before the controller booted this host into discovery (%s); it is approved when it registers after such a boot, or approve it by hand", a.Annotations[lifecycle.SessionStartedAnnotation], booted.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// unlabelOthers takes the host's label off Agents it matched before but
+// not now (one that reported its MAC first, before the one with its boot
+// proof registered).
+func (r *Reconciler) unlabelOthers(ctx context.Context, host *metal3.BareMetalHost, keep string) error {
+	var labelled v1beta1.AgentList
+	if err := r.Client.List(ctx, &labelled, client.InNamespace(host.Namespace), client.MatchingLabels{v1beta1.BMHLabel: host.Name}); err != nil {
+		return err
+	}
+	for i := range labelled.Items {
+		a := &labelled.Items[i]
+		if a.Name == keep {
+			continue
+		}
+		patch := client.MergeFrom(a.DeepCopy())
+		delete(a.Labels, v1beta1.BMHLabel)
+		if err := r.Client.Patch(ctx, a, patch); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("unlabel Agent %s, no longer BareMetalHost %s's: %w", a.Name, host.Name, err)
+		}
 	}
 	return nil
 }

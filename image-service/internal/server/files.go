@@ -176,6 +176,17 @@ func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, req imageReq
 	}
 	defer release()
 
+	if req.bootProof != nil {
+		// Rendered within the download's slot: made-up proofs cost the
+		// client its slots, not the service unbounded work. Checked by
+		// the agent API when the host registers; the image service holds
+		// no key to check it with.
+		var err error
+		if out, err = h.withBootProof(out, img, *req.bootProof); err != nil {
+			h.fail(w, err)
+			return
+		}
+	}
 	content, name, err := h.content(req.file, out, img)
 	if err != nil {
 		h.fail(w, err)

@@ -397,14 +397,7 @@ func (h *Handler) serveImage(secure bool) http.HandlerFunc {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		if req.bootProof != nil {
-			// Checked by the agent API when the host registers; the image
-			// service holds no key to check it with.
-			if out, err = h.withBootProof(out, img, *req.bootProof); err != nil {
-				h.fail(w, err)
-				return
-			}
-		}
+
 		h.serveFile(w, r, req, ie, out, img)
 	}
 }

@@ -88,9 +88,8 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 			"Agent %s/%s is still heard from; a host registering as it is refused until it has been silent for %s (if this host rebooted, that is its earlier boot and it only waits; if another host is alive as %s, the Agent is marked disputed)",
 			ns, req.HostID, s.quietBefore(), req.HostID)
 		return
-	case errors.Is(err, errDeleting):
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "Deleting", "Agent %s/%s was deleted a moment ago; register again", ns, req.HostID)
+	case errors.Is(err, errDeleting), apierrors.IsNotFound(err):
+		agentDeleted(w, ns, req.HostID)
 		return
 	case errors.Is(err, errInDoubt):
 		msg := fmt.Sprintf("a host registered as Agent %s from %s while the Agent is bound to a cluster: it was given nothing. If it is this host, restarted into discovery, unbind the Agent (scale its NodePool down, or let a MachineHealthCheck replace the Machine) and it registers into the free pool; if not, a host on the boot network is impersonating it", req.HostID, remoteIP(r))
@@ -107,6 +106,10 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	}
 	if kind == kindNewSession {
 		if err := s.rebooted(r.Context(), agent); err != nil {
+			if apierrors.IsNotFound(err) {
+				agentDeleted(w, ns, req.HostID)
+				return
+			}
 			s.o.Log.Error(err, "register host", "infraEnv", ns+"/"+name, "agent", req.HostID)
 			writeError(w, http.StatusInternalServerError, "Internal", "could not register the host")
 			return
@@ -125,6 +128,14 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		PollSeconds:      int(s.o.PollInterval / time.Second),
 		MinDiskSizeBytes: s.minDisk(ie),
 	})
+}
+
+// agentDeleted answers a registration whose Agent went away while it was
+// handled (the cache still had it): the agent registers again and gets a
+// new one.
+func agentDeleted(w http.ResponseWriter, ns, id string) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "Deleting", "Agent %s/%s was deleted a moment ago; register again", ns, id)
 }
 
 // agentToken authorises the per-host calls of the Agent's current session:
