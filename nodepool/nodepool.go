@@ -35,7 +35,11 @@ type Config struct {
 	// NoCSRApproval leaves kubelet CSRs to a person (each is named in an
 	// event) instead of approving those that pass the checks.
 	NoCSRApproval bool
-	Log           logr.Logger
+	// AgentAPIBehindNAT says hosts' source addresses do not reach the
+	// agent API (a proxy or SNAT in front of it): serving CSRs are then
+	// checked against the addresses hosts report, since none were seen.
+	AgentAPIBehindNAT bool
+	Log               logr.Logger
 }
 
 // SetupWithManager adds the worker controller, which follows bound hosts
@@ -54,6 +58,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		Timeouts:      cfg.Timeouts,
 		Poll:          cfg.Poll,
 		NoCSRApproval: cfg.NoCSRApproval,
+		BehindNAT:     cfg.AgentAPIBehindNAT,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}

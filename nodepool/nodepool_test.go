@@ -665,12 +665,18 @@ func TestKubeletCSRsStrict(t *testing.T) {
 		other.CSR(fmt.Sprintf("flood-%d", i), hosted.ClientSigner, hosted.Bootstrapper, fmt.Sprintf("other-%d", i), nil, nil, hosted.ClientUsages...)
 	}
 	kl.Register()
-	kl.CSR("serving", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.10")}, hosted.ServingUsages...)
+	kl.CSR("serving", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, nil, hosted.ServingUsages...)
 	requireAgentEvent(t, e, h, "CSRNotApproved", "undecided CSRs, more than 100")
 	require.False(t, kl.Approved("serving"))
 	require.NoError(t, e.hosted.Admin.CertificatesV1().CertificateSigningRequests().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}))
-	kl.CSR("serving-2", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.10")}, hosted.ServingUsages...)
+	kl.CSR("serving-2", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, nil, hosted.ServingUsages...)
 	require.Eventually(t, func() bool { return kl.Approved("serving-2") }, wait, 100*time.Millisecond, "approved again once the flood is cleared")
+	// An address the host reported (198.18.0.10) but was never seen
+	// connecting from (it talks to the agent API from 127.0.0.1) could be
+	// anyone's, a VIP's: not approved.
+	kl.CSR("serving-vip", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.10")}, hosted.ServingUsages...)
+	requireAgentEvent(t, e, h, "CSRNotApproved", "IP address 198.18.0.10 is one the host reported but was never seen using (it connected from 127.0.0.1)")
+	require.False(t, kl.Approved("serving-vip"))
 }
 
 // TestKubeletCSRApprovalOff: --approve-kubelet-csrs=false leaves the

@@ -29,6 +29,7 @@ type managerFlags struct {
 	nodePools     bool
 	approveCSRs   bool
 	bmcNetworks   string
+	behindNAT     bool
 }
 
 func (m *managerFlags) register(fs *flag.FlagSet) {
@@ -43,6 +44,7 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
 	fs.BoolVar(&m.nodePools, "nodepools", true, "install the Agents cluster-api-provider-agent binds for HyperShift NodePools and explain NodePool shortfalls; false hands out no installation (another service installs them)")
 	fs.BoolVar(&m.approveCSRs, "approve-kubelet-csrs", true, "approve the kubelet CSRs of hosts agentboot installed, after checking them as cluster-machine-approver does; false leaves every one to a person, with an event naming it")
+	fs.BoolVar(&m.behindNAT, "agent-api-behind-nat", false, "the agent API does not see hosts' own source addresses (SNAT or a proxy in front of it): kubelet serving CSRs are checked against the addresses hosts report instead of those they were seen using")
 	fs.StringVar(&m.bmcNetworks, "bmc-networks", "", "comma-separated CIDRs BareMetalHost BMC addresses must be in (names are resolved and every address checked); empty: any. "+
 		"Set it where tenants declare BareMetalHosts, so that none can make the manager connect, with credentials, to services on other networks")
 }
@@ -64,7 +66,7 @@ func (m managerFlags) bmc() (bmc.Config, error) {
 }
 
 func (m managerFlags) nodePool() nodepool.Config {
-	return nodepool.Config{Off: !m.nodePools, NoCSRApproval: !m.approveCSRs}
+	return nodepool.Config{Off: !m.nodePools, NoCSRApproval: !m.approveCSRs, AgentAPIBehindNAT: m.behindNAT}
 }
 
 func (m managerFlags) options() app.ManagerOptions {

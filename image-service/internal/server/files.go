@@ -219,7 +219,7 @@ func (sw *streamWriter) ReadFrom(src io.Reader) (int64, error) {
 	lr, ok := src.(*io.LimitedReader)
 	if !ok || lr.R != io.Reader(sw.stream) {
 		// Multipart ranges: every write gets the stall deadline.
-		return io.Copy(stallWriter{sw.ResponseWriter, sw.stall}, src)
+		return io.Copy(stallWriter{w: sw.ResponseWriter, stall: sw.stall, pending: new(int64)}, src)
 	}
 	pos, err := sw.stream.Seek(0, io.SeekCurrent)
 	if err != nil {
@@ -256,18 +256,23 @@ const stallChunk = 4 << 20
 // writerOnly hides ReadFrom, so io.Copy does not recurse.
 type writerOnly struct{ io.Writer }
 
-// stallWriter writes with a deadline per write; it hides ReadFrom, so
-// io.Copy does not recurse.
+// stallWriter holds a client to stallChunk bytes per stall, as the chunked
+// path does: the deadline moves on only once that much was written. It
+// hides ReadFrom, so io.Copy does not recurse.
 type stallWriter struct {
-	w     http.ResponseWriter
-	stall time.Duration
+	w       http.ResponseWriter
+	stall   time.Duration
+	pending *int64 // bytes written since the deadline last moved
 }
 
 func (s stallWriter) Write(p []byte) (int, error) {
-	if s.stall > 0 {
+	if s.stall > 0 && (*s.pending == 0 || *s.pending >= stallChunk) {
 		_ = http.NewResponseController(s.w).SetWriteDeadline(time.Now().Add(s.stall))
+		*s.pending = 0
 	}
-	return s.w.Write(p)
+	n, err := s.w.Write(p)
+	*s.pending += int64(n)
+	return n, err
 }
 
 // content builds the stream of a large file without copying the base image.

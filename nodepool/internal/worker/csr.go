@@ -45,6 +45,7 @@ type csrContext struct {
 	// ips are the addresses the host reported; seen those it was seen
 	// connecting to the agent API from.
 	ips, seen  []net.IP
+	behindNAT  bool
 	nodeExists bool
 	// notBefore: a CSR created earlier was not made for this
 	// installation (its AgentMachine is younger, or it is over an hour
@@ -63,7 +64,7 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 	if err != nil {
 		return 0, fmt.Errorf("list CertificateSigningRequests: %w", err)
 	}
-	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), nodeExists: nodeExists, notBefore: machineCreated.Add(-maxClockSkew)}
+	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), behindNAT: r.BehindNAT, nodeExists: nodeExists, notBefore: machineCreated.Add(-maxClockSkew)}
 	pending := 0
 	for i := range list.Items {
 		csr := &list.Items[i]
@@ -216,17 +217,15 @@ func checkCSR(csr *certificatesv1.CertificateSigningRequest, cc csrContext, now 
 				return fmt.Sprintf("DNS name %q is not the host's name %q", d, hostname)
 			}
 		}
-		// Where agentboot saw the host connect from one of the addresses it
-		// reported, source addresses reach it unchanged: then every
-		// address must be one the host was seen using, not only one it
-		// reported (which could be a VIP). Behind NAT, the report is all
-		// there is.
-		trusted := slices.ContainsFunc(cc.seen, func(ip net.IP) bool { return slices.ContainsFunc(ips, ip.Equal) })
+		// Every address must be one the host was seen connecting from,
+		// not only one it reported (which could be a VIP); unless the
+		// admin said the agent API sees no host's own address
+		// (--agent-api-behind-nat): then the report is all there is.
 		for _, ip := range req.IPAddresses {
 			switch {
 			case !slices.ContainsFunc(ips, ip.Equal):
 				return fmt.Sprintf("IP address %s is not one of the host's", ip)
-			case trusted && !slices.ContainsFunc(cc.seen, ip.Equal):
+			case !cc.behindNAT && !slices.ContainsFunc(cc.seen, ip.Equal):
 				return fmt.Sprintf("IP address %s is one the host reported but was never seen using (it connected from %s): a host may not claim an address it does not use, such as a VIP; approve it by hand if it is the host's", ip, joinIPs(cc.seen))
 			}
 		}

@@ -45,7 +45,8 @@ func TestCheckCSR(t *testing.T) {
 		age        time.Duration // of the CSR (1m)
 		machineAge time.Duration // of the AgentMachine (30m)
 		approved   string
-		seen       []net.IP // source addresses (none: behind NAT)
+		seen       []net.IP // source addresses
+		behindNAT  bool
 		want       string
 	}{
 		{name: "client from the bootstrapper", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu},
@@ -63,14 +64,15 @@ func TestCheckCSR(t *testing.T) {
 		{name: "client with addresses", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, ips: hostIPs[:1], usages: cu, want: "must not carry names"},
 		{name: "client with server usage", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: su, want: `usage "server auth"`},
 		{name: "wrong organization", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: []string{"system:masters"}, usages: cu, want: "organization"},
-		{name: "serving", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, dns: []string{"w1"}, ips: hostIPs, usages: su},
+		{name: "serving", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, dns: []string{"w1"}, ips: hostIPs, seen: hostIPs, usages: su},
 		{name: "serving with only a name", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, dns: []string{"w1"}, usages: su},
 		{name: "serving from another identity", signer: serving, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, dns: []string{"w1"}, usages: su, want: "not by system:node:w1"},
 		{name: "serving for a foreign name", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, dns: []string{"api.example.com"}, usages: su, want: `DNS name "api.example.com"`},
 		{name: "serving for a foreign address", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, ips: []net.IP{net.ParseIP("10.0.0.1")}, usages: su, want: "IP address 10.0.0.1"},
 		{name: "serving, seen using its address", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, dns: []string{"w1"}, ips: hostIPs[:1], seen: hostIPs[:1], usages: su},
 		{name: "serving claiming a reported address never used (a VIP)", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, ips: hostIPs, seen: hostIPs[:1], usages: su, want: "IP address 2001:db8::10 is one the host reported but was never seen using (it connected from 198.18.0.10)"},
-		{name: "serving behind NAT: the report is all there is", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, ips: hostIPs, seen: []net.IP{net.ParseIP("10.128.0.5")}, usages: su},
+		{name: "serving from a host that left its source address out of its report", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, ips: hostIPs[1:], seen: []net.IP{net.ParseIP("10.128.0.5")}, usages: su, want: "was never seen using"},
+		{name: "serving behind NAT (--agent-api-behind-nat): the report is all there is", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, ips: hostIPs, seen: []net.IP{net.ParseIP("10.128.0.5")}, behindNAT: true, usages: su},
 		{name: "serving without names", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, usages: su, want: "needs a name or an address"},
 		{name: "serving without server auth", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, dns: []string{"w1"}, usages: su[:2], want: "lack"},
 		{name: "other signer", signer: "example.com/custom", user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, want: errNotThisHost},
@@ -85,7 +87,7 @@ func TestCheckCSR(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(now.Add(-age))},
 				Spec: certificatesv1.CertificateSigningRequestSpec{
 					Request: request(t, c.cn, c.orgs, c.dns, c.ips), SignerName: c.signer, Username: c.user, Groups: groups, Usages: c.usages}}
-			cc := csrContext{hostname: "w1", ips: hostIPs, seen: c.seen, nodeExists: c.nodeExists, notBefore: now.Add(-machineAge - maxClockSkew), approved: c.approved}
+			cc := csrContext{hostname: "w1", ips: hostIPs, seen: c.seen, behindNAT: c.behindNAT, nodeExists: c.nodeExists, notBefore: now.Add(-machineAge - maxClockSkew), approved: c.approved}
 			got := checkCSR(csr, cc, now)
 			if c.want == "" {
 				require.Empty(t, got)

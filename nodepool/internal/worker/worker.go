@@ -59,7 +59,9 @@ type Reconciler struct {
 	// NoCSRApproval leaves every kubelet CSR for a person to approve; each
 	// is named in an event.
 	NoCSRApproval bool
-	Now           func() time.Time
+	// BehindNAT: the agent API does not see hosts' own addresses.
+	BehindNAT bool
+	Now       func() time.Time
 
 	clients clients
 	// refused remembers the last refusal event per CSR, so each is said
