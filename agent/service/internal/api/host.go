@@ -160,9 +160,9 @@ func (s *Server) noteSource(ctx context.Context, a *v1beta1.Agent, ip string) er
 func (s *Server) dispute(ctx context.Context, a *v1beta1.Agent) error {
 	patch := client.MergeFrom(a.DeepCopy())
 	msg := fmt.Sprintf("a second host registered as this Agent (at %s) while this Agent's host was still connected, and both were heard from afterwards: two hosts claim to be %s. Check which is real (its BMC, its console), delete the Agent if neither is, and remove annotation %s to clear the dispute",
-		a.Annotations[hosts.ContestedAnnotation], a.Name, hosts.ConflictAnnotation)
-	if a.Annotations[hosts.ConflictAnnotation] == "" {
-		a.Annotations[hosts.ConflictAnnotation] = msg
+		a.Annotations[hosts.ContestedAnnotation], a.Name, lifecycle.DisputedAnnotation)
+	if a.Annotations[lifecycle.DisputedAnnotation] == "" {
+		a.Annotations[lifecycle.DisputedAnnotation] = msg
 		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "IdentityConflict", "Register", "%s", msg)
 	}
 	delete(a.Annotations, hosts.ContestedAnnotation)

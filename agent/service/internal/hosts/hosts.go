@@ -10,7 +10,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
 // Labels and annotations agentboot keeps.
@@ -20,8 +19,9 @@ const (
 	LeaseLabel          = "agentboot.io/agent-lease"
 	LeaseNamespaceLabel = "agentboot.io/agent-namespace"
 	LeaseNameLabel      = "agentboot.io/agent-name"
-	// MACsAnnotation records the MAC addresses the host registered with,
-	// to tell a rebooting host from another one claiming its ID.
+	// MACsAnnotation records every MAC address the host registered with;
+	// an Agent registered before IdentityAnnotation existed is continued
+	// only by a host naming all of them.
 	MACsAnnotation = "agentboot.io/mac-addresses"
 	// ClockOffsetAnnotation on a Lease is the host's clock minus the
 	// service's, in seconds, at the last renewal.
@@ -51,22 +51,6 @@ func MACs(macs []string) string {
 	return strings.Join(out, ",")
 }
 
-// SameHost reports whether two MAC lists share an address.
-func SameHost(a, b string) bool {
-	have := map[string]bool{}
-	for _, m := range strings.Split(a, ",") {
-		if m != "" {
-			have[m] = true
-		}
-	}
-	for _, m := range strings.Split(b, ",") {
-		if have[m] {
-			return true
-		}
-	}
-	return false
-}
-
 // InfraEnvUID is the UID of the InfraEnv that owns an Agent.
 func InfraEnvUID(a *v1beta1.Agent) string {
 	for _, o := range a.OwnerReferences {
@@ -91,7 +75,4 @@ const (
 	// refused because the current session was still alive. If the current
 	// session is heard from after that, two hosts claim one identity.
 	ContestedAnnotation = "agentboot.io/contested-at"
-	// ConflictAnnotation says why the Agent's identity is disputed
-	// (lifecycle.DisputedAnnotation).
-	ConflictAnnotation = lifecycle.DisputedAnnotation
 )

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
 // Requirements are the minimums a host must meet.
@@ -56,7 +56,7 @@ const (
 	NTPSynced        = "ntp-synced"
 	CNVRequirements  = "cnv-requirements-satisfied"
 	// IdentityUndisputed fails while two hosts were seen alive under the
-	// Agent's identity (hosts.ConflictAnnotation).
+	// Agent's identity (lifecycle.DisputedAnnotation).
 	IdentityUndisputed = "identity-undisputed"
 )
 
@@ -225,7 +225,7 @@ func connected(f *facts) result {
 }
 
 func identityUndisputed(f *facts) result {
-	if why := f.agent.Annotations[hosts.ConflictAnnotation]; why != "" {
+	if why := f.agent.Annotations[lifecycle.DisputedAnnotation]; why != "" {
 		return fail("The host's identity is disputed: %s", why)
 	}
 	return ok("No other host claims this host's identity")
