@@ -267,8 +267,14 @@ func TestValidationsFollowTheHardware(t *testing.T) {
 	}
 
 	t.Run("duplicate hostnames", func(t *testing.T) {
+		// The first host goes silent before the second appears: nothing of
+		// its own wakes its controller, so only its neighbour's hostname
+		// changes can keep its validation true.
 		a, b := register(t, ie, 201), register(t, ie, 202)
 		require.NoError(t, a.c.PutInventory(ctx, a.ns, a.id, stack.FakeInventory("twin", stack.MAC(201))))
+		a.waitAgent(t, "went silent, unique", func(x *v1beta1.Agent) bool {
+			return x.Status.DebugInfo.State == "disconnected-unbound" && validation(x, "hostname-unique").Status == "success"
+		})
 		require.NoError(t, b.c.PutInventory(ctx, b.ns, b.id, stack.FakeInventory("twin", stack.MAC(202))))
 		got := a.waitAgent(t, "saw the duplicate", func(x *v1beta1.Agent) bool { return validation(x, "hostname-unique").Status == "failure" })
 		require.Contains(t, validation(got, "hostname-unique").Message, b.id)
@@ -276,6 +282,14 @@ func TestValidationsFollowTheHardware(t *testing.T) {
 		_, err := s.Env.Kubectl(ctx, "", "-n", b.ns, "patch", "agent", b.id, "--type", "merge", "--patch", `{"spec":{"hostname":"twin-b"}}`)
 		require.NoError(t, err)
 		a.waitAgent(t, "became unique", func(x *v1beta1.Agent) bool { return validation(x, "hostname-unique").Status == "success" })
+		// So does a twin that leaves.
+		require.NoError(t, b.c.PutInventory(ctx, b.ns, b.id, stack.FakeInventory("twin", stack.MAC(202))))
+		_, err = s.Env.Kubectl(ctx, "", "-n", b.ns, "patch", "agent", b.id, "--type", "merge", "--patch", `{"spec":{"hostname":null}}`)
+		require.NoError(t, err)
+		a.waitAgent(t, "saw the duplicate again", func(x *v1beta1.Agent) bool { return validation(x, "hostname-unique").Status == "failure" })
+		_, err = s.Env.Kubectl(ctx, "", "-n", b.ns, "delete", "agent", b.id, "--wait=false")
+		require.NoError(t, err)
+		a.waitAgent(t, "unique once the twin left", func(x *v1beta1.Agent) bool { return validation(x, "hostname-unique").Status == "success" })
 	})
 
 	t.Run("clock far off", func(t *testing.T) {

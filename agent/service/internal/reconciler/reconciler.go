@@ -17,9 +17,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -45,7 +47,8 @@ type Reconciler struct {
 	Now             func() time.Time
 }
 
-// SetupWithManager watches Agents, their Leases and their InfraEnvs.
+// SetupWithManager watches Agents (and their neighbours by hostname), their
+// Leases and their InfraEnvs.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("agent").
@@ -69,7 +72,49 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return reqs
 		})).
+		Watches(&v1beta1.Agent{}, r.sameHostnameHandler()).
 		Complete(r)
+}
+
+// sameHostnameHandler re-reconciles the other Agents that share a hostname
+// an Agent takes or gives up, so a silent host's hostname-unique
+// validation follows its neighbours' changes rather than its own.
+func (r *Reconciler) sameHostnameHandler() handler.EventHandler {
+	enqueue := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], self *v1beta1.Agent, hostnames ...string) {
+		seen := map[string]bool{}
+		for _, h := range hostnames {
+			if h == "" || seen[h] {
+				continue
+			}
+			seen[h] = true
+			var same v1beta1.AgentList
+			if err := r.Client.List(ctx, &same, client.InNamespace(self.Namespace), client.MatchingFields{hosts.HostnameIndex: h}); err != nil {
+				continue // the cache is stopping; nothing left to keep true
+			}
+			for _, o := range same.Items {
+				if o.Name != self.Name {
+					q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&o)})
+				}
+			}
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			a := e.Object.(*v1beta1.Agent)
+			enqueue(ctx, q, a, a.Hostname())
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			before, after := e.ObjectOld.(*v1beta1.Agent), e.ObjectNew.(*v1beta1.Agent)
+			if before.Hostname() != after.Hostname() {
+				enqueue(ctx, q, after, before.Hostname(), after.Hostname())
+			}
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if a, ok := e.Object.(*v1beta1.Agent); ok {
+				enqueue(ctx, q, a, a.Hostname())
+			}
+		},
+	}
 }
 
 // Reconcile observes and writes labels and status once each, when changed.
