@@ -20,9 +20,17 @@ type Config struct {
 	// CallTimeout bounds each power or boot call (30s); MediaTimeout each
 	// virtual media call (2m).
 	CallTimeout, MediaTimeout time.Duration
-	// PowerPoll is how often a pending power change is checked (5s), and
-	// PowerTimeout how long it may take before it is sent again (2m).
+	// PowerPoll is the longest interval between reads of a pending power
+	// change (5s; the first reads come sooner), and PowerTimeout how long
+	// a BMC may take to report a state it accepted before the request is
+	// sent again (1m).
 	PowerPoll, PowerTimeout time.Duration
+	// SoftPowerOffTimeout is how long the OS gets to shut down after a
+	// graceful shutdown request before the power is cut (3m).
+	SoftPowerOffTimeout time.Duration
+	// EjectOnDeleteTimeout is how long a deleted host's virtual media
+	// eject is retried before the host is let go with a warning (10m).
+	EjectOnDeleteTimeout time.Duration
 	// Resync re-reads every host's credentials and power state this often
 	// (1m, as Ironic syncs power state).
 	Resync time.Duration
@@ -49,13 +57,15 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 			MediaTimeout: cfg.MediaTimeout,
 			IPMITool:     cfg.IPMITool,
 		},
-		MaxConcurrent: cfg.MaxConcurrent,
-		PowerPoll:     cfg.PowerPoll,
-		PowerTimeout:  cfg.PowerTimeout,
-		Resync:        cfg.Resync,
-		BackoffBase:   cfg.BackoffBase,
-		BackoffCap:    cfg.BackoffCap,
-		Keys:          cfg.Keys,
-		Networks:      cfg.Networks,
+		MaxConcurrent:        cfg.MaxConcurrent,
+		PowerPoll:            cfg.PowerPoll,
+		PowerTimeout:         cfg.PowerTimeout,
+		SoftPowerOffTimeout:  cfg.SoftPowerOffTimeout,
+		EjectOnDeleteTimeout: cfg.EjectOnDeleteTimeout,
+		Resync:               cfg.Resync,
+		BackoffBase:          cfg.BackoffBase,
+		BackoffCap:           cfg.BackoffCap,
+		Keys:                 cfg.Keys,
+		Networks:             cfg.Networks,
 	}).SetupWithManager(mgr)
 }

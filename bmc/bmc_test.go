@@ -37,6 +37,7 @@ const password = "s3cret-Pa55"
 var fast = bmc.Config{
 	CallTimeout: 3 * time.Second, MediaTimeout: 3 * time.Second,
 	PowerPoll: 200 * time.Millisecond, PowerTimeout: 3 * time.Second, Resync: 2 * time.Second,
+	SoftPowerOffTimeout: 5 * time.Second, EjectOnDeleteTimeout: 3 * time.Second,
 	BackoffBase: 200 * time.Millisecond, BackoffCap: 2 * time.Second,
 }
 
@@ -118,6 +119,7 @@ func redfish(t *testing.T) (*bmcsim.Redfish, *bmcsim.MemMachine, string) {
 	r := &bmcsim.Redfish{User: "admin", Password: password, Machine: m}
 	srv := httptest.NewServer(r)
 	t.Cleanup(srv.Close)
+	t.Cleanup(r.Close)
 	return r, m, strings.TrimPrefix(srv.URL, "http://")
 }
 

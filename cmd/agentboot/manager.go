@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
@@ -30,6 +31,8 @@ type managerFlags struct {
 	approveCSRs   bool
 	bmcNetworks   string
 	behindNAT     bool
+	softPowerOff  time.Duration
+	powerTimeout  time.Duration
 }
 
 func (m *managerFlags) register(fs *flag.FlagSet) {
@@ -47,11 +50,16 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&m.behindNAT, "agent-api-behind-nat", false, "the agent API does not see hosts' own source addresses (SNAT or a proxy in front of it): kubelet serving CSRs are checked against the addresses hosts report instead of those they were seen using")
 	fs.StringVar(&m.bmcNetworks, "bmc-networks", "", "comma-separated CIDRs BareMetalHost BMC addresses must be in (names are resolved and every address checked); empty: any. "+
 		"Set it where tenants declare BareMetalHosts, so that none can make the manager connect, with credentials, to services on other networks")
+	fs.DurationVar(&m.softPowerOff, "bmc-soft-power-off-timeout", 3*time.Minute, "how long a host's OS gets to shut down after a BMC graceful shutdown request before its power is cut")
+	fs.DurationVar(&m.powerTimeout, "bmc-power-timeout", time.Minute, "how long a BMC may take to report a power state it accepted a request for before the request is sent again (three times, then an error)")
 }
 
 // bmc is the BareMetalHost controller's configuration from the flags.
 func (m managerFlags) bmc() (bmc.Config, error) {
-	var cfg bmc.Config
+	cfg := bmc.Config{SoftPowerOffTimeout: m.softPowerOff, PowerTimeout: m.powerTimeout}
+	if m.softPowerOff <= 0 || m.powerTimeout <= 0 {
+		return cfg, fmt.Errorf("--bmc-soft-power-off-timeout and --bmc-power-timeout must be positive")
+	}
 	for _, s := range strings.Split(m.bmcNetworks, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue

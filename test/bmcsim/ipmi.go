@@ -24,12 +24,15 @@ type IPMIOptions struct {
 	Machine        Machine
 	// Prefix runs ipmi_sim through another command (`ip netns exec <ns>`).
 	Prefix []string
+	// Timing makes power transitions take time (see Timing).
+	Timing Timing
 }
 
 // IPMI is a real IPMI-over-LAN BMC (OpenIPMI's ipmi_sim) whose chassis
 // control program drives a Machine.
 type IPMI struct {
 	o       IPMIOptions
+	ch      *chassis
 	dir     string
 	logPath string
 	ln      net.Listener
@@ -86,6 +89,11 @@ func StartIPMI(t testing.TB, o IPMIOptions) *IPMI {
 		t.Fatal(err)
 	}
 	b := &IPMI{o: o, dir: dir, logPath: filepath.Join(dir, "ipmi_sim.log")}
+	b.ch = &chassis{m: o.Machine, timing: o.Timing, note: func(ev string) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.events = append(b.events, ev)
+	}}
 	sock := filepath.Join(dir, "chassis.sock")
 	if b.ln, err = net.Listen("unix", sock); err != nil {
 		t.Fatal(err)
@@ -119,6 +127,7 @@ set_working_mc 0x20
 	t.Cleanup(func() {
 		b.Stop()
 		b.ln.Close()
+		b.ch.close()
 		if t.Failed() {
 			log, _ := os.ReadFile(b.logPath)
 			t.Logf("ipmi_sim log (%s):\n%s", b.logPath, log)
@@ -204,37 +213,37 @@ func (b *IPMI) serve() {
 	}
 }
 
-// chassis answers one chassis_control call.
+// chassis answers one chassis_control call. ipmi_sim turns an error into
+// a failed completion code, as a busy BMC answers.
 func (b *IPMI) chassis(f []string) (string, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	m := b.o.Machine
 	switch strings.Join(f, " ") {
 	case "get power":
-		if m.On() {
+		// IPMI knows only on and off: a transition reads as the old state.
+		if st := b.ch.state(); st == On || st == PoweringOff {
 			return "power:1", nil
 		}
 		return "power:0", nil
 	case "get boot":
+		b.mu.Lock()
+		defer b.mu.Unlock()
 		return "boot:" + orDefault(b.boot, "default"), nil
 	case "set power 1":
-		if m.On() {
-			return "", nil
-		}
-		return "", b.powerOn()
-	case "set power 0", "set shutdown 1":
-		b.events = append(b.events, "power off")
-		return "", m.PowerOff()
+		_, err := b.ch.powerOn(b.bootDevice)
+		return "", err
+	case "set power 0":
+		return "", b.ch.powerOff(false)
+	case "set shutdown 1":
+		return "", b.ch.powerOff(true)
 	case "set reset 1":
-		if m.On() {
-			b.events = append(b.events, "power off")
-			if err := m.PowerOff(); err != nil {
-				return "", err
-			}
+		if b.ch.state() == Off {
+			_, err := b.ch.powerOn(b.bootDevice)
+			return "", err
 		}
-		return "", b.powerOn()
+		return "", b.ch.restart(b.bootDevice)
 	}
 	if len(f) == 3 && f[0] == "set" && f[1] == "boot" {
+		b.mu.Lock()
+		defer b.mu.Unlock()
 		switch f[2] {
 		case "none", "default":
 			b.boot = ""
@@ -249,13 +258,16 @@ func (b *IPMI) chassis(f []string) (string, error) {
 	return "", fmt.Errorf("unknown chassis request %q", strings.Join(f, " "))
 }
 
-// powerOn boots with the boot device, which IPMI keeps for one boot.
-func (b *IPMI) powerOn() error {
-	dev := b.boot
+// bootDevice is read when the platform powers on: IPMI keeps a boot
+// device for one boot.
+func (b *IPMI) bootDevice() (dev, cdrom string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	dev = b.boot
 	if dev != BootPXE && dev != BootCDROM {
 		dev = BootDefault
 	}
 	b.boot = ""
 	b.events = append(b.events, "power on "+orDefault(dev, "default"))
-	return b.o.Machine.PowerOn(dev, "")
+	return dev, ""
 }

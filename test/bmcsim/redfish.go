@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -48,17 +49,59 @@ type Redfish struct {
 	// can inject a fault at a precise moment. It must not block for long.
 	Hook func(event string)
 
+	chassisOnce sync.Once
+	ch          *chassis
+
 	mu          sync.Mutex
 	faults      Faults
+	quirks      Quirks
 	override    string // Redfish BootSourceOverrideTarget
 	enabled     string // BootSourceOverrideEnabled
 	mode        string // BootSourceOverrideMode
 	image       string
 	imagePath   string
 	inserted    bool
-	sessions    map[string]bool
+	sessions    map[string]time.Time // token → last use
 	events      []string
 	downloadSeq int
+}
+
+// Quirks are behaviours of real BMCs that are not faults: a controller
+// must work with them.
+type Quirks struct {
+	// OnceAsContinuous keeps a one-time boot override and reports it as
+	// Continuous (BMCs without Once support).
+	OnceAsContinuous bool
+	// SessionTimeout expires sessions idle this long (real BMCs: 30 min by
+	// default, some 5 min); a request with an expired token is 401.
+	SessionTimeout time.Duration
+}
+
+// SetTiming makes power transitions take time (see Timing).
+func (r *Redfish) SetTiming(t Timing) { r.power().setTiming(t) }
+
+// SetQuirks replaces the active quirks.
+func (r *Redfish) SetQuirks(q Quirks) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.quirks = q
+}
+
+// PowerState is what the BMC reports: On, Off, PoweringOn or PoweringOff.
+func (r *Redfish) PowerState() string { return r.power().state() }
+
+// Close stops a power transition in progress.
+func (r *Redfish) Close() { r.power().close() }
+
+func (r *Redfish) power() *chassis {
+	r.chassisOnce.Do(func() {
+		r.ch = &chassis{m: r.Machine, note: func(ev string) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.event("%s", ev)
+		}}
+	})
+	return r.ch
 }
 
 // SetFaults replaces the active faults.
@@ -69,7 +112,8 @@ func (r *Redfish) SetFaults(f Faults) {
 }
 
 // Events lists what the BMC did, in order: "boot-override Pxe Once",
-// "insert <url>", "eject", "power on <device>", "power off".
+// "insert <url>", "eject", "power on <device>", "power off", and what it
+// was asked: "request <ResetType>", "refused <ResetType>".
 func (r *Redfish) Events() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -211,7 +255,16 @@ func (r *Redfish) authorized(req *http.Request) bool {
 	if tok := req.Header.Get("X-Auth-Token"); tok != "" {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return r.sessions[tok]
+		last, ok := r.sessions[tok]
+		if ok && r.quirks.SessionTimeout > 0 && time.Since(last) > r.quirks.SessionTimeout {
+			delete(r.sessions, tok)
+			r.event("session expired")
+			return false
+		}
+		if ok {
+			r.sessions[tok] = time.Now()
+		}
+		return ok
 	}
 	u, p, ok := req.BasicAuth()
 	return ok && r.credentialsMatch(u, p)
@@ -237,9 +290,9 @@ func (r *Redfish) login(w http.ResponseWriter, req *http.Request) {
 	tok := hex.EncodeToString(b)
 	r.mu.Lock()
 	if r.sessions == nil {
-		r.sessions = map[string]bool{}
+		r.sessions = map[string]time.Time{}
 	}
-	r.sessions[tok] = true
+	r.sessions[tok] = time.Now()
 	r.mu.Unlock()
 	loc := "/redfish/v1/SessionService/Sessions/" + tok
 	w.Header().Set("X-Auth-Token", tok)
@@ -252,10 +305,7 @@ func (r *Redfish) system(w http.ResponseWriter, sys, mgr string) {
 	r.mu.Lock()
 	override, enabled, mode := r.override, r.enabled, r.mode
 	r.mu.Unlock()
-	power := "Off"
-	if r.Machine.On() {
-		power = "On"
-	}
+	power := r.power().state()
 	writeJSON(w, map[string]any{
 		"@odata.id": sys, "@odata.type": "#ComputerSystem.v1_13_0.ComputerSystem",
 		"Id": r.id(), "Name": r.id(), "SystemType": "Physical", "PowerState": power,
@@ -302,6 +352,9 @@ func (r *Redfish) patchSystem(w http.ResponseWriter, req *http.Request) {
 			}
 			if e := body.Boot.BootSourceOverrideEnabled; e != "" {
 				r.enabled = e
+				if e == "Once" && r.quirks.OnceAsContinuous {
+					r.enabled = "Continuous"
+				}
 			}
 			if m := body.Boot.BootSourceOverrideMode; m != "" {
 				r.mode = m
@@ -319,47 +372,46 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
 		redfishError(w, http.StatusBadRequest, "malformed reset request: "+err.Error())
 		return
 	}
-	on := r.Machine.On()
+	r.mu.Lock()
+	r.event("request %s", body.ResetType)
+	r.mu.Unlock()
+	ch := r.power()
 	var err error
 	switch body.ResetType {
 	case "On":
-		if !on {
-			err = r.powerOn()
-		}
-	case "ForceOff", "GracefulShutdown":
-		if on {
-			r.mu.Lock()
-			r.event("power off")
-			r.mu.Unlock()
-			err = r.Machine.PowerOff()
-		}
+		_, err = ch.powerOn(r.bootDevice)
+	case "ForceOff":
+		err = ch.powerOff(false)
+	case "GracefulShutdown":
+		err = ch.powerOff(true)
 	case "ForceRestart", "GracefulRestart", "PowerCycle":
-		if !on {
-			// Like many BMCs: a restart needs a running host.
-			redfishError(w, http.StatusBadRequest, "Command not supported in present state: Off")
-			return
-		}
-		r.mu.Lock()
-		r.event("power off")
-		r.mu.Unlock()
-		if err = r.Machine.PowerOff(); err == nil {
-			err = r.powerOn()
-		}
+		err = ch.restart(r.bootDevice)
 	default:
 		redfishError(w, http.StatusBadRequest, fmt.Sprintf("unsupported ResetType %q", body.ResetType))
 		return
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrBusy):
+		r.mu.Lock()
+		r.event("refused %s", body.ResetType)
+		r.mu.Unlock()
+		redfishError(w, http.StatusConflict, "The requested operation cannot be performed: "+err.Error())
+	case err != nil && strings.HasPrefix(err.Error(), "Command not supported"):
+		// Like many BMCs: a restart needs a running host.
+		redfishError(w, http.StatusBadRequest, err.Error())
+	case err != nil:
 		redfishError(w, http.StatusInternalServerError, err.Error())
-		return
+	default:
+		w.WriteHeader(http.StatusNoContent)
 	}
-	w.WriteHeader(http.StatusNoContent)
 }
 
-// powerOn boots the machine, consuming a one-time boot override.
-func (r *Redfish) powerOn() error {
+// bootDevice is read when the platform powers on: it consumes a one-time
+// boot override (a Continuous one stays).
+func (r *Redfish) bootDevice() (dev, cdrom string) {
 	r.mu.Lock()
-	dev := BootDefault
+	defer r.mu.Unlock()
+	dev = BootDefault
 	if r.enabled == "Once" || r.enabled == "Continuous" {
 		switch r.override {
 		case "Pxe":
@@ -371,13 +423,11 @@ func (r *Redfish) powerOn() error {
 	if r.enabled == "Once" {
 		r.override, r.enabled = "None", "Disabled"
 	}
-	cdrom := ""
 	if r.inserted {
 		cdrom = r.imagePath
 	}
 	r.event("power on %s", orDefault(dev, "default"))
-	r.mu.Unlock()
-	return r.Machine.PowerOn(dev, cdrom)
+	return dev, cdrom
 }
 
 func (r *Redfish) virtualMedia(w http.ResponseWriter, cd string) {
@@ -402,6 +452,14 @@ func (r *Redfish) insert(w http.ResponseWriter, req *http.Request) {
 	}
 	if err := json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&body); err != nil || body.Image == "" {
 		redfishError(w, http.StatusBadRequest, "InsertMedia needs an Image")
+		return
+	}
+	r.mu.Lock()
+	inserted := r.inserted
+	r.mu.Unlock()
+	if inserted {
+		// As iDRAC and iLO do: the CD must be ejected first.
+		redfishError(w, http.StatusConflict, "Virtual media is already inserted; eject it first")
 		return
 	}
 	path := ""

@@ -9,12 +9,14 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"strings"
 	"time"
 
 	bmclib "github.com/bmc-toolbox/bmclib/v2"
 	"github.com/go-logr/logr"
+	"github.com/stmcginnis/gofish/common"
 
 	"github.com/agentboot/agentboot/bmc/internal/address"
 )
@@ -63,22 +65,60 @@ const (
 	Disk  Device = "disk"
 )
 
+// Power is a power state as a BMC reports it.
+type Power string
+
+// Power states. IPMI reports only On and Off; Redfish BMCs may report the
+// transitions.
+const (
+	On          Power = "on"
+	Off         Power = "off"
+	PoweringOn  Power = "powering on"
+	PoweringOff Power = "powering off"
+)
+
+// IsOn is what status.poweredOn says: a host powering off is on until it
+// is off.
+func (p Power) IsOn() bool { return p == On || p == PoweringOff }
+
+// Settled is true when no transition is reported.
+func (p Power) Settled() bool { return p == On || p == Off }
+
+// ErrBusy is a request the BMC refused because it is busy with a power
+// transition (Redfish 409 Conflict): nothing was done, ask again later.
+var ErrBusy = errors.New("the BMC is busy with a power transition")
+
+// Override is the boot override a BMC reports.
+type Override struct {
+	Device Device
+	// Persistent is true for an override kept for every boot (Redfish
+	// Continuous), which some BMCs report for a one-time request.
+	Persistent bool
+}
+
 // BMC is an open session with one BMC. It is not safe for concurrent use:
 // the caller serialises operations per BMC.
+//
+// The power calls only send: a BMC that accepted a request may take
+// seconds to report the new state, and the caller confirms it by reading
+// PowerState. An error means the BMC refused the request (or could not be
+// asked); ErrBusy (errors.Is) that it was in a transition.
 type BMC interface {
-	// PowerState reports whether the host is on.
-	PowerState(ctx context.Context) (on bool, err error)
-	// PowerOn turns the host on.
+	// PowerState reads the power state.
+	PowerState(ctx context.Context) (Power, error)
+	// PowerOn asks for the host to be on.
 	PowerOn(ctx context.Context) error
-	// PowerOff turns the host off, asking the OS first when soft.
+	// PowerOff asks for the host to be off: soft asks the OS to shut down
+	// (Redfish GracefulShutdown, IPMI chassis power soft), otherwise the
+	// power is cut.
 	PowerOff(ctx context.Context, soft bool) error
-	// Reset restarts a host that is on.
+	// Reset forces a host that is on to restart.
 	Reset(ctx context.Context) error
 	// SetOneTimeBoot makes the next boot use dev.
 	SetOneTimeBoot(ctx context.Context, dev Device, efi bool) error
 	// BootOverride reads the pending boot override; ok is false when the
 	// BMC cannot report it (IPMI).
-	BootOverride(ctx context.Context) (dev Device, ok bool, err error)
+	BootOverride(ctx context.Context) (ov Override, ok bool, err error)
 	// InsertMedia mounts the ISO at url as a virtual CD (ejecting first).
 	InsertMedia(ctx context.Context, url string) error
 	// EjectMedia unmounts the virtual CD.
@@ -139,12 +179,12 @@ type session struct {
 	redfish bool
 }
 
-func (s *session) PowerState(ctx context.Context) (bool, error) {
+func (s *session) PowerState(ctx context.Context) (Power, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.o.CallTimeout)
 	defer cancel()
 	raw, err := s.c.GetPowerState(ctx)
 	if err != nil {
-		return false, s.fail("read power state", err)
+		return "", s.fail("read power state", err)
 	}
 	return ParsePowerState(raw)
 }
@@ -158,15 +198,40 @@ func (s *session) PowerOff(ctx context.Context, soft bool) error {
 	return s.power(ctx, "off")
 }
 
-// Reset uses "reset", not "cycle": Redfish BMCs refuse a cycle of a host
-// that is off, and the caller only resets hosts that are on.
-func (s *session) Reset(ctx context.Context) error { return s.power(ctx, "reset") }
+// Reset is a forced restart. On Redfish that is bmclib's "cycle"
+// (ResetType ForceRestart, which every BMC offers), not its "reset": that
+// one asks for PowerCycle, which iLO does not offer, and falls back to a
+// graceful shutdown, ten seconds of polling and a power-on the BMC may
+// drop. On IPMI it is "chassis power reset".
+func (s *session) Reset(ctx context.Context) error {
+	if s.redfish {
+		return s.power(ctx, "cycle")
+	}
+	return s.power(ctx, "reset")
+}
 
 func (s *session) power(ctx context.Context, state string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.o.CallTimeout)
 	defer cancel()
 	ok, err := s.c.SetPowerState(ctx, state)
+	if err != nil && state == "soft" && s.redfish && s.sentUnconfirmed() {
+		// bmclib's Redfish provider answers ok=false without an error
+		// after the BMC accepted a GracefulShutdown: the OS decides when
+		// it is done, and only the power state can tell.
+		return nil
+	}
+	var rf *common.Error
+	if err != nil && errors.As(err, &rf) && rf.HTTPReturnedStatusCode == http.StatusConflict {
+		return fmt.Errorf("%w: set power %s: %s", ErrBusy, state, Scrub(err.Error(), s.secret))
+	}
 	return s.result("set power "+state, ok, err)
+}
+
+// sentUnconfirmed is true when the last bmclib call reached its provider
+// and the provider returned no error of its own, only ok=false.
+func (s *session) sentUnconfirmed() bool {
+	md := s.c.GetMetadata()
+	return len(md.ProvidersAttempted) > 0 && len(md.FailedProviderDetail) == 0
 }
 
 func (s *session) SetOneTimeBoot(ctx context.Context, dev Device, efi bool) error {
@@ -176,17 +241,17 @@ func (s *session) SetOneTimeBoot(ctx context.Context, dev Device, efi bool) erro
 	return s.result("set one-time boot to "+string(dev), ok, err)
 }
 
-func (s *session) BootOverride(ctx context.Context) (Device, bool, error) {
+func (s *session) BootOverride(ctx context.Context) (Override, bool, error) {
 	if !s.redfish {
-		return "", false, nil
+		return Override{}, false, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.o.CallTimeout)
 	defer cancel()
 	ov, err := s.c.GetBootDeviceOverride(ctx)
 	if err != nil {
-		return "", false, s.fail("read boot override", err)
+		return Override{}, false, s.fail("read boot override", err)
 	}
-	return Device(ov.Device), true, nil
+	return Override{Device: Device(ov.Device), Persistent: ov.IsPersistent}, true, nil
 }
 
 func (s *session) InsertMedia(ctx context.Context, url string) error {
@@ -256,17 +321,20 @@ func Scrub(msg, secret string) string {
 
 // ParsePowerState normalises the power state BMCs report: ipmitool prints
 // "Chassis Power is on", Redfish says On, Off, PoweringOn or PoweringOff.
-// A host powering off still counts as on until it is off.
-func ParsePowerState(raw string) (bool, error) {
+func ParsePowerState(raw string) (Power, error) {
 	f := strings.Fields(strings.ToLower(raw))
 	if len(f) == 0 {
-		return false, errors.New("the BMC reported an empty power state")
+		return "", errors.New("the BMC reported an empty power state")
 	}
 	switch f[len(f)-1] {
-	case "on", "poweringoff":
-		return true, nil
-	case "off", "poweringon":
-		return false, nil
+	case "on":
+		return On, nil
+	case "off":
+		return Off, nil
+	case "poweringon":
+		return PoweringOn, nil
+	case "poweringoff":
+		return PoweringOff, nil
 	}
-	return false, fmt.Errorf("the BMC reported an unknown power state %q", strings.TrimSpace(raw))
+	return "", fmt.Errorf("the BMC reported an unknown power state %q", strings.TrimSpace(raw))
 }

@@ -3,13 +3,13 @@ package driver
 import "testing"
 
 func TestParsePowerState(t *testing.T) {
-	for raw, want := range map[string]bool{
-		"Chassis Power is on\n":  true,
-		"Chassis Power is off\n": false,
-		"On":                     true,
-		"Off":                    false,
-		"PoweringOn":             false,
-		"PoweringOff":            true,
+	for raw, want := range map[string]Power{
+		"Chassis Power is on\n":  On,
+		"Chassis Power is off\n": Off,
+		"On":                     On,
+		"Off":                    Off,
+		"PoweringOn":             PoweringOn,
+		"PoweringOff":            PoweringOff,
 	} {
 		got, err := ParsePowerState(raw)
 		if err != nil || got != want {

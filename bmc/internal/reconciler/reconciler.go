@@ -58,6 +58,8 @@ const (
 	// into discovery (RFC 3339): an Agent registered from its boot MAC
 	// before then is not approved automatically.
 	DiscoveryBootAnnotation = "agentboot.io/discovery-booted-at"
+	// ejectedAnnotation marks a deleted host whose virtual media is out.
+	ejectedAnnotation = "agentboot.io/media-ejected"
 )
 
 // Dialer opens a BMC session; driver.Open in production.
@@ -74,9 +76,16 @@ type Reconciler struct {
 	MaxConcurrent int
 	// PowerPoll is how often a pending power change is checked (5s).
 	PowerPoll time.Duration
-	// PowerTimeout is how long a power change may take before it is sent
-	// again (2m); after three attempts it is an error.
+	// PowerTimeout is how long a BMC may take to report a power state it
+	// accepted a request for before the request is sent again (1m); after
+	// three requests it is an error.
 	PowerTimeout time.Duration
+	// SoftPowerOffTimeout is how long the OS gets to shut down after a
+	// graceful shutdown request before the power is cut (3m).
+	SoftPowerOffTimeout time.Duration
+	// EjectOnDeleteTimeout is how long a deleted host's virtual media
+	// eject is retried before the host is let go with a warning (10m).
+	EjectOnDeleteTimeout time.Duration
 	// Resync re-reads every host's credentials and power state this often
 	// (1m, as Ironic syncs power state).
 	Resync time.Duration
@@ -102,7 +111,13 @@ func (r *Reconciler) defaults() {
 		r.PowerPoll = 5 * time.Second
 	}
 	if r.PowerTimeout <= 0 {
-		r.PowerTimeout = 2 * time.Minute
+		r.PowerTimeout = time.Minute
+	}
+	if r.SoftPowerOffTimeout <= 0 {
+		r.SoftPowerOffTimeout = 3 * time.Minute
+	}
+	if r.EjectOnDeleteTimeout <= 0 {
+		r.EjectOnDeleteTimeout = 10 * time.Minute
 	}
 	if r.Resync <= 0 {
 		r.Resync = time.Minute
@@ -183,8 +198,8 @@ func (r *Reconciler) drive(ctx context.Context, host *metal3.BareMetalHost, agen
 	if host.Status.Provisioning.State == metal3.StateNone {
 		host.Status.Provisioning.State = metal3.StateRegistering
 	}
-	return r.withBMC(ctx, host, func(bmc driver.BMC, addr address.Address) step {
-		h := &hostRun{r: r, host: host, bmc: bmc, addr: addr, agent: agent}
+	return r.withBMC(ctx, host, func(bmc driver.BMC, addr address.Address, power driver.Power) step {
+		h := &hostRun{r: r, host: host, bmc: bmc, addr: addr, agent: agent, power: power}
 		handler, ok := stateHandlers[h.state()]
 		if !ok {
 			// A state only metal3 uses (inspecting, preparing, ...): start over.
@@ -197,7 +212,7 @@ func (r *Reconciler) drive(ctx context.Context, host *metal3.BareMetalHost, agen
 
 // withBMC runs fn with an open session to the host's BMC, one at a time
 // per BMC, after reading the power state into the status.
-func (r *Reconciler) withBMC(ctx context.Context, host *metal3.BareMetalHost, fn func(driver.BMC, address.Address) step) step {
+func (r *Reconciler) withBMC(ctx context.Context, host *metal3.BareMetalHost, fn func(driver.BMC, address.Address, driver.Power) step) step {
 	unlock := r.bmcLocks.lock(host.Spec.BMC.Address)
 	defer unlock()
 	bmc, addr, res := r.open(ctx, host)
@@ -205,12 +220,12 @@ func (r *Reconciler) withBMC(ctx context.Context, host *metal3.BareMetalHost, fn
 		return res
 	}
 	defer bmc.Close()
-	on, err := bmc.PowerState(ctx)
+	power, err := bmc.PowerState(ctx)
 	if err != nil {
 		return failed(res.errType, err)
 	}
-	host.Status.PoweredOn = on
-	return fn(bmc, addr)
+	host.Status.PoweredOn = power.IsOn()
+	return fn(bmc, addr, power)
 }
 
 // open parses the address, reads the credentials and connects.

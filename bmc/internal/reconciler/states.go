@@ -2,12 +2,12 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -28,6 +28,7 @@ type hostRun struct {
 	bmc   driver.BMC
 	addr  address.Address
 	agent *v1beta1.Agent // the matched Agent, or nil
+	power driver.Power   // as the BMC reported it at the start of the pass
 }
 
 func (h *hostRun) state() metal3.ProvisioningState { return h.host.Status.Provisioning.State }
@@ -93,6 +94,11 @@ func (h *hostRun) provision(ctx context.Context) step {
 		h.setState(metal3.StateAvailable)
 		return h.available(ctx)
 	}
+	if !h.power.Settled() {
+		// Nothing goes in while the BMC is switching power: it may refuse
+		// (409), or the platform may come up before the override is set.
+		return h.r.pollPower(&powerChange{})
+	}
 	a := h.addr
 	efi := h.host.Spec.BootMode != metal3.BootModeLegacy
 	dev := driver.PXE
@@ -109,14 +115,19 @@ func (h *hostRun) provision(ctx context.Context) step {
 	if err := h.setBoot(ctx, dev, efi); err != nil {
 		return failed(metal3.ProvisioningError, err)
 	}
-	if h.host.Status.PoweredOn {
-		if err := h.bmc.Reset(ctx); err != nil {
-			return failed(metal3.PowerManagementError, err)
-		}
-	} else if err := h.bmc.PowerOn(ctx); err != nil {
+	boot := h.bmc.PowerOn
+	if h.power.IsOn() {
+		boot = h.bmc.Reset
+	}
+	if err := boot(ctx); errors.Is(err, driver.ErrBusy) {
+		// Refused, nothing done: the next pass starts the boot again.
+		return h.r.pollPower(&powerChange{})
+	} else if err != nil {
 		return failed(metal3.PowerManagementError, err)
 	}
-	h.r.forgetPower(h.host.UID)
+	// Sent once; the next passes read the power state back rather than
+	// send it again while the BMC still reports the old state.
+	h.r.sentPower(h.host.UID, true)
 	if err := h.r.markDiscoveryBoot(ctx, h.host); err != nil {
 		return failed(metal3.ProvisioningError, err)
 	}
@@ -131,7 +142,9 @@ func (h *hostRun) provision(ctx context.Context) step {
 }
 
 // setBoot sets a one-time boot device and reads it back where the BMC can
-// tell: some BMCs accept an override and drop it.
+// tell: some BMCs accept an override and drop it. A BMC without one-time
+// overrides reports it as Continuous; that is accepted (the host boots
+// dev until the controller sets the disk) and said once in an event.
 func (h *hostRun) setBoot(ctx context.Context, dev driver.Device, efi bool) error {
 	for attempt := 1; ; attempt++ {
 		if err := h.bmc.SetOneTimeBoot(ctx, dev, efi); err != nil {
@@ -141,13 +154,34 @@ func (h *hostRun) setBoot(ctx context.Context, dev driver.Device, efi bool) erro
 		if err != nil {
 			return err
 		}
-		if !ok || got == dev {
+		if !ok || got.Device == dev {
+			if ok && got.Persistent && dev != driver.Disk {
+				h.r.Events.Eventf(h.host, nil, corev1.EventTypeNormal, "BootOverrideContinuous", "SetBoot",
+					"the BMC keeps the boot from %s for every boot (Continuous); the disk is set as the boot device when the host leaves discovery", dev)
+			}
 			return nil
 		}
 		if attempt == 3 {
-			return fmt.Errorf("the BMC accepted a one-time boot from %s three times but kept %q", dev, got)
+			return fmt.Errorf("the BMC accepted a one-time boot from %s three times but kept %q", dev, got.Device)
 		}
 	}
+}
+
+// leaveDiscovery takes out what booted the host into discovery: the
+// virtual CD (its URL carries the InfraEnv's token), and a boot override
+// the BMC keeps for every boot (Continuous), which is pointed at the disk.
+func (h *hostRun) leaveDiscovery(ctx context.Context) error {
+	if err := h.bmc.EjectMedia(ctx); err != nil {
+		return err
+	}
+	ov, ok, err := h.bmc.BootOverride(ctx)
+	if err != nil {
+		return err
+	}
+	if ok && ov.Persistent && ov.Device != driver.Disk {
+		return h.bmc.SetOneTimeBoot(ctx, driver.Disk, h.host.Spec.BootMode != metal3.BootModeLegacy)
+	}
+	return nil
 }
 
 // provisioned: the host runs discovery, or was installed by it. Once its
@@ -190,7 +224,7 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 // deprovision: the host left its InfraEnv; take the CD out.
 func (h *hostRun) deprovision(ctx context.Context) step {
 	if h.host.Status.Provisioning.Image.URL != "" {
-		if err := h.bmc.EjectMedia(ctx); err != nil {
+		if err := h.leaveDiscovery(ctx); err != nil {
 			return failed(metal3.ProvisioningError, err)
 		}
 	}
@@ -241,79 +275,19 @@ func (h *hostRun) enrollment(ctx context.Context) (iso string, wait bool, err er
 	return ie.Status.ISODownloadURL, false, nil
 }
 
-// powerChange is a power command sent and not yet seen in effect.
-type powerChange struct {
-	on       bool
-	sent     time.Time
-	attempts int
-}
-
-// enforcePower makes the power state follow spec.online and checks,
-// by polling, that the BMC did it.
-func (h *hostRun) enforcePower(ctx context.Context) step {
-	want := h.host.Spec.Online
-	if h.host.Status.PoweredOn == want {
-		h.r.forgetPower(h.host.UID)
-		return step{}
-	}
-	h.r.mu.Lock()
-	p := h.r.pending[h.host.UID]
-	if p != nil && p.on != want {
-		p = nil
-	}
-	if p != nil && time.Since(p.sent) < h.r.PowerTimeout {
-		h.r.mu.Unlock()
-		return poll(h.r.PowerPoll) // sent; the host takes its time
-	}
-	if p == nil {
-		p = &powerChange{on: want}
-		h.r.pending[h.host.UID] = p
-	}
-	p.attempts++
-	p.sent = time.Now()
-	attempts := p.attempts
-	h.r.mu.Unlock()
-	if attempts > 3 {
-		h.r.forgetPower(h.host.UID)
-		return failed(metal3.PowerManagementError, fmt.Errorf("the host did not power %s after 3 requests over %s", onOff(want), 3*h.r.PowerTimeout))
-	}
-	var err error
-	switch {
-	case want:
-		err = h.bmc.PowerOn(ctx)
-	case attempts == 1:
-		err = h.bmc.PowerOff(ctx, true) // ask the OS first
-	default:
-		err = h.bmc.PowerOff(ctx, false)
-	}
-	if err != nil {
-		return failed(metal3.PowerManagementError, err)
-	}
-	return poll(h.r.PowerPoll)
-}
-
-func (r *Reconciler) forgetPower(uid types.UID) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.pending, uid)
-}
-
-func onOff(on bool) string {
-	if on {
-		return "on"
-	}
-	return "off"
-}
-
-// delete forgets the host, powering it off first only when asked to.
+// delete forgets the host: it takes its virtual media out of the BMC, and
+// powers it off first only when asked to.
 func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(host, Finalizer) {
 		return ctrl.Result{}, nil
 	}
 	_, detached := host.Annotations[DetachedAnnotation]
-	if host.Annotations[PowerOffOnDeleteAnnotation] == "true" && !detached {
+	if !detached {
 		before := host.Status.DeepCopy()
-		res := r.powerOffForDelete(ctx, host)
+		res := r.ejectForDelete(ctx, host)
+		if res.err == nil && host.Annotations[PowerOffOnDeleteAnnotation] == "true" {
+			res = r.powerOffForDelete(ctx, host)
+		}
 		if res.err != nil || res.requeue > 0 {
 			if err := r.writeStatus(ctx, host, before, res); err != nil {
 				return ctrl.Result{}, err
@@ -327,16 +301,65 @@ func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ct
 	return ctrl.Result{}, r.Client.Update(ctx, host)
 }
 
+// ejectForDelete takes the virtual CD out of a virtual media host's BMC:
+// its URL carries the InfraEnv's token and, left in, would boot the server
+// into discovery again. It is retried with backoff for
+// EjectOnDeleteTimeout, then the host is let go with a warning: a BMC that
+// is gone for good must not keep a BareMetalHost from being deleted.
+func (r *Reconciler) ejectForDelete(ctx context.Context, host *metal3.BareMetalHost) step {
+	a, err := address.Parse(host.Spec.BMC.Address)
+	if err != nil || !a.VirtualMedia || host.Annotations[ejectedAnnotation] == "true" {
+		return step{}
+	}
+	switch host.Status.Provisioning.State {
+	case metal3.StateNone, metal3.StateRegistering:
+		return step{} // never reached: nothing of ours went in
+	}
+	res := r.withBMC(ctx, host, func(bmc driver.BMC, _ address.Address, _ driver.Power) step {
+		if err := bmc.EjectMedia(ctx); err != nil {
+			return failed(metal3.ProvisioningError, fmt.Errorf("eject the virtual media before the host is deleted: %w", err))
+		}
+		return step{}
+	})
+	if res.err == nil {
+		if host.Status.Provisioning.Image.URL != "" {
+			r.Events.Eventf(host, nil, corev1.EventTypeNormal, "MediaEjected", "Delete", "the discovery ISO was ejected from the BMC before the host was deleted")
+		}
+		return r.markEjected(ctx, host)
+	}
+	if time.Since(host.DeletionTimestamp.Time) < r.EjectOnDeleteTimeout {
+		return res
+	}
+	r.Events.Eventf(host, nil, corev1.EventTypeWarning, "MediaNotEjected", "Delete",
+		"the BMC did not eject the virtual media for %s; deleting the host anyway: the BMC may still hold the discovery ISO's URL (%s)",
+		r.EjectOnDeleteTimeout, boundMessage(res.err.Error()))
+	return step{}
+}
+
+// markEjected records the eject on the host, so a deletion that goes on
+// (a power-off that takes its time) does not eject again.
+func (r *Reconciler) markEjected(ctx context.Context, host *metal3.BareMetalHost) step {
+	patch := client.MergeFrom(host.DeepCopy())
+	if host.Annotations == nil {
+		host.Annotations = map[string]string{}
+	}
+	host.Annotations[ejectedAnnotation] = "true"
+	if err := r.Client.Patch(ctx, host, patch); err != nil {
+		return failed(metal3.ProvisioningError, fmt.Errorf("record the eject: %w", err))
+	}
+	return step{}
+}
+
 func (r *Reconciler) powerOffForDelete(ctx context.Context, host *metal3.BareMetalHost) step {
 	host.Status.Provisioning.State = metal3.StatePoweringOffBeforeDelete
-	return r.withBMC(ctx, host, func(bmc driver.BMC, _ address.Address) step {
-		if !host.Status.PoweredOn {
+	return r.withBMC(ctx, host, func(bmc driver.BMC, _ address.Address, power driver.Power) step {
+		if power == driver.Off {
 			host.Status.Provisioning.State = metal3.StateDeleting
 			return step{}
 		}
 		off := *host
 		off.Spec.Online = false
-		return (&hostRun{r: r, host: &off, bmc: bmc}).enforcePower(ctx)
+		return (&hostRun{r: r, host: &off, bmc: bmc, power: power}).enforcePower(ctx)
 	})
 }
 
