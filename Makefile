@@ -84,11 +84,16 @@ help:
 bench-images: testbin dev-image build ## customised-ISO throughput vs http.ServeFile, first byte, memory per download
 	go run ./test/bench/images
 
+HOSTS ?= 50
 AGENTS ?= 2000
 
 .PHONY: bench-agents
 bench-agents: testbin build ## AGENTS simulated hosts (2000) against the agent API: registration latency, apiserver writes
 	go run ./test/bench/agents -agents $(AGENTS)
+
+.PHONY: bench-bmc
+bench-bmc: testbin ## HOSTS (50) BareMetalHosts on simulated Redfish BMCs, ideal vs realistic timing: enrollment, calls per BMC per minute
+	go test -tags bench -run TestBenchBMC -count=1 -timeout 60m -v ./test/bench/bmc -args -hosts $(HOSTS)
 
 .PHONY: bench-pxe
 bench-pxe: build ## DHCP offers/s and TFTP throughput vs dnsmasq in network namespaces (root)

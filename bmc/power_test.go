@@ -105,6 +105,19 @@ func setOnline(t *testing.T, e *env, h *metal3.BareMetalHost, online bool) {
 	}))
 }
 
+// leaveInfraEnv takes the host out of its InfraEnv (drops its labels).
+func leaveInfraEnv(t *testing.T, e *env, h *metal3.BareMetalHost) {
+	t.Helper()
+	require.NoError(t, retryConflict(func() error {
+		got := &metal3.BareMetalHost{}
+		if err := e.Client.Get(context.Background(), client.ObjectKeyFromObject(h), got); err != nil {
+			return err
+		}
+		got.Labels = nil
+		return e.Client.Update(context.Background(), got)
+	}))
+}
+
 func retryConflict(f func() error) error {
 	for {
 		if err := f(); !apierrors.IsConflict(err) {
@@ -207,17 +220,50 @@ func TestPowerLikeHardware(t *testing.T) {
 		waitEvents(t, sim.Events, "boot-override Cd Continuous", "power on cdrom")
 		waitEvent(t, e, h.Name, "BootOverrideContinuous", "for every boot (Continuous)")
 		// The host leaves its InfraEnv: the CD goes, the disk is the boot.
-		require.NoError(t, retryConflict(func() error {
-			got := &metal3.BareMetalHost{}
-			if err := e.Client.Get(context.Background(), client.ObjectKeyFromObject(h), got); err != nil {
-				return err
-			}
-			got.Labels = nil
-			return e.Client.Update(context.Background(), got)
-		}))
+		leaveInfraEnv(t, e, h)
 		waitEvents(t, sim.Events, "power on cdrom", "eject", "boot-override Hdd Continuous")
 		e.wait(h, "available", state(metal3.StateAvailable))
 		require.Empty(t, sim.Image())
+	})
+
+	// The vendor quirks users report most (docs/bmc.md).
+	t.Run("iDRAC refuses a power-on right after a power-off", func(t *testing.T) {
+		sim, m, hostport := redfish(t)
+		h := e.host("idrac", "redfish+http://"+hostport, 77)
+		e.wait(h, "provisioned", state(metal3.StateProvisioned))
+		sim.SetTiming(hardware)
+		sim.SetQuirks(bmcsim.Quirks{IDRACPowerOnConflict: 2 * time.Second})
+		neverFailed(t, e, h)
+		setOnline(t, e, h, false)
+		e.wait(h, "off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn })
+		setOnline(t, e, h, true)
+		e.wait(h, "on again", func(h *metal3.BareMetalHost) bool { return h.Status.PoweredOn })
+		require.True(t, m.On())
+		waitEvents(t, sim.Events, "power off", "request On", "refused On", "request On", "power on default")
+	})
+
+	t.Run("Supermicro keeps only the target of a partial boot PATCH", func(t *testing.T) {
+		sim, m, hostport := redfish(t)
+		sim.SetQuirks(bmcsim.Quirks{SupermicroBootPatch: true})
+		h := e.host("supermicro", "redfish-virtualmedia+http://"+hostport, 78)
+		neverFailed(t, e, h)
+		e.wait(h, "provisioned", state(metal3.StateProvisioned))
+		waitEvents(t, sim.Events, "boot-override Cd Once", "power on cdrom")
+		require.True(t, strings.HasPrefix(m.Boots()[0], "cdrom "), "the host did not boot the CD: %q", m.Boots())
+	})
+
+	t.Run("iLO media actions", func(t *testing.T) {
+		sim, _, hostport := redfish(t)
+		sim.SetQuirks(bmcsim.Quirks{ILOMedia: true})
+		h := e.host("ilo", "redfish-virtualmedia+http://"+hostport, 79)
+		neverFailed(t, e, h)
+		e.wait(h, "provisioned", state(metal3.StateProvisioned))
+		leaveInfraEnv(t, e, h)
+		e.wait(h, "available", state(metal3.StateAvailable))
+		require.Empty(t, sim.Image())
+		require.NoError(t, e.Client.Delete(context.Background(), h))
+		waitGone(t, e, h)
+		require.Equal(t, 1, count(sim.Events(), "eject"), "%q", sim.Events())
 	})
 
 	t.Run("deletion ejects the media", func(t *testing.T) {
@@ -240,7 +286,8 @@ func TestPowerLikeHardware(t *testing.T) {
 		asked := time.Now()
 		require.NoError(t, e.Client.Delete(context.Background(), h))
 		waitGone(t, e, h)
-		require.GreaterOrEqual(t, time.Since(asked), fast.EjectOnDeleteTimeout)
+		// deletionTimestamp has whole seconds.
+		require.GreaterOrEqual(t, time.Since(asked), fast.EjectOnDeleteTimeout-time.Second)
 		ev := waitEvent(t, e, h.Name, "MediaNotEjected", "may still hold the discovery ISO")
 		require.Equal(t, corev1.EventTypeWarning, ev.Type)
 		require.NotEmpty(t, sim.Image())

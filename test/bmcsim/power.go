@@ -43,6 +43,20 @@ type Timing struct {
 	// is accepted while the platform still shuts down, and a power-on sent
 	// in that window is accepted and dropped.
 	EarlyOff bool
+	// Latency holds every Redfish answer this long (BMCs answer in
+	// 100 ms to seconds).
+	Latency Span
+}
+
+// Realistic is a BMC as field reports describe real servers': answers in
+// 0.1–0.6 s, power transitions of 1–11 s, an OS taking 2–10 s to shut
+// down, requests for another state refused (409) during a transition.
+var Realistic = Timing{
+	Latency:  Span{Min: 100 * time.Millisecond, Max: 600 * time.Millisecond},
+	PowerOn:  Span{Min: time.Second, Max: 11 * time.Second},
+	PowerOff: Span{Min: time.Second, Max: 11 * time.Second},
+	Shutdown: Span{Min: 2 * time.Second, Max: 10 * time.Second},
+	Conflict: true,
 }
 
 // Power states as Redfish reports them.
@@ -73,6 +87,12 @@ type chassis struct {
 	// note records what the platform did ("power off", "power on dropped");
 	// it is called with mu held.
 	note func(string)
+}
+
+func (c *chassis) latency() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.timing.Latency.draw()
 }
 
 func (c *chassis) setTiming(t Timing) {

@@ -62,6 +62,7 @@ type Redfish struct {
 	imagePath   string
 	inserted    bool
 	sessions    map[string]time.Time // token → last use
+	offAt       time.Time            // when the platform last powered off
 	events      []string
 	downloadSeq int
 }
@@ -75,6 +76,21 @@ type Quirks struct {
 	// SessionTimeout expires sessions idle this long (real BMCs: 30 min by
 	// default, some 5 min); a request with an expired token is 401.
 	SessionTimeout time.Duration
+
+	// Vendor quirks users report most (docs/bmc.md names the sources).
+
+	// IDRACPowerOnConflict refuses a power-on for this long after the host
+	// powered off: 409 with MessageId ActionParameterValueConflict (iDRAC;
+	// Ironic retries it for a minute, [redfish]power_on_conflict_retry_*).
+	IDRACPowerOnConflict time.Duration
+	// SupermicroBootPatch keeps only the target of a Boot PATCH that does
+	// not also send BootSourceOverrideEnabled and BootSourceOverrideMode:
+	// the override is left Disabled and the mode Legacy (bmclib PR 459,
+	// Ironic story 2008547).
+	SupermicroBootPatch bool
+	// ILOMedia answers 415 to an EjectMedia without a JSON body ({}) and
+	// 400 to one with nothing inserted (sushy; bmclib issue 410).
+	ILOMedia bool
 }
 
 // SetTiming makes power transitions take time (see Timing).
@@ -98,6 +114,9 @@ func (r *Redfish) power() *chassis {
 		r.ch = &chassis{m: r.Machine, note: func(ev string) {
 			r.mu.Lock()
 			defer r.mu.Unlock()
+			if ev == "power off" {
+				r.offAt = time.Now()
+			}
 			r.event("%s", ev)
 		}}
 	})
@@ -171,9 +190,9 @@ func (r *Redfish) serve(w http.ResponseWriter, req *http.Request) {
 		}
 		panic(http.ErrAbortHandler)
 	}
-	if f.Delay > 0 {
+	if d := f.Delay + r.power().latency(); d > 0 {
 		select {
-		case <-time.After(f.Delay):
+		case <-time.After(d):
 		case <-req.Context().Done():
 			return
 		}
@@ -229,11 +248,7 @@ func (r *Redfish) serve(w http.ResponseWriter, req *http.Request) {
 	case path == cd+"/Actions/VirtualMedia.InsertMedia" && req.Method == http.MethodPost:
 		r.insert(w, req)
 	case path == cd+"/Actions/VirtualMedia.EjectMedia" && req.Method == http.MethodPost:
-		r.mu.Lock()
-		r.inserted, r.image, r.imagePath = false, "", ""
-		r.event("eject")
-		r.mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
+		r.eject(w, req)
 	default:
 		redfishError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not a resource of this service", req.Method, path))
 	}
@@ -336,6 +351,9 @@ func (r *Redfish) patchSystem(w http.ResponseWriter, req *http.Request) {
 		redfishError(w, http.StatusBadRequest, "malformed PATCH body: "+err.Error())
 		return
 	}
+	if body.Boot != nil && r.quirkSupermicro() && (body.Boot.BootSourceOverrideEnabled == "" || body.Boot.BootSourceOverrideMode == "") {
+		body.Boot.BootSourceOverrideEnabled, body.Boot.BootSourceOverrideMode = "Disabled", "Legacy"
+	}
 	if body.Boot != nil {
 		switch body.Boot.BootSourceOverrideTarget {
 		case "", "None", "Pxe", "Cd", "Hdd", "BiosSetup":
@@ -377,8 +395,19 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
 	r.mu.Unlock()
 	ch := r.power()
 	var err error
+	r.mu.Lock()
+	conflict := r.quirks.IDRACPowerOnConflict > 0 && !r.offAt.IsZero() && time.Since(r.offAt) < r.quirks.IDRACPowerOnConflict
+	r.mu.Unlock()
 	switch body.ResetType {
 	case "On":
+		if conflict && ch.state() == Off {
+			r.mu.Lock()
+			r.event("refused On")
+			r.mu.Unlock()
+			redfishErrorID(w, http.StatusConflict, "Base.1.12.ActionParameterValueConflict",
+				"The parameter value On for the action ComputerSystem.Reset conflicts with the current state of the system.")
+			return
+		}
 		_, err = ch.powerOn(r.bootDevice)
 	case "ForceOff":
 		err = ch.powerOff(false)
@@ -443,6 +472,31 @@ func (r *Redfish) virtualMedia(w http.ResponseWriter, cd string) {
 			"#VirtualMedia.EjectMedia":  map[string]any{"target": cd + "/Actions/VirtualMedia.EjectMedia"},
 		},
 	})
+}
+
+func (r *Redfish) quirkSupermicro() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.quirks.SupermicroBootPatch
+}
+
+func (r *Redfish) eject(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.quirks.ILOMedia {
+		var body map[string]any
+		if err := json.NewDecoder(io.LimitReader(req.Body, 4096)).Decode(&body); err != nil {
+			redfishErrorID(w, http.StatusUnsupportedMediaType, "Base.1.4.UnsupportedMediaType", "EjectMedia needs a JSON body")
+			return
+		}
+		if !r.inserted {
+			redfishErrorID(w, http.StatusBadRequest, "iLO.2.14.UnableToEjectMedia", "No media is inserted")
+			return
+		}
+	}
+	r.inserted, r.image, r.imagePath = false, "", ""
+	r.event("eject")
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (r *Redfish) insert(w http.ResponseWriter, req *http.Request) {
@@ -534,10 +588,14 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 func redfishError(w http.ResponseWriter, code int, msg string) {
+	redfishErrorID(w, code, "Base.1.8.GeneralError", msg)
+}
+
+func redfishErrorID(w http.ResponseWriter, code int, id, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-		"code": "Base.1.8.GeneralError", "message": msg,
-		"@Message.ExtendedInfo": []any{map[string]string{"Message": msg}},
+		"code": id, "message": msg,
+		"@Message.ExtendedInfo": []any{map[string]string{"MessageId": id, "Message": msg}},
 	}})
 }

@@ -27,6 +27,15 @@ import (
 
 const bmcPassword = "lab-bmc-Pa55"
 
+// realBMC is how the lab's simulated BMCs switch power: as real servers
+// do (bmcsim.Realistic, without the answer latency, which only slows the
+// lab down), while the controller runs with its production timeouts.
+var realBMC = func() bmcsim.Timing {
+	t := bmcsim.Realistic
+	t.Latency = bmcsim.Span{}
+	return t
+}()
+
 // machineOn is a server on bridge that a simulated BMC powers.
 func machineOn(t *testing.T, bridge string, o vm.Options) *vm.Machine {
 	t.Helper()
@@ -102,7 +111,7 @@ func TestLabBMCIPMI(t *testing.T) {
 	const mac = "52:54:00:2d:00:01"
 	m := machineOn(t, seg.Bridge, vm.Options{Name: "bmc-ipmi", MAC: mac, MemoryMB: 1536})
 	port := freeUDPPort(t)
-	sim := bmcsim.StartIPMI(t, bmcsim.IPMIOptions{User: "admin", Password: bmcPassword, Port: port, Machine: m})
+	sim := bmcsim.StartIPMI(t, bmcsim.IPMIOptions{User: "admin", Password: bmcPassword, Port: port, Machine: m, Timing: realBMC})
 	h := enroll(t, ie, "ipmi-host", fmt.Sprintf("ipmi://127.0.0.1:%d", port), mac)
 
 	a := approvedAgent(t, h, m)
@@ -124,6 +133,8 @@ func TestLabBMCRedfishVirtualMedia(t *testing.T) {
 	m := machineOn(t, "br0", vm.Options{Name: "bmc-redfish", MAC: mac, MemoryMB: 1536})
 	sim := &bmcsim.Redfish{User: "admin", Password: bmcPassword, Machine: m, MediaDir: t.TempDir(),
 		Client: &http.Client{Transport: localTransport{}}}
+	sim.SetTiming(realBMC)
+	t.Cleanup(sim.Close)
 	var outage sync.Once
 	sim.Hook = func(ev string) {
 		if strings.HasPrefix(ev, "insert ") {
@@ -152,6 +163,12 @@ func TestLabBMCRedfishVirtualMedia(t *testing.T) {
 	require.True(t, strings.HasPrefix(sim.Image(), ie.Status.ISODownloadURL+"&bmh=redfish-host&proof="), sim.Image())
 	require.Contains(t, sim.Events(), "power on cdrom")
 	powerOff(t, h, m)
+	// Off the graceful way, asked once: the OS shut down within its grace.
+	evs := sim.Events()
+	require.Equal(t, 1, strings.Count(strings.Join(evs, "\n")+"\n", "request GracefulShutdown\n"), "%q", evs)
+	require.NotContains(t, evs, "request ForceOff", "the power was cut although the OS shut down in time")
+	require.NoError(t, s.Client.Get(context.Background(), client.ObjectKeyFromObject(h), got))
+	require.Empty(t, got.Status.ErrorType, "a healthy power-off left an error: %s", got.Status.ErrorMessage)
 }
 
 // localTransport fetches published image URLs through the stack's client.

@@ -73,6 +73,8 @@ func TestLabNodePool(t *testing.T) {
 		name, mac := fmt.Sprintf("np-%d", i+1), fmt.Sprintf("52:54:00:2d:01:%02d", i+1)
 		h := &poolHost{m: machineOn(t, "br0", vm.Options{Name: name, MAC: mac, MemoryMB: 1536, Disks: []string{sparseDisk(t, 20_000_000_000)}})}
 		h.sim = &bmcsim.Redfish{User: "admin", Password: bmcPassword, Machine: h.m, MediaDir: t.TempDir(), Client: &http.Client{Transport: localTransport{}}}
+		h.sim.SetTiming(realBMC)
+		t.Cleanup(h.sim.Close)
 		srv := httptest.NewServer(h.sim)
 		t.Cleanup(srv.Close)
 		h.bmh = enroll(t, ie, name, "redfish-virtualmedia+http://"+strings.TrimPrefix(srv.URL, "http://")+"/redfish/v1/Systems/1", mac)

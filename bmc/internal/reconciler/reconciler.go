@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -101,6 +102,9 @@ type Reconciler struct {
 	bmcLocks keyedMutex
 	mu       sync.Mutex
 	pending  map[types.UID]*powerChange
+	// written is, per host, the resourceVersions the host had before the
+	// last pass wrote it; seeing one again means the cache is behind.
+	written map[types.UID][]string
 }
 
 func (r *Reconciler) defaults() {
@@ -132,6 +136,32 @@ func (r *Reconciler) defaults() {
 		r.Dial = driver.Open
 	}
 	r.pending = map[types.UID]*powerChange{}
+	r.written = map[types.UID][]string{}
+}
+
+// stale is true when the cached host is one this controller has since
+// written; otherwise the record of earlier writes is dropped.
+func (r *Reconciler) stale(host *metal3.BareMetalHost) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if slices.Contains(r.written[host.UID], host.ResourceVersion) {
+		return true
+	}
+	delete(r.written, host.UID)
+	return false
+}
+
+// update writes the host (or its status, or a patch of it) and records the
+// resourceVersion it replaced.
+func (r *Reconciler) update(host *metal3.BareMetalHost, write func() error) error {
+	before := host.ResourceVersion
+	if err := write(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.written[host.UID] = append(r.written[host.UID], before)
+	return nil
 }
 
 // SetupWithManager registers the controller. MaxConcurrent workers bound
@@ -166,12 +196,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if _, paused := host.Annotations[PausedAnnotation]; paused {
 		return ctrl.Result{}, nil
 	}
+	if r.stale(host) {
+		// This pass wrote the host a moment ago and the cache has not
+		// caught up: acting on the old state would repeat BMC requests.
+		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	}
 	if !host.DeletionTimestamp.IsZero() {
 		return r.delete(ctx, host)
 	}
 	if !controllerutil.ContainsFinalizer(host, Finalizer) {
 		controllerutil.AddFinalizer(host, Finalizer)
-		if err := r.Client.Update(ctx, host); err != nil {
+		if err := r.update(host, func() error { return r.Client.Update(ctx, host) }); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -341,7 +376,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, host *metal3.BareMetalHost
 	}
 	now := metav1.Now()
 	st.LastUpdated = &now
-	return r.Client.Status().Update(ctx, host)
+	return r.update(host, func() error { return r.Client.Status().Update(ctx, host) })
 }
 
 // maxMessage bounds an error message in status and events: BMC replies

@@ -297,6 +297,9 @@ func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ct
 		}
 	}
 	r.forgetPower(host.UID)
+	r.mu.Lock()
+	delete(r.written, host.UID)
+	r.mu.Unlock()
 	controllerutil.RemoveFinalizer(host, Finalizer)
 	return ctrl.Result{}, r.Client.Update(ctx, host)
 }
@@ -344,7 +347,7 @@ func (r *Reconciler) markEjected(ctx context.Context, host *metal3.BareMetalHost
 		host.Annotations = map[string]string{}
 	}
 	host.Annotations[ejectedAnnotation] = "true"
-	if err := r.Client.Patch(ctx, host, patch); err != nil {
+	if err := r.update(host, func() error { return r.Client.Patch(ctx, host, patch) }); err != nil {
 		return failed(metal3.ProvisioningError, fmt.Errorf("record the eject: %w", err))
 	}
 	return step{}
@@ -391,9 +394,11 @@ func (r *Reconciler) markDiscoveryBoot(ctx context.Context, host *metal3.BareMet
 		cp.Annotations = map[string]string{}
 	}
 	cp.Annotations[DiscoveryBootAnnotation] = time.Now().UTC().Format(time.RFC3339Nano)
-	if err := r.Client.Patch(ctx, cp, patch); err != nil {
-		return fmt.Errorf("record the discovery boot: %w", err)
-	}
-	host.Annotations, host.ResourceVersion = cp.Annotations, cp.ResourceVersion
-	return nil
+	return r.update(host, func() error {
+		if err := r.Client.Patch(ctx, cp, patch); err != nil {
+			return fmt.Errorf("record the discovery boot: %w", err)
+		}
+		host.Annotations, host.ResourceVersion = cp.Annotations, cp.ResourceVersion
+		return nil
+	})
 }

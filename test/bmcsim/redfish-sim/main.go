@@ -18,8 +18,13 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8000", "address to serve Redfish on (plain HTTP)")
 	user := flag.String("username", "admin", "BMC username")
 	pass := flag.String("password", "password", "BMC password")
+	realistic := flag.Bool("realistic", false, "behave like a real server's BMC: answers in 0.1–0.6 s, power transitions of 1–11 s, "+
+		"an OS taking 2–10 s to shut down, 409 during transitions")
 	flag.Parse()
 	sim := &bmcsim.Redfish{User: *user, Password: *pass, Machine: &bmcsim.MemMachine{}}
+	if *realistic {
+		sim.SetTiming(bmcsim.Realistic)
+	}
 	sim.Hook = func(ev string) { fmt.Printf("%s redfish-sim: %s\n", time.Now().Format(time.TimeOnly), ev) }
 	fmt.Printf("redfish-sim: serving redfish-virtualmedia+http://%s/redfish/v1/Systems/1\n", *listen)
 	srv := &http.Server{Addr: *listen, Handler: sim, ReadHeaderTimeout: 10 * time.Second}

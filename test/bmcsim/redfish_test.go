@@ -1,0 +1,169 @@
+package bmcsim
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+)
+
+// The simulator is the yardstick the controller is measured with: these
+// check that it really behaves as the hardware it stands for.
+
+func do(t *testing.T, srv *httptest.Server, method, path, body string, auth func(*http.Request)) int {
+	t.Helper()
+	var r *bytes.Buffer
+	if body != "" {
+		r = bytes.NewBufferString(body)
+	} else {
+		r = &bytes.Buffer{}
+	}
+	req, err := http.NewRequest(method, srv.URL+path, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth(req)
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func basic(req *http.Request) { req.SetBasicAuth("admin", "pw") }
+
+func sim(t *testing.T) (*Redfish, *MemMachine, *httptest.Server) {
+	m := &MemMachine{}
+	r := &Redfish{User: "admin", Password: "pw", Machine: m}
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	t.Cleanup(r.Close)
+	return r, m, srv
+}
+
+const reset = "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"
+
+func waitState(t *testing.T, r *Redfish, want string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for r.PowerState() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("power state %s after %s, want %s", r.PowerState(), within, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestTransitionsTakeTime(t *testing.T) {
+	r, m, srv := sim(t)
+	span := Span{Min: 300 * time.Millisecond, Max: 300 * time.Millisecond}
+	r.SetTiming(Timing{PowerOn: span, PowerOff: span, Shutdown: span, Transitional: true, Conflict: true})
+	if got := do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic); got != http.StatusNoContent {
+		t.Fatalf("On: %d", got)
+	}
+	if r.PowerState() != PoweringOn || m.On() {
+		t.Fatalf("right after On: %s, machine on %v", r.PowerState(), m.On())
+	}
+	if got := do(t, srv, "POST", reset, `{"ResetType":"ForceOff"}`, basic); got != http.StatusConflict {
+		t.Fatalf("ForceOff during power-on: %d, want 409", got)
+	}
+	waitState(t, r, On, 2*time.Second)
+	// Graceful: the OS takes its time, then the platform.
+	start := time.Now()
+	if got := do(t, srv, "POST", reset, `{"ResetType":"GracefulShutdown"}`, basic); got != http.StatusNoContent {
+		t.Fatalf("GracefulShutdown: %d", got)
+	}
+	waitState(t, r, Off, 3*time.Second)
+	if took := time.Since(start); took < 550*time.Millisecond {
+		t.Fatalf("graceful shutdown took %s, want shutdown + power-off (600ms)", took)
+	}
+}
+
+func TestHungOSAndEarlyOff(t *testing.T) {
+	r, m, srv := sim(t)
+	m.PowerOn("", "")
+	r.SetTiming(Timing{HungOS: true})
+	do(t, srv, "POST", reset, `{"ResetType":"GracefulShutdown"}`, basic)
+	time.Sleep(200 * time.Millisecond)
+	if r.PowerState() != On || !m.On() {
+		t.Fatal("a hung OS shut down")
+	}
+	do(t, srv, "POST", reset, `{"ResetType":"ForceOff"}`, basic)
+	waitState(t, r, Off, time.Second)
+
+	// EarlyOff: Off at once, a power-on in the window dropped.
+	m.PowerOn("", "")
+	r.SetTiming(Timing{EarlyOff: true, PowerOff: Span{Min: 500 * time.Millisecond, Max: 500 * time.Millisecond}})
+	do(t, srv, "POST", reset, `{"ResetType":"ForceOff"}`, basic)
+	if r.PowerState() != Off || !m.On() {
+		t.Fatalf("EarlyOff: reported %s, machine on %v; want Off while still on", r.PowerState(), m.On())
+	}
+	do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic)
+	time.Sleep(700 * time.Millisecond)
+	if m.On() {
+		t.Fatal("a power-on in the early-off window was not dropped")
+	}
+}
+
+func TestSessionsExpire(t *testing.T) {
+	r, _, srv := sim(t)
+	r.SetQuirks(Quirks{SessionTimeout: 200 * time.Millisecond})
+	req, _ := http.NewRequest("POST", srv.URL+"/redfish/v1/SessionService/Sessions", bytes.NewBufferString(`{"UserName":"admin","Password":"pw"}`))
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	tok := resp.Header.Get("X-Auth-Token")
+	withToken := func(req *http.Request) { req.Header.Set("X-Auth-Token", tok) }
+	if got := do(t, srv, "GET", "/redfish/v1/Systems/1", "", withToken); got != http.StatusOK {
+		t.Fatalf("fresh session: %d", got)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := do(t, srv, "GET", "/redfish/v1/Systems/1", "", withToken); got != http.StatusUnauthorized {
+		t.Fatalf("expired session: %d, want 401", got)
+	}
+	if got := do(t, srv, "GET", "/redfish/v1/Systems/1", "", basic); got != http.StatusOK {
+		t.Fatalf("basic auth: %d", got)
+	}
+}
+
+func TestVendorQuirks(t *testing.T) {
+	r, m, srv := sim(t)
+	const cd = "/redfish/v1/Managers/1/VirtualMedia/Cd/Actions/VirtualMedia."
+	if got := do(t, srv, "POST", cd+"InsertMedia", `{"Image":"http://x/a.iso"}`, basic); got != http.StatusNoContent {
+		t.Fatalf("insert: %d", got)
+	}
+	if got := do(t, srv, "POST", cd+"InsertMedia", `{"Image":"http://x/b.iso"}`, basic); got != http.StatusConflict {
+		t.Fatalf("insert over inserted media: %d, want 409", got)
+	}
+	r.SetQuirks(Quirks{ILOMedia: true})
+	if got := do(t, srv, "POST", cd+"EjectMedia", "", basic); got != http.StatusUnsupportedMediaType {
+		t.Fatalf("iLO eject without a body: %d, want 415", got)
+	}
+	if got := do(t, srv, "POST", cd+"EjectMedia", "{}", basic); got != http.StatusNoContent {
+		t.Fatalf("iLO eject: %d", got)
+	}
+	if got := do(t, srv, "POST", cd+"EjectMedia", "{}", basic); got != http.StatusBadRequest {
+		t.Fatalf("iLO eject with nothing inserted: %d, want 400", got)
+	}
+
+	r.SetQuirks(Quirks{SupermicroBootPatch: true})
+	do(t, srv, "PATCH", "/redfish/v1/Systems/1", `{"Boot":{"BootSourceOverrideTarget":"Pxe"}}`, basic)
+	do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic)
+	if b := m.Boots(); len(b) != 1 || b[0] != " " {
+		t.Fatalf("Supermicro with a partial PATCH booted %q, want its own order", b)
+	}
+	do(t, srv, "POST", reset, `{"ResetType":"ForceOff"}`, basic)
+
+	r.SetQuirks(Quirks{IDRACPowerOnConflict: 300 * time.Millisecond})
+	if got := do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic); got != http.StatusConflict {
+		t.Fatalf("iDRAC power-on right after power-off: %d, want 409", got)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if got := do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic); got != http.StatusNoContent || !m.On() {
+		t.Fatalf("iDRAC power-on after the window: %d, on %v", got, m.On())
+	}
+}
