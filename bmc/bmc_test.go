@@ -269,7 +269,12 @@ func TestIPMIBootsFromNetwork(t *testing.T) {
 	e := start(t)
 	m := &bmcsim.MemMachine{}
 	port := freeUDPPort(t)
-	sim := bmcsim.StartIPMI(t, bmcsim.IPMIOptions{User: "admin", Password: password, Port: port, Machine: m})
+	// Power takes time, as on a server: the BMC reports the old state until
+	// the new one is reached.
+	sim := bmcsim.StartIPMI(t, bmcsim.IPMIOptions{User: "admin", Password: password, Port: port, Machine: m, Timing: bmcsim.Timing{
+		PowerOn: bmcsim.Span{Min: 300 * time.Millisecond, Max: time.Second}, PowerOff: bmcsim.Span{Min: 300 * time.Millisecond, Max: time.Second},
+		Shutdown: bmcsim.Span{Min: 300 * time.Millisecond, Max: time.Second},
+	}})
 	h := e.host("ipmi1", fmt.Sprintf("ipmi://127.0.0.1:%d", port), 3)
 	e.wait(h, "provisioned", state(metal3.StateProvisioned))
 	waitEvents(t, sim.Events, "boot pxe", "power on pxe")

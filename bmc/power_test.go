@@ -182,18 +182,20 @@ func TestPowerLikeHardware(t *testing.T) {
 		e.wait(h, "provisioned", state(metal3.StateProvisioned))
 		require.True(t, m.On())
 		slow := hardware
-		slow.PowerOn = bmcsim.Span{Min: 2 * time.Second, Max: 2 * time.Second}
 		slow.Transitional = true
 		sim.SetTiming(slow)
 		neverFailed(t, e, h)
 		// Someone else restarts the host through the BMC; while it comes
-		// up, the host is to be powered off.
+		// up (held until the controller met the busy BMC), the host is to
+		// be powered off.
+		sim.HoldTransitions(true)
 		resetSim(t, hostport, "ForceRestart")
 		require.Equal(t, bmcsim.PoweringOn, sim.PowerState())
 		setOnline(t, e, h, false)
+		waitEvents(t, sim.Events, "refused GracefulShutdown")
+		sim.HoldTransitions(false)
 		e.wait(h, "powered off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn && sim.PowerState() == bmcsim.Off })
 		evs := sim.Events()
-		require.Contains(t, evs, "refused GracefulShutdown", "the controller never met the busy BMC: %q", evs)
 		require.Zero(t, count(evs, "request ForceOff"), "%q", evs)
 	})
 
@@ -201,12 +203,17 @@ func TestPowerLikeHardware(t *testing.T) {
 		sim, m, hostport := redfish(t)
 		h := e.host("early", "redfish+http://"+hostport, 73)
 		e.wait(h, "provisioned", state(metal3.StateProvisioned))
-		sim.SetTiming(bmcsim.Timing{EarlyOff: true, PowerOff: bmcsim.Span{Min: 2 * time.Second, Max: 2 * time.Second}})
+		sim.SetTiming(bmcsim.Timing{EarlyOff: true, PowerOff: bmcsim.Span{Min: time.Second, Max: time.Second}})
 		neverFailed(t, e, h)
+		// The platform shuts down until the test lets it: the power-on
+		// lands in the window.
+		sim.HoldTransitions(true)
 		setOnline(t, e, h, false)
 		e.wait(h, "reported off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn })
 		setOnline(t, e, h, true)
-		waitEvents(t, sim.Events, "request GracefulShutdown", "request On", "power on dropped", "power off", "request On", "power on default")
+		waitEvents(t, sim.Events, "request GracefulShutdown", "request On", "power on dropped")
+		sim.HoldTransitions(false)
+		waitEvents(t, sim.Events, "power on dropped", "power off", "request On", "power on default")
 		waitEvent(t, e, h.Name, "PowerRequestRepeated", "the BMC accepted a request to power on")
 		e.wait(h, "on again", func(h *metal3.BareMetalHost) bool { return h.Status.PoweredOn })
 		require.True(t, m.On())
@@ -226,6 +233,26 @@ func TestPowerLikeHardware(t *testing.T) {
 		require.Empty(t, sim.Image())
 	})
 
+	t.Run("BMC that accepts and ignores power requests", func(t *testing.T) {
+		sim, m, hostport := redfish(t)
+		h := e.host("deaf", "redfish+http://"+hostport, 80)
+		e.wait(h, "provisioned", state(metal3.StateProvisioned))
+		sim.SetFaults(bmcsim.Faults{IgnorePower: true})
+		setOnline(t, e, h, false)
+		// Asked gracefully, forced after the grace period, forced again
+		// after each power timeout: then a specific error, never silence.
+		got := e.wait(h, "reporting the ignored requests", errorContains(metal3.PowerManagementError, "the BMC accepted 3 requests to power off over 9s but still reports on"))
+		require.True(t, got.Status.PoweredOn)
+		require.True(t, m.On())
+		evs := sim.Events()
+		require.GreaterOrEqual(t, count(evs, "ignored ForceOff"), 3, "%q", evs)
+		require.Less(t, slices.Index(evs, "ignored GracefulShutdown"), slices.Index(evs, "ignored ForceOff"), "%q", evs)
+		// The BMC behaves again: the host recovers by itself.
+		sim.SetFaults(bmcsim.Faults{})
+		e.wait(h, "off, recovered", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn && h.Status.ErrorType == "" })
+		require.False(t, m.On())
+	})
+
 	// The vendor quirks users report most (docs/bmc.md).
 	t.Run("iDRAC refuses a power-on right after a power-off", func(t *testing.T) {
 		sim, m, hostport := redfish(t)
@@ -234,12 +261,33 @@ func TestPowerLikeHardware(t *testing.T) {
 		sim.SetTiming(hardware)
 		sim.SetQuirks(bmcsim.Quirks{IDRACPowerOnConflict: 2 * time.Second})
 		neverFailed(t, e, h)
+		// online flips back while the OS shuts down (held): the controller
+		// watches the shutdown land, then powers on at once, into the
+		// iDRAC's refusal window.
+		sim.HoldTransitions(true)
 		setOnline(t, e, h, false)
-		e.wait(h, "off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn })
+		waitEvents(t, sim.Events, "request GracefulShutdown")
 		setOnline(t, e, h, true)
+		time.Sleep(500 * time.Millisecond)
+		sim.HoldTransitions(false)
+		waitEvents(t, sim.Events, "power off", "request On", "refused On", "request On", "power on default")
 		e.wait(h, "on again", func(h *metal3.BareMetalHost) bool { return h.Status.PoweredOn })
 		require.True(t, m.On())
-		waitEvents(t, sim.Events, "power off", "request On", "refused On", "request On", "power on default")
+	})
+
+	t.Run("iLO 4 has no graceful shutdown", func(t *testing.T) {
+		sim, m, hostport := redfish(t)
+		sim.SetQuirks(bmcsim.Quirks{NoGracefulShutdown: true})
+		h := e.host("ilo4", "redfish+http://"+hostport, 81)
+		e.wait(h, "provisioned and on", func(h *metal3.BareMetalHost) bool {
+			return h.Status.Provisioning.State == metal3.StateProvisioned && h.Status.PoweredOn
+		})
+		neverFailed(t, e, h)
+		setOnline(t, e, h, false)
+		e.wait(h, "off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn })
+		require.False(t, m.On())
+		waitEvent(t, e, h.Name, "PowerOffForced", "the BMC refused the graceful shutdown")
+		require.Equal(t, 1, count(sim.Events(), "request ForceOff"), "%q", sim.Events())
 	})
 
 	t.Run("Supermicro keeps only the target of a partial boot PATCH", func(t *testing.T) {

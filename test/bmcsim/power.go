@@ -84,6 +84,8 @@ type chassis struct {
 	timer    *time.Timer
 	shutdown bool // the transition is the OS shutting down first
 	boot     func() (dev, cdrom string)
+	// held keeps transitions from ending; due is set when one would have.
+	held, due bool
 	// note records what the platform did ("power off", "power on dropped");
 	// it is called with mu held.
 	note func(string)
@@ -220,6 +222,10 @@ func (c *chassis) begin(target string, d time.Duration, shutdown bool) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if c.target == target && !c.until.After(time.Now()) {
+				if c.held {
+					c.due = true
+					return
+				}
 				_ = c.finish()
 			}
 		})
@@ -229,7 +235,7 @@ func (c *chassis) begin(target string, d time.Duration, shutdown bool) {
 // finish ends the transition in progress. Callers hold mu.
 func (c *chassis) finish() error {
 	target, boot := c.target, c.boot
-	c.target, c.until, c.timer, c.shutdown, c.boot = "", time.Time{}, nil, false, nil
+	c.target, c.until, c.timer, c.shutdown, c.boot, c.due = "", time.Time{}, nil, false, nil, false
 	if target == Off {
 		c.note("power off")
 		return c.m.PowerOff()
@@ -239,6 +245,20 @@ func (c *chassis) finish() error {
 		dev, cdrom = boot()
 	}
 	return c.m.PowerOn(dev, cdrom)
+}
+
+// hold keeps transitions that take time from ending until released, so a
+// test can act inside one whatever the machine's load.
+func (c *chassis) hold(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.held = on
+	if !on && c.due {
+		c.due = false
+		if c.target != "" {
+			_ = c.finish()
+		}
+	}
 }
 
 // close stops a transition in progress where it stands.

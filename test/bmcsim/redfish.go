@@ -28,6 +28,9 @@ type Faults struct {
 	ServerErrors bool
 	// DropBootOverride accepts boot override PATCHes and forgets them.
 	DropBootOverride bool
+	// IgnorePower accepts every ComputerSystem.Reset (204) and does
+	// nothing.
+	IgnorePower bool
 }
 
 // Redfish is a Redfish service with one System and one Manager whose
@@ -91,7 +94,14 @@ type Quirks struct {
 	// ILOMedia answers 415 to an EjectMedia without a JSON body ({}) and
 	// 400 to one with nothing inserted (sushy; bmclib issue 410).
 	ILOMedia bool
+	// NoGracefulShutdown offers no GracefulShutdown reset type (iLO 4):
+	// gofish refuses to send it, and the BMC answers 400 if it comes.
+	NoGracefulShutdown bool
 }
+
+// HoldTransitions keeps power transitions that take time from ending until
+// it is called with false: a test acts inside one whatever the load.
+func (r *Redfish) HoldTransitions(on bool) { r.power().hold(on) }
 
 // SetTiming makes power transitions take time (see Timing).
 func (r *Redfish) SetTiming(t Timing) { r.power().setTiming(t) }
@@ -319,6 +329,10 @@ func (r *Redfish) login(w http.ResponseWriter, req *http.Request) {
 func (r *Redfish) system(w http.ResponseWriter, sys, mgr string) {
 	r.mu.Lock()
 	override, enabled, mode := r.override, r.enabled, r.mode
+	resetTypes := []string{"On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle"}
+	if r.quirks.NoGracefulShutdown {
+		resetTypes = []string{"On", "ForceOff", "ForceRestart", "Nmi", "PushPowerButton"}
+	}
 	r.mu.Unlock()
 	power := r.power().state()
 	writeJSON(w, map[string]any{
@@ -333,7 +347,7 @@ func (r *Redfish) system(w http.ResponseWriter, sys, mgr string) {
 		},
 		"Actions": map[string]any{"#ComputerSystem.Reset": map[string]any{
 			"target":                            sys + "/Actions/ComputerSystem.Reset",
-			"ResetType@Redfish.AllowableValues": []string{"On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle"},
+			"ResetType@Redfish.AllowableValues": resetTypes,
 		}},
 		"Links": map[string]any{"ManagedBy": []any{link(mgr)}},
 	})
@@ -396,6 +410,18 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
 	ch := r.power()
 	var err error
 	r.mu.Lock()
+	if r.quirks.NoGracefulShutdown && strings.HasPrefix(body.ResetType, "Graceful") {
+		r.event("refused %s", body.ResetType)
+		r.mu.Unlock()
+		redfishErrorID(w, http.StatusBadRequest, "Base.1.8.ActionParameterNotSupported", "The value "+body.ResetType+" for ResetType is not supported")
+		return
+	}
+	if r.faults.IgnorePower {
+		r.event("ignored %s", body.ResetType)
+		r.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	conflict := r.quirks.IDRACPowerOnConflict > 0 && !r.offAt.IsZero() && time.Since(r.offAt) < r.quirks.IDRACPowerOnConflict
 	r.mu.Unlock()
 	switch body.ResetType {

@@ -60,6 +60,7 @@ func TestTransitionsTakeTime(t *testing.T) {
 	r, m, srv := sim(t)
 	span := Span{Min: 300 * time.Millisecond, Max: 300 * time.Millisecond}
 	r.SetTiming(Timing{PowerOn: span, PowerOff: span, Shutdown: span, Transitional: true, Conflict: true})
+	r.HoldTransitions(true)
 	if got := do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic); got != http.StatusNoContent {
 		t.Fatalf("On: %d", got)
 	}
@@ -69,13 +70,14 @@ func TestTransitionsTakeTime(t *testing.T) {
 	if got := do(t, srv, "POST", reset, `{"ResetType":"ForceOff"}`, basic); got != http.StatusConflict {
 		t.Fatalf("ForceOff during power-on: %d, want 409", got)
 	}
-	waitState(t, r, On, 2*time.Second)
+	r.HoldTransitions(false)
+	waitState(t, r, On, 5*time.Second)
 	// Graceful: the OS takes its time, then the platform.
 	start := time.Now()
 	if got := do(t, srv, "POST", reset, `{"ResetType":"GracefulShutdown"}`, basic); got != http.StatusNoContent {
 		t.Fatalf("GracefulShutdown: %d", got)
 	}
-	waitState(t, r, Off, 3*time.Second)
+	waitState(t, r, Off, 10*time.Second)
 	if took := time.Since(start); took < 550*time.Millisecond {
 		t.Fatalf("graceful shutdown took %s, want shutdown + power-off (600ms)", took)
 	}
@@ -95,13 +97,15 @@ func TestHungOSAndEarlyOff(t *testing.T) {
 
 	// EarlyOff: Off at once, a power-on in the window dropped.
 	m.PowerOn("", "")
-	r.SetTiming(Timing{EarlyOff: true, PowerOff: Span{Min: 500 * time.Millisecond, Max: 500 * time.Millisecond}})
+	r.SetTiming(Timing{EarlyOff: true, PowerOff: Span{Min: 300 * time.Millisecond, Max: 300 * time.Millisecond}})
+	r.HoldTransitions(true)
 	do(t, srv, "POST", reset, `{"ResetType":"ForceOff"}`, basic)
 	if r.PowerState() != Off || !m.On() {
 		t.Fatalf("EarlyOff: reported %s, machine on %v; want Off while still on", r.PowerState(), m.On())
 	}
 	do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic)
-	time.Sleep(700 * time.Millisecond)
+	r.HoldTransitions(false)
+	time.Sleep(600 * time.Millisecond)
 	if m.On() {
 		t.Fatal("a power-on in the early-off window was not dropped")
 	}
@@ -109,7 +113,7 @@ func TestHungOSAndEarlyOff(t *testing.T) {
 
 func TestSessionsExpire(t *testing.T) {
 	r, _, srv := sim(t)
-	r.SetQuirks(Quirks{SessionTimeout: 200 * time.Millisecond})
+	r.SetQuirks(Quirks{SessionTimeout: 2 * time.Second})
 	req, _ := http.NewRequest("POST", srv.URL+"/redfish/v1/SessionService/Sessions", bytes.NewBufferString(`{"UserName":"admin","Password":"pw"}`))
 	resp, err := srv.Client().Do(req)
 	if err != nil {
@@ -121,7 +125,7 @@ func TestSessionsExpire(t *testing.T) {
 	if got := do(t, srv, "GET", "/redfish/v1/Systems/1", "", withToken); got != http.StatusOK {
 		t.Fatalf("fresh session: %d", got)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond)
 	if got := do(t, srv, "GET", "/redfish/v1/Systems/1", "", withToken); got != http.StatusUnauthorized {
 		t.Fatalf("expired session: %d, want 401", got)
 	}
@@ -158,12 +162,19 @@ func TestVendorQuirks(t *testing.T) {
 	}
 	do(t, srv, "POST", reset, `{"ResetType":"ForceOff"}`, basic)
 
-	r.SetQuirks(Quirks{IDRACPowerOnConflict: 300 * time.Millisecond})
+	r.SetQuirks(Quirks{IDRACPowerOnConflict: 2 * time.Second})
 	if got := do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic); got != http.StatusConflict {
 		t.Fatalf("iDRAC power-on right after power-off: %d, want 409", got)
 	}
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(2100 * time.Millisecond)
 	if got := do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic); got != http.StatusNoContent || !m.On() {
 		t.Fatalf("iDRAC power-on after the window: %d, on %v", got, m.On())
+	}
+
+	do(t, srv, "POST", reset, `{"ResetType":"ForceOff"}`, basic)
+	r.SetQuirks(Quirks{NoGracefulShutdown: true})
+	m.PowerOn("", "")
+	if got := do(t, srv, "POST", reset, `{"ResetType":"GracefulShutdown"}`, basic); got != http.StatusBadRequest || !m.On() {
+		t.Fatalf("iLO 4 GracefulShutdown: %d, on %v; want 400 and still on", got, m.On())
 	}
 }

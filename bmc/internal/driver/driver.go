@@ -94,6 +94,9 @@ type Override struct {
 	// Persistent is true for an override kept for every boot (Redfish
 	// Continuous), which some BMCs report for a one-time request.
 	Persistent bool
+	// UEFI is true when the BMC reports the override's mode as UEFI (false
+	// for Legacy, and for a BMC that does not report the mode).
+	UEFI bool
 }
 
 // BMC is an open session with one BMC. It is not safe for concurrent use:
@@ -251,7 +254,7 @@ func (s *session) BootOverride(ctx context.Context) (Override, bool, error) {
 	if err != nil {
 		return Override{}, false, s.fail("read boot override", err)
 	}
-	return Override{Device: Device(ov.Device), Persistent: ov.IsPersistent}, true, nil
+	return Override{Device: Device(ov.Device), Persistent: ov.IsPersistent, UEFI: ov.IsEFIBoot}, true, nil
 }
 
 func (s *session) InsertMedia(ctx context.Context, url string) error {
@@ -297,6 +300,9 @@ func (s *session) fail(op string, err error) error {
 	switch {
 	case strings.Contains(msg, "401") || strings.Contains(strings.ToLower(msg), "unauthorized"):
 		return fmt.Errorf("%s: the BMC rejected the username or password: %s", op, msg)
+	case strings.Contains(msg, "Node busy"):
+		// IPMI completion code 0xC0, as ipmitool prints it: nothing done.
+		return fmt.Errorf("%w: %s: %s", ErrBusy, op, msg)
 	case strings.Contains(msg, "Unable to establish IPMI v2"):
 		// ipmitool says the same for a wrong password and for silence.
 		return fmt.Errorf("%s: no IPMI session (a wrong username or password, a BMC that is down, or UDP blocked): %s", op, msg)

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/bmc/internal/driver"
@@ -17,6 +18,43 @@ import (
 // the BMC failed to report its effect for PowerTimeout, before the host
 // reports an error.
 const maxPowerRequests = 3
+
+// memory is what the controller remembers of a host between passes. It is
+// lost when the manager restarts; everything in it is an optimisation
+// of the number of BMC requests, never a condition of correctness: a new
+// manager starts the host's power change or boot over.
+type memory struct {
+	uid types.UID
+	// power is the power change in progress, if any.
+	power *powerChange
+	// boot is the boot into discovery in progress, if any.
+	boot *bootAttempt
+	// written are the resourceVersions the host had before the last pass
+	// wrote it; seeing one again means the cache is behind.
+	written []string
+}
+
+// memoryOf returns the host's memory, a fresh one for a new UID. Only the
+// pass over the host uses it (controller-runtime never reconciles one host
+// twice at once), so its fields need no lock.
+func (r *Reconciler) memoryOf(host client.Object) *memory {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key := types.NamespacedName{Namespace: host.GetNamespace(), Name: host.GetName()}
+	m := r.hosts[key]
+	if m == nil || m.uid != host.GetUID() {
+		m = &memory{uid: host.GetUID()}
+		r.hosts[key] = m
+	}
+	return m
+}
+
+// forget drops what the controller remembers of a host that is gone.
+func (r *Reconciler) forget(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.hosts, key)
+}
 
 // powerChange is a power state asked of a BMC and not yet seen in effect.
 // One request is sent per wanted state; the controller then reads the
@@ -31,7 +69,7 @@ type powerChange struct {
 	requests int
 	// soft is true while the last request asked the OS to shut down.
 	soft bool
-	// forced is true once the grace period of a soft power-off ran out.
+	// forced is true once a soft power-off timed out or was refused.
 	forced bool
 	// busySince is the first ErrBusy answer since the last request went in.
 	busySince time.Time
@@ -39,41 +77,30 @@ type powerChange struct {
 	polls int
 }
 
-func (r *Reconciler) pendingPower(uid types.UID) *powerChange {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pending[uid]
-}
-
-func (r *Reconciler) trackPower(uid types.UID, p *powerChange) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.pending[uid] = p
-}
-
-func (r *Reconciler) forgetPower(uid types.UID) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.pending, uid)
-}
-
-// sentPower records a request the BMC accepted outside enforcePower (the
-// power-on or reset that boots a host into discovery), so the next visits
-// wait for it rather than send it again.
-func (r *Reconciler) sentPower(uid types.UID, on bool) {
-	r.trackPower(uid, &powerChange{on: on, sent: time.Now(), requests: 1})
+// window is how long the BMC has to reach the state after the request.
+func (p *powerChange) window(r *Reconciler) time.Duration {
+	if p.soft {
+		return r.SoftPowerOffTimeout
+	}
+	return r.PowerTimeout
 }
 
 // enforcePower makes the power state follow spec.online: one request, then
 // reading the state back until the BMC reports it.
 func (h *hostRun) enforcePower(ctx context.Context) step {
 	want := h.host.Spec.Online
-	uid := h.host.UID
+	mem := h.r.memoryOf(h.host)
+	p := mem.power
 	if h.power.Settled() && h.power.IsOn() == want {
-		h.r.forgetPower(uid)
+		if p != nil && p.on != want && !p.sent.IsZero() && time.Since(p.sent) < p.window(h.r) {
+			// spec.online flipped back while the other state's request is
+			// under way (an OS shutting down reports on): watch it land,
+			// then undo it, rather than wait for the next resync.
+			return h.r.pollPower(p)
+		}
+		mem.power = nil
 		return step{}
 	}
-	p := h.r.pendingPower(uid)
 	if p != nil && p.on != want {
 		p = nil // spec.online changed; a new change starts
 	}
@@ -84,8 +111,9 @@ func (h *hostRun) enforcePower(ctx context.Context) step {
 			// restart of this controller): wait for it.
 			p.sent, p.requests = time.Now(), 1
 		}
-		h.r.trackPower(uid, p)
+		mem.power = p
 	}
+	repeat := false
 	if !p.sent.IsZero() {
 		waited := time.Since(p.sent)
 		switch {
@@ -98,14 +126,19 @@ func (h *hostRun) enforcePower(ctx context.Context) step {
 		case waited < h.r.PowerTimeout:
 			return h.r.pollPower(p)
 		case p.requests >= maxPowerRequests:
-			h.r.forgetPower(uid)
+			mem.power = nil
 			return failed(metal3.PowerManagementError, fmt.Errorf("the BMC accepted %d requests to power %s over %s but still reports %s",
 				p.requests, onOff(want), time.Duration(p.requests)*h.r.PowerTimeout, h.power))
 		default:
-			h.r.Events.Eventf(h.host, nil, corev1.EventTypeNormal, "PowerRequestRepeated", "Power",
-				"the BMC accepted a request to power %s %s ago but still reports %s; asking again", onOff(want), waited.Round(time.Second), h.power)
+			repeat = true
 		}
 	}
+	return h.sendPower(ctx, mem, p, repeat)
+}
+
+// sendPower sends the request p stands for and records it.
+func (h *hostRun) sendPower(ctx context.Context, mem *memory, p *powerChange, repeat bool) step {
+	want := p.on
 	soft := !want && !p.forced
 	var err error
 	switch {
@@ -114,20 +147,32 @@ func (h *hostRun) enforcePower(ctx context.Context) step {
 	default:
 		err = h.bmc.PowerOff(ctx, soft)
 	}
+	if soft && err != nil && !errors.Is(err, driver.ErrBusy) {
+		// Some BMCs offer no graceful shutdown (iLO 4 does not list it;
+		// IPMI BMCs without ACPI soft-off refuse it): cut the power.
+		h.r.Events.Eventf(h.host, nil, corev1.EventTypeWarning, "PowerOffForced", "PowerOff",
+			"the BMC refused the graceful shutdown (%s); forcing the power off", boundMessage(err.Error()))
+		p.forced, soft = true, false
+		err = h.bmc.PowerOff(ctx, false)
+	}
 	if errors.Is(err, driver.ErrBusy) {
 		// Nothing was done: ask again once the transition is over.
 		if p.busySince.IsZero() {
 			p.busySince = time.Now()
 		}
 		if time.Since(p.busySince) > h.r.PowerTimeout {
-			h.r.forgetPower(uid)
+			mem.power = nil
 			return failed(metal3.PowerManagementError, fmt.Errorf("the BMC refused to power %s for %s: %w", onOff(want), h.r.PowerTimeout, err))
 		}
 		return h.r.pollPower(p)
 	}
 	if err != nil {
-		h.r.forgetPower(uid)
+		mem.power = nil
 		return failed(metal3.PowerManagementError, err)
+	}
+	if repeat {
+		h.r.Events.Eventf(h.host, nil, corev1.EventTypeNormal, "PowerRequestRepeated", "Power",
+			"the BMC accepted a request to power %s %s ago but still reported %s; asked again", onOff(want), time.Since(p.sent).Round(time.Second), h.power)
 	}
 	p.sent, p.soft, p.busySince, p.polls = time.Now(), soft, time.Time{}, 0
 	p.requests++

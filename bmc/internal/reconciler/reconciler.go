@@ -101,10 +101,7 @@ type Reconciler struct {
 
 	bmcLocks keyedMutex
 	mu       sync.Mutex
-	pending  map[types.UID]*powerChange
-	// written is, per host, the resourceVersions the host had before the
-	// last pass wrote it; seeing one again means the cache is behind.
-	written map[types.UID][]string
+	hosts    map[types.NamespacedName]*memory
 }
 
 func (r *Reconciler) defaults() {
@@ -135,19 +132,17 @@ func (r *Reconciler) defaults() {
 	if r.Dial == nil {
 		r.Dial = driver.Open
 	}
-	r.pending = map[types.UID]*powerChange{}
-	r.written = map[types.UID][]string{}
+	r.hosts = map[types.NamespacedName]*memory{}
 }
 
 // stale is true when the cached host is one this controller has since
 // written; otherwise the record of earlier writes is dropped.
 func (r *Reconciler) stale(host *metal3.BareMetalHost) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if slices.Contains(r.written[host.UID], host.ResourceVersion) {
+	mem := r.memoryOf(host)
+	if slices.Contains(mem.written, host.ResourceVersion) {
 		return true
 	}
-	delete(r.written, host.UID)
+	mem.written = nil
 	return false
 }
 
@@ -158,9 +153,8 @@ func (r *Reconciler) update(host *metal3.BareMetalHost, write func() error) erro
 	if err := write(); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.written[host.UID] = append(r.written[host.UID], before)
+	mem := r.memoryOf(host)
+	mem.written = append(mem.written, before)
 	return nil
 }
 
@@ -191,6 +185,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	host := &metal3.BareMetalHost{}
 	if err := r.Client.Get(ctx, req.NamespacedName, host); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName) // also when its finalizer was removed by hand
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if _, paused := host.Annotations[PausedAnnotation]; paused {
@@ -248,6 +245,19 @@ func (r *Reconciler) drive(ctx context.Context, host *metal3.BareMetalHost, agen
 // withBMC runs fn with an open session to the host's BMC, one at a time
 // per BMC, after reading the power state into the status.
 func (r *Reconciler) withBMC(ctx context.Context, host *metal3.BareMetalHost, fn func(driver.BMC, address.Address, driver.Power) step) step {
+	return r.withSession(ctx, host, func(bmc driver.BMC, addr address.Address, errType metal3.ErrorType) step {
+		power, err := bmc.PowerState(ctx)
+		if err != nil {
+			return failed(errType, err)
+		}
+		host.Status.PoweredOn = power.IsOn()
+		return fn(bmc, addr, power)
+	})
+}
+
+// withSession runs fn with an open session to the host's BMC, one at a
+// time per BMC; errType classifies a failure of its first call.
+func (r *Reconciler) withSession(ctx context.Context, host *metal3.BareMetalHost, fn func(driver.BMC, address.Address, metal3.ErrorType) step) step {
 	unlock := r.bmcLocks.lock(host.Spec.BMC.Address)
 	defer unlock()
 	bmc, addr, res := r.open(ctx, host)
@@ -255,12 +265,7 @@ func (r *Reconciler) withBMC(ctx context.Context, host *metal3.BareMetalHost, fn
 		return res
 	}
 	defer bmc.Close()
-	power, err := bmc.PowerState(ctx)
-	if err != nil {
-		return failed(res.errType, err)
-	}
-	host.Status.PoweredOn = power.IsOn()
-	return fn(bmc, addr, power)
+	return fn(bmc, addr, res.errType)
 }
 
 // open parses the address, reads the credentials and connects.

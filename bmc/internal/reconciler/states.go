@@ -68,6 +68,9 @@ func (h *hostRun) available(ctx context.Context) step {
 		return failed(metal3.ProvisioningError, err)
 	}
 	if iso == "" || !h.host.Spec.Online {
+		if err := h.abandonBoot(ctx); err != nil {
+			return failed(metal3.ProvisioningError, err)
+		}
 		if wait {
 			// The InfraEnv exists but its image is not ready; its status
 			// change will enqueue the host, this is a safety net.
@@ -83,9 +86,22 @@ func (h *hostRun) available(ctx context.Context) step {
 	return h.provision(ctx)
 }
 
+// bootAttempt is a boot into discovery in progress: what is done of it
+// survives a pass that must wait (a BMC busy with a transition) or fail
+// after the power request (a status write), so nothing is sent twice.
+type bootAttempt struct {
+	iso string // the InfraEnv ISO the host is booted into
+	// media is the URL inserted as the virtual CD ("" until it is).
+	media string
+	// busySince is when the BMC first could not take the power request.
+	busySince time.Time
+	// sent is when the BMC accepted the power-on or restart.
+	sent time.Time
+}
+
 // provision boots the host into discovery: the ISO as a virtual CD, or the
 // network; then it is provisioned (running the discovery image).
-func (h *hostRun) provision(ctx context.Context) step {
+func (h *hostRun) provision(ctx context.Context) (res step) {
 	iso, _, err := h.enrollment(ctx)
 	if err != nil {
 		return failed(metal3.ProvisioningError, err)
@@ -94,43 +110,63 @@ func (h *hostRun) provision(ctx context.Context) step {
 		h.setState(metal3.StateAvailable)
 		return h.available(ctx)
 	}
-	if !h.power.Settled() {
-		// Nothing goes in while the BMC is switching power: it may refuse
-		// (409), or the platform may come up before the override is set.
-		return h.r.pollPower(&powerChange{})
+	mem := h.r.memoryOf(h.host)
+	b := mem.boot
+	if b == nil || b.iso != iso {
+		b = &bootAttempt{iso: iso}
+		mem.boot = b
 	}
+	defer func() {
+		if res.err != nil && b.sent.IsZero() {
+			// The BMC failed us before the boot went in (an outage may be
+			// its reboot, which drops virtual media): insert again.
+			b.media = ""
+		}
+	}()
 	a := h.addr
-	efi := h.host.Spec.BootMode != metal3.BootModeLegacy
-	dev := driver.PXE
-	if a.VirtualMedia {
-		dev = driver.CDROM
-		media, err := h.r.withBootProof(iso, h.host)
-		if err != nil {
+	if b.sent.IsZero() {
+		if !h.power.Settled() {
+			// Nothing goes in while the BMC is switching power: it may
+			// refuse (409), or the platform may come up before the
+			// override is set.
+			return h.bootBusy(b, fmt.Errorf("the BMC kept reporting %s", h.power))
+		}
+		efi := h.host.Spec.BootMode != metal3.BootModeLegacy
+		dev := driver.PXE
+		if a.VirtualMedia {
+			dev = driver.CDROM
+			media, err := h.r.withBootProof(iso, h.host)
+			if err != nil {
+				return failed(metal3.ProvisioningError, err)
+			}
+			if b.media != media {
+				if err := h.bmc.InsertMedia(ctx, media); err != nil {
+					return failed(metal3.ProvisioningError, err)
+				}
+				b.media = media
+			}
+		}
+		if err := h.setBoot(ctx, dev, efi); err != nil {
 			return failed(metal3.ProvisioningError, err)
 		}
-		if err := h.bmc.InsertMedia(ctx, media); err != nil {
-			return failed(metal3.ProvisioningError, err)
+		boot := h.bmc.PowerOn
+		if h.power.IsOn() {
+			boot = h.bmc.Reset
 		}
+		if err := boot(ctx); errors.Is(err, driver.ErrBusy) {
+			return h.bootBusy(b, err) // refused, nothing done: asked again
+		} else if err != nil {
+			return failed(metal3.PowerManagementError, err)
+		}
+		// Sent once; the next passes read the power state back rather
+		// than send it again while the BMC still reports the old state.
+		b.sent = time.Now()
+		mem.power = &powerChange{on: true, sent: b.sent, requests: 1}
 	}
-	if err := h.setBoot(ctx, dev, efi); err != nil {
+	if err := h.r.markDiscoveryBoot(ctx, h.host, b.sent); err != nil {
 		return failed(metal3.ProvisioningError, err)
 	}
-	boot := h.bmc.PowerOn
-	if h.power.IsOn() {
-		boot = h.bmc.Reset
-	}
-	if err := boot(ctx); errors.Is(err, driver.ErrBusy) {
-		// Refused, nothing done: the next pass starts the boot again.
-		return h.r.pollPower(&powerChange{})
-	} else if err != nil {
-		return failed(metal3.PowerManagementError, err)
-	}
-	// Sent once; the next passes read the power state back rather than
-	// send it again while the BMC still reports the old state.
-	h.r.sentPower(h.host.UID, true)
-	if err := h.r.markDiscoveryBoot(ctx, h.host); err != nil {
-		return failed(metal3.ProvisioningError, err)
-	}
+	mem.boot = nil
 	h.host.Status.Provisioning.Image = metal3.Image{URL: iso, DiskFormat: ptr.To("live-iso")}
 	h.host.Status.Provisioning.BootMode = h.host.Spec.BootMode
 	if h.host.Status.Provisioning.BootMode == "" {
@@ -141,10 +177,42 @@ func (h *hostRun) provision(ctx context.Context) step {
 	return poll(h.r.PowerPoll)
 }
 
+// bootBusy waits for a BMC busy with a power transition, and makes it an
+// error once that lasts longer than PowerTimeout.
+func (h *hostRun) bootBusy(b *bootAttempt, why error) step {
+	if b.busySince.IsZero() {
+		b.busySince = time.Now()
+	}
+	if waited := time.Since(b.busySince); waited > h.r.PowerTimeout {
+		b.busySince = time.Time{}
+		return failed(metal3.PowerManagementError, fmt.Errorf("could not boot the host into discovery for %s: %w", waited.Round(time.Second), why))
+	}
+	return poll(h.r.PowerPoll)
+}
+
+// abandonBoot takes out the virtual CD of a boot into discovery that did
+// not finish (the host left its InfraEnv or went offline meanwhile).
+func (h *hostRun) abandonBoot(ctx context.Context) error {
+	mem := h.r.memoryOf(h.host)
+	if mem.boot == nil {
+		return nil
+	}
+	if mem.boot.media != "" {
+		if err := h.bmc.EjectMedia(ctx); err != nil {
+			return err
+		}
+	}
+	mem.boot = nil
+	return nil
+}
+
 // setBoot sets a one-time boot device and reads it back where the BMC can
 // tell: some BMCs accept an override and drop it. A BMC without one-time
 // overrides reports it as Continuous; that is accepted (the host boots
-// dev until the controller sets the disk) and said once in an event.
+// dev until the controller sets the disk) and said in an event. A UEFI
+// override read back as Legacy is asked again, then let through with a
+// warning: bmclib cannot tell Legacy from a BMC that does not report the
+// mode.
 func (h *hostRun) setBoot(ctx context.Context, dev driver.Device, efi bool) error {
 	for attempt := 1; ; attempt++ {
 		if err := h.bmc.SetOneTimeBoot(ctx, dev, efi); err != nil {
@@ -154,7 +222,12 @@ func (h *hostRun) setBoot(ctx context.Context, dev driver.Device, efi bool) erro
 		if err != nil {
 			return err
 		}
-		if !ok || got.Device == dev {
+		modeOK := !ok || !efi || got.UEFI
+		if !ok || got.Device == dev && (modeOK || attempt == 3) {
+			if !modeOK {
+				h.r.Events.Eventf(h.host, nil, corev1.EventTypeWarning, "BootModeNotConfirmed", "SetBoot",
+					"the BMC took the one-time boot from %s but reports its mode as Legacy or not at all, although UEFI was asked three times; if the host does not boot the discovery image, check its boot mode (spec.bootMode)", dev)
+			}
 			if ok && got.Persistent && dev != driver.Disk {
 				h.r.Events.Eventf(h.host, nil, corev1.EventTypeNormal, "BootOverrideContinuous", "SetBoot",
 					"the BMC keeps the boot from %s for every boot (Continuous); the disk is set as the boot device when the host leaves discovery", dev)
@@ -174,11 +247,9 @@ func (h *hostRun) leaveDiscovery(ctx context.Context) error {
 	if err := h.bmc.EjectMedia(ctx); err != nil {
 		return err
 	}
-	ov, ok, err := h.bmc.BootOverride(ctx)
-	if err != nil {
-		return err
-	}
-	if ok && ov.Persistent && ov.Device != driver.Disk {
+	// Best effort: an override bmclib cannot read (a target outside its
+	// table, such as UefiTarget) is left as it is.
+	if ov, ok, err := h.bmc.BootOverride(ctx); err == nil && ok && ov.Persistent && ov.Device != driver.Disk {
 		return h.bmc.SetOneTimeBoot(ctx, driver.Disk, h.host.Spec.BootMode != metal3.BootModeLegacy)
 	}
 	return nil
@@ -296,10 +367,7 @@ func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ct
 			return res.result(r), nil
 		}
 	}
-	r.forgetPower(host.UID)
-	r.mu.Lock()
-	delete(r.written, host.UID)
-	r.mu.Unlock()
+	r.forget(client.ObjectKeyFromObject(host))
 	controllerutil.RemoveFinalizer(host, Finalizer)
 	return ctrl.Result{}, r.Client.Update(ctx, host)
 }
@@ -311,14 +379,14 @@ func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ct
 // is gone for good must not keep a BareMetalHost from being deleted.
 func (r *Reconciler) ejectForDelete(ctx context.Context, host *metal3.BareMetalHost) step {
 	a, err := address.Parse(host.Spec.BMC.Address)
-	if err != nil || !a.VirtualMedia || host.Annotations[ejectedAnnotation] == "true" {
+	if _, done := host.Annotations[ejectedAnnotation]; err != nil || !a.VirtualMedia || done {
 		return step{}
 	}
 	switch host.Status.Provisioning.State {
 	case metal3.StateNone, metal3.StateRegistering:
 		return step{} // never reached: nothing of ours went in
 	}
-	res := r.withBMC(ctx, host, func(bmc driver.BMC, _ address.Address, _ driver.Power) step {
+	res := r.withSession(ctx, host, func(bmc driver.BMC, _ address.Address, _ metal3.ErrorType) step {
 		if err := bmc.EjectMedia(ctx); err != nil {
 			return failed(metal3.ProvisioningError, fmt.Errorf("eject the virtual media before the host is deleted: %w", err))
 		}
@@ -328,7 +396,7 @@ func (r *Reconciler) ejectForDelete(ctx context.Context, host *metal3.BareMetalH
 		if host.Status.Provisioning.Image.URL != "" {
 			r.Events.Eventf(host, nil, corev1.EventTypeNormal, "MediaEjected", "Delete", "the discovery ISO was ejected from the BMC before the host was deleted")
 		}
-		return r.markEjected(ctx, host)
+		return r.markEjected(ctx, host, "true")
 	}
 	if time.Since(host.DeletionTimestamp.Time) < r.EjectOnDeleteTimeout {
 		return res
@@ -336,17 +404,18 @@ func (r *Reconciler) ejectForDelete(ctx context.Context, host *metal3.BareMetalH
 	r.Events.Eventf(host, nil, corev1.EventTypeWarning, "MediaNotEjected", "Delete",
 		"the BMC did not eject the virtual media for %s; deleting the host anyway: the BMC may still hold the discovery ISO's URL (%s)",
 		r.EjectOnDeleteTimeout, boundMessage(res.err.Error()))
-	return step{}
+	return r.markEjected(ctx, host, "abandoned") // a power-off that follows does not try again
 }
 
-// markEjected records the eject on the host, so a deletion that goes on
-// (a power-off that takes its time) does not eject again.
-func (r *Reconciler) markEjected(ctx context.Context, host *metal3.BareMetalHost) step {
-	patch := client.MergeFrom(host.DeepCopy())
+// markEjected records the eject (or that it was given up) on the host, so
+// a deletion that goes on (a power-off that takes its time) does not eject
+// again.
+func (r *Reconciler) markEjected(ctx context.Context, host *metal3.BareMetalHost, value string) step {
+	patch := client.MergeFromWithOptions(host.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	if host.Annotations == nil {
 		host.Annotations = map[string]string{}
 	}
-	host.Annotations[ejectedAnnotation] = "true"
+	host.Annotations[ejectedAnnotation] = value
 	if err := r.update(host, func() error { return r.Client.Patch(ctx, host, patch) }); err != nil {
 		return failed(metal3.ProvisioningError, fmt.Errorf("record the eject: %w", err))
 	}
@@ -387,13 +456,15 @@ func (r *Reconciler) withBootProof(iso string, host *metal3.BareMetalHost) (stri
 // markDiscoveryBoot records on the host when the controller booted it into
 // discovery; only metadata is patched, so the status written afterwards
 // does not conflict.
-func (r *Reconciler) markDiscoveryBoot(ctx context.Context, host *metal3.BareMetalHost) error {
+func (r *Reconciler) markDiscoveryBoot(ctx context.Context, host *metal3.BareMetalHost, at time.Time) error {
 	cp := host.DeepCopy()
-	patch := client.MergeFrom(host.DeepCopy())
+	// Optimistic lock: a pass that acted on a host someone else has since
+	// changed fails here and looks again, rather than record over it.
+	patch := client.MergeFromWithOptions(host.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	if cp.Annotations == nil {
 		cp.Annotations = map[string]string{}
 	}
-	cp.Annotations[DiscoveryBootAnnotation] = time.Now().UTC().Format(time.RFC3339Nano)
+	cp.Annotations[DiscoveryBootAnnotation] = at.UTC().Format(time.RFC3339Nano)
 	return r.update(host, func() error {
 		if err := r.Client.Patch(ctx, cp, patch); err != nil {
 			return fmt.Errorf("record the discovery boot: %w", err)
