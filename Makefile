@@ -19,9 +19,10 @@ GO_TEST_FLAGS  ?=
 export KUBEBUILDER_ASSETS := $(TESTBIN)
 
 .PHONY: build
-build: ## bin/agentboot (server components) and bin/agent (static on-host agent)
+build: ## bin/agentboot (server components), bin/agent and bin/agent-arm64 (static on-host agent for x86_64 and aarch64 hosts)
 	CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN)/agentboot ./cmd/agentboot
-	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agent ./cmd/agent
+	CGO_ENABLED=0 GOARCH=amd64 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agent ./cmd/agent
+	CGO_ENABLED=0 GOARCH=arm64 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agent-arm64 ./cmd/agent
 
 .PHONY: testbin
 testbin: ## etcd, kube-apiserver and kubectl, built from the Go module proxy (cached)

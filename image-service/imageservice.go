@@ -39,11 +39,9 @@ type Config struct {
 	HTTPSAddr, HTTPAddr string
 	// TLSCertFile and TLSKeyFile are the HTTPS serving certificate.
 	TLSCertFile, TLSKeyFile string
-	// AgentBinary is the agent binary hosts fetch.
-	AgentBinary string
-	Catalog     *osimage.Catalog
-	Keys        signing.Source
-	Settings    discovery.Settings
+	Catalog                 *osimage.Catalog
+	Keys                    signing.Source
+	Settings                discovery.Settings
 	// MaxConcurrentDownloads bounds image downloads in flight; past it the
 	// service answers 503 with Retry-After.
 	MaxConcurrentDownloads int
@@ -87,8 +85,10 @@ func New(cfg Config) (*Service, error) {
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
 		return nil, errors.New("image-service: a TLS certificate and key are required (HTTPS serves everything but stock iPXE's files)")
 	}
-	if _, err := os.Stat(cfg.AgentBinary); err != nil {
-		return nil, fmt.Errorf("image-service: agent binary: %w", err)
+	for arch, a := range cfg.Settings.Agents {
+		if _, err := os.Stat(a.Path); err != nil {
+			return nil, fmt.Errorf("image-service: the %s agent binary: %w", arch, err)
+		}
 	}
 	if cfg.MaxConcurrentDownloads <= 0 {
 		cfg.MaxConcurrentDownloads = 256
@@ -115,7 +115,6 @@ func (s *Service) SetupWithManager(mgr manager.Manager) error {
 		Catalog:      s.cfg.Catalog,
 		Keys:         s.cfg.Keys,
 		Settings:     s.cfg.Settings,
-		AgentBinary:  s.cfg.AgentBinary,
 		MaxInFlight:  s.cfg.MaxConcurrentDownloads,
 		MaxPerClient: s.cfg.MaxDownloadsPerClient,
 		StallTimeout: s.cfg.DownloadStallTimeout,

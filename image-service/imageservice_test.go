@@ -6,8 +6,10 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -492,12 +494,51 @@ func TestBootOrderControl(t *testing.T) {
 
 func TestAgentBinary(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
-	r := get(t, s, s.Settings.AgentBinaryURL(), nil)
+	url, err := s.Settings.AgentBinaryURL("x86_64")
+	require.NoError(t, err)
+	r := get(t, s, url, nil)
 	require.Equal(t, http.StatusOK, r.code)
 	want, err := os.ReadFile(s.AgentBin)
 	require.NoError(t, err)
 	require.Equal(t, want, r.body)
 	require.Equal(t, http.StatusNotFound, get(t, s, s.Settings.ImageServiceURL+"/agent/"+strings.Repeat("0", 64), nil).code)
+}
+
+// Each InfraEnv's Ignition names the agent of its architecture, and the
+// image service serves exactly that binary.
+func TestAgentPerArchitecture(t *testing.T) {
+	iso, err := testenv.DevImage()
+	require.NoError(t, err)
+	s := stack.Start(t, stack.Options{AgentArm64: true, Images: []osimage.Entry{
+		{Version: "4.14", CPUArchitecture: "x86_64", URL: "file://" + iso},
+		{Version: "4.14", CPUArchitecture: "aarch64", URL: "file://" + iso},
+	}})
+	for arch, machine := range map[string]elf.Machine{"x86_64": elf.EM_X86_64, "aarch64": elf.EM_AARCH64} {
+		ie := s.CreateInfraEnv(t, "arch", strings.ReplaceAll(arch, "_", "-"), func(ie *v1beta1.InfraEnv) { ie.Spec.CPUArchitecture = arch })
+		var ign struct {
+			Storage struct {
+				Files []struct {
+					Path     string
+					Contents struct{ Source string }
+				}
+			}
+		}
+		require.NoError(t, json.Unmarshal(get(t, s, ie.Status.BootArtifacts.DiscoveryIgnitionURL, nil).body, &ign))
+		var source string
+		for _, f := range ign.Storage.Files {
+			if f.Path == "/usr/local/bin/agent" {
+				source = f.Contents.Source
+			}
+		}
+		want, err := s.Settings.AgentBinaryURL(arch)
+		require.NoError(t, err)
+		require.Equal(t, want, source, arch)
+		r := get(t, s, source, nil)
+		require.Equal(t, http.StatusOK, r.code)
+		f, err := elf.NewFile(bytes.NewReader(r.body))
+		require.NoError(t, err)
+		require.Equal(t, machine, f.Machine, "an %s InfraEnv's hosts got an agent for %s", arch, f.Machine)
+	}
 }
 
 // TestBootScriptByMAC walks /boot.ipxe?mac= through every way a MAC resolves.

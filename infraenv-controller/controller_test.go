@@ -84,6 +84,25 @@ func TestUnknownVersionListsWhatExists(t *testing.T) {
 	s.WaitCondition(t, client.ObjectKeyFromObject(arm), corev1.ConditionFalse, stack.Contains("for architecture aarch64"))
 }
 
+// An InfraEnv of an architecture the catalog has but agentboot has no agent
+// for says so, naming it, and publishes nothing: its hosts would boot and
+// never register.
+func TestArchitectureWithoutAgent(t *testing.T) {
+	iso := "file://" + mustDevImage(t)
+	s := stack.Start(t, stack.Options{Images: []osimage.Entry{
+		{Version: "4.14", CPUArchitecture: "x86_64", URL: iso},
+		{Version: "4.14", CPUArchitecture: "aarch64", URL: iso},
+	}})
+	ns := s.Namespace(t, "arch")
+	arm := stack.NewInfraEnv(ns, "arm")
+	arm.Spec.CPUArchitecture = v1beta1.CPUArchitectureArm64
+	require.NoError(t, s.Client.Create(context.Background(), arm))
+	got := s.WaitCondition(t, client.ObjectKeyFromObject(arm), corev1.ConditionFalse, stack.Contains("AgentBinaryMissing"))
+	require.Contains(t, stack.Message(got), "no agent binary for aarch64 hosts (this agentboot has one for: x86_64)")
+	require.Empty(t, got.Status.ISODownloadURL)
+	s.WaitImage(t, client.ObjectKeyFromObject(s.CreateInfraEnv(t, "arch", "x86", nil)))
+}
+
 // An OS image that is slow, then failing, then fine: the InfraEnv says so at
 // every step and the service recovers by itself.
 func TestImageDownloadStates(t *testing.T) {

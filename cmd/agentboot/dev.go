@@ -167,7 +167,6 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	imgCfg.AgentBinary = disc.agentBinary
 	bmcCfg, err := m.bmc()
 	if err != nil {
 		return err

@@ -27,6 +27,7 @@ type discoveryFlags struct {
 	caBundleFile  string
 	isoOverHTTP   bool
 	agentBinary   string
+	agentArm64    string
 	osImagesParse []osimage.Entry
 }
 
@@ -44,16 +45,18 @@ func (d *discoveryFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.imageHTTPURL, "image-service-http-url", "", "plain-HTTP URL of the image service, for stock iPXE, e.g. http://images.example:8080")
 	fs.StringVar(&d.caBundleFile, "ca-bundle-file", "", "PEM file of the CA that signed the agent API and image service certificates, given to hosts; empty when they are publicly trusted")
 	fs.BoolVar(&d.isoOverHTTP, "iso-over-http", false, "publish ISO URLs over plain HTTP, for BMCs whose virtual media cannot fetch over HTTPS")
-	fs.StringVar(&d.agentBinary, "agent-binary", defaultAgentBinary(), "the agent binary hosts run (bin/agent)")
+	fs.StringVar(&d.agentBinary, "agent-binary", besideExecutable("agent"), "the agent binary x86_64 hosts run (bin/agent)")
+	fs.StringVar(&d.agentArm64, "agent-binary-arm64", "", "the agent binary aarch64 hosts run; default bin/agent-arm64 beside this executable when it exists, "+
+		"else aarch64 InfraEnvs report that they have no agent")
 }
 
-// defaultAgentBinary is the agent next to this executable.
-func defaultAgentBinary() string {
+// besideExecutable is name in this executable's directory.
+func besideExecutable(name string) string {
 	exe, err := os.Executable()
 	if err != nil {
-		return "agent"
+		return name
 	}
-	return filepath.Join(filepath.Dir(exe), "agent")
+	return filepath.Join(filepath.Dir(exe), name)
 }
 
 // catalogConfig parses the catalog settings.
@@ -94,10 +97,29 @@ func (d *discoveryFlags) settings() (discovery.Settings, error) {
 		}
 		s.CABundle = string(ca)
 	}
-	var err error
-	s.AgentBinarySHA256, s.AgentBinarySHA512, err = discovery.AgentBinaryDigests(d.agentBinary)
+	s.Agents = map[string]discovery.AgentBinary{}
+	a, err := discovery.AgentBinaryFor(d.agentBinary, "x86_64")
 	if err != nil {
-		return s, fmt.Errorf("--agent-binary %s: %w (build it with make build)", d.agentBinary, err)
+		return s, fmt.Errorf("--agent-binary: %w (build it with make build)", err)
+	}
+	s.Agents["x86_64"] = a
+	arm := d.agentArm64
+	if arm == "" {
+		if p := besideExecutable("agent-arm64"); fileExists(p) {
+			arm = p
+		}
+	}
+	if arm != "" {
+		a, err := discovery.AgentBinaryFor(arm, "aarch64")
+		if err != nil {
+			return s, fmt.Errorf("--agent-binary-arm64: %w (build it with make build)", err)
+		}
+		s.Agents["aarch64"] = a
 	}
 	return s, s.Validate()
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
 }

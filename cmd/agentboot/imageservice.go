@@ -91,7 +91,6 @@ func runImageService(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	imgCfg.AgentBinary = d.agentBinary
 	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, ImageService: &imgCfg}, log); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ package discovery
 import (
 	"crypto/sha256"
 	"crypto/sha512"
+	"debug/elf"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -60,10 +61,39 @@ type Settings struct {
 	// CABundle (PEM) verifies the agent API and image service certificates
 	// on hosts; empty when they are publicly trusted.
 	CABundle string
-	// AgentBinarySHA256 and AgentBinarySHA512 are digests of the agent
-	// binary the image service serves.
-	AgentBinarySHA256 string
-	AgentBinarySHA512 string
+	// Agents are the agent binaries the image service serves, by the CPU
+	// architecture they run on (x86_64, aarch64): an InfraEnv's hosts get
+	// the one of its architecture, and none if there is none.
+	Agents map[string]AgentBinary
+}
+
+// AgentBinary is one architecture's agent, checked to be built for it
+// (AgentBinaryFor).
+type AgentBinary struct {
+	Path           string
+	SHA256, SHA512 string
+}
+
+// ELF machines of the architectures agentboot builds its agent for.
+var agentMachines = map[string]elf.Machine{"x86_64": elf.EM_X86_64, "aarch64": elf.EM_AARCH64}
+
+// NoAgentError is an InfraEnv whose architecture has no agent binary.
+type NoAgentError struct {
+	Arch string
+	Have []string
+}
+
+func (e *NoAgentError) Error() string {
+	have := "none"
+	if len(e.Have) > 0 {
+		have = strings.Join(e.Have, ", ")
+	}
+	flag := "--agent-binary"
+	if e.Arch == "aarch64" {
+		flag = "--agent-binary-arm64"
+	}
+	return fmt.Sprintf("no agent binary for %s hosts (this agentboot has one for: %s); build it with make build and give it to the manager and the image service with %s",
+		e.Arch, have, flag)
 }
 
 // Validate checks that the settings make usable URLs.
@@ -78,16 +108,43 @@ func (s Settings) Validate() error {
 			return fmt.Errorf("%s %q must be an %s:// URL without a query", u.name, u.v, u.scheme)
 		}
 	}
-	if len(s.AgentBinarySHA256) != 64 || len(s.AgentBinarySHA512) != 128 {
-		return errors.New("agent binary digests are missing")
+	if len(s.Agents) == 0 {
+		return errors.New("no agent binary")
+	}
+	for arch, a := range s.Agents {
+		if _, ok := agentMachines[arch]; !ok {
+			return fmt.Errorf("agent binary for unknown architecture %q", arch)
+		}
+		if len(a.SHA256) != 64 || len(a.SHA512) != 128 {
+			return fmt.Errorf("the %s agent binary's digests are missing", arch)
+		}
 	}
 	return nil
 }
 
-// AgentBinaryURL is where hosts fetch the agent: content-addressed, so it is
-// immutable and needs no token.
-func (s Settings) AgentBinaryURL() string {
-	return strings.TrimSuffix(s.ImageServiceURL, "/") + "/agent/" + s.AgentBinarySHA256
+// Agent is the agent binary for hosts of arch.
+func (s Settings) Agent(arch string) (AgentBinary, error) {
+	arch = osimage.NormalizeArch(arch)
+	a, ok := s.Agents[arch]
+	if !ok {
+		have := make([]string, 0, len(s.Agents))
+		for k := range s.Agents {
+			have = append(have, k)
+		}
+		sort.Strings(have)
+		return a, &NoAgentError{Arch: arch, Have: have}
+	}
+	return a, nil
+}
+
+// AgentBinaryURL is where hosts of arch fetch the agent: content-addressed,
+// so it is immutable and needs no token.
+func (s Settings) AgentBinaryURL(arch string) (string, error) {
+	a, err := s.Agent(arch)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(s.ImageServiceURL, "/") + "/agent/" + a.SHA256, nil
 }
 
 // InputError is a problem with what the InfraEnv's author wrote; the
@@ -331,10 +388,15 @@ func renderIgnition(in Input, s Settings) ([]byte, parts, error) {
 			FileEmbedded1: types.FileEmbedded1{Mode: ptr(mode), Contents: contents},
 		}
 	}
+	agentURL, err := s.AgentBinaryURL(in.ImageKey.Arch)
+	if err != nil {
+		return nil, nil, err
+	}
+	agentBin, _ := s.Agent(in.ImageKey.Arch)
 	cfg.Storage.Files = append(cfg.Storage.Files,
 		file(AgentBinaryPath, 0o755, types.Resource{
-			Source:       ptr(s.AgentBinaryURL()),
-			Verification: types.Verification{Hash: ptr("sha512-" + s.AgentBinarySHA512)},
+			Source:       ptr(agentURL),
+			Verification: types.Verification{Hash: ptr("sha512-" + agentBin.SHA512)},
 		}),
 		file(agentapi.ConfigPath, 0o600, types.Resource{Source: dataURL(agentJSON)}),
 	)
@@ -450,14 +512,28 @@ func staticNetworks(cfgs []v1beta1.NMStateConfig) ([]byte, error) {
 	return json.Marshal(nets)
 }
 
-// AgentBinaryDigests returns the sha256 and sha512 of the agent binary at
-// path, for Settings.
-func AgentBinaryDigests(path string) (sha256Hex, sha512Hex string, err error) {
+// AgentBinaryFor digests the agent binary at path, after checking that it
+// is a 64-bit ELF executable for arch: a binary for another architecture
+// is never served.
+func AgentBinaryFor(path, arch string) (AgentBinary, error) {
+	want, ok := agentMachines[arch]
+	if !ok {
+		return AgentBinary{}, fmt.Errorf("agent binary %s: unknown architecture %q", path, arch)
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		return AgentBinary{}, fmt.Errorf("agent binary %s: %w", path, err)
+	}
+	machine, class := f.Machine, f.Class
+	f.Close()
+	if machine != want || class != elf.ELFCLASS64 {
+		return AgentBinary{}, fmt.Errorf("agent binary %s is built for %s (%s), not %s", path, machine, class, arch)
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return "", "", fmt.Errorf("agent binary: %w", err)
+		return AgentBinary{}, fmt.Errorf("agent binary: %w", err)
 	}
 	s256 := sha256.Sum256(data)
 	s512 := sha512.Sum512(data)
-	return hex.EncodeToString(s256[:]), hex.EncodeToString(s512[:]), nil
+	return AgentBinary{Path: path, SHA256: hex.EncodeToString(s256[:]), SHA512: hex.EncodeToString(s512[:])}, nil
 }

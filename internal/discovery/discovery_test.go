@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -33,8 +34,10 @@ var settings = Settings{
 	ImageServiceURL:     "https://198.18.0.1:8443",
 	ImageServiceHTTPURL: "http://198.18.0.1:8080",
 	CABundle:            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
-	AgentBinarySHA256:   strings.Repeat("a", 64),
-	AgentBinarySHA512:   strings.Repeat("b", 128),
+	Agents: map[string]AgentBinary{
+		"x86_64":  {SHA256: strings.Repeat("a", 64), SHA512: strings.Repeat("b", 128)},
+		"aarch64": {SHA256: strings.Repeat("c", 64), SHA512: strings.Repeat("d", 128)},
+	},
 }
 
 func devImage(t *testing.T) *osimage.Image {
@@ -113,8 +116,8 @@ func TestRenderEverything(t *testing.T) {
 		require.Contains(t, files, p)
 	}
 	agent := cfg.Storage.Files[files[AgentBinaryPath]]
-	require.Equal(t, settings.AgentBinaryURL(), *agent.Contents.Source)
-	require.Equal(t, "sha512-"+settings.AgentBinarySHA512, *agent.Contents.Verification.Hash)
+	require.Equal(t, "https://198.18.0.1:8443/agent/"+strings.Repeat("a", 64), *agent.Contents.Source)
+	require.Equal(t, "sha512-"+strings.Repeat("b", 128), *agent.Contents.Verification.Hash)
 	require.Equal(t, 0o755, *agent.Mode)
 
 	var ac agentapi.Config
@@ -293,4 +296,71 @@ func TestSettingsValidate(t *testing.T) {
 	bad = settings
 	bad.ImageServiceHTTPURL = "https://x"
 	require.ErrorContains(t, bad.Validate(), "image service HTTP URL")
+}
+
+// Hosts get the agent of their InfraEnv's architecture, and an
+// architecture without one is an error that names it.
+func TestAgentPerArchitecture(t *testing.T) {
+	agentOf := func(s Settings, arch string) (string, error) {
+		ie := infraEnv()
+		out, err := Render(Input{InfraEnv: ie, Image: devImage(t), ImageKey: osimage.Key{Arch: arch, Version: "dev-1"}, Key: key(t)}, s)
+		if err != nil {
+			return "", err
+		}
+		var cfg struct {
+			Storage struct {
+				Files []struct {
+					Path     string
+					Contents struct {
+						Source       string
+						Verification struct{ Hash string }
+					}
+				}
+			}
+		}
+		require.NoError(t, json.Unmarshal(out.Ignition, &cfg))
+		for _, f := range cfg.Storage.Files {
+			if f.Path == AgentBinaryPath {
+				return f.Contents.Source + " " + f.Contents.Verification.Hash, nil
+			}
+		}
+		return "", nil
+	}
+	got, err := agentOf(settings, "aarch64")
+	require.NoError(t, err)
+	require.Equal(t, "https://198.18.0.1:8443/agent/"+strings.Repeat("c", 64)+" sha512-"+strings.Repeat("d", 128), got)
+	got, err = agentOf(settings, "arm64")
+	require.NoError(t, err)
+	require.Contains(t, got, strings.Repeat("c", 64), "arm64 is aarch64")
+
+	x86only := settings
+	x86only.Agents = map[string]AgentBinary{"x86_64": settings.Agents["x86_64"]}
+	_, err = agentOf(x86only, "aarch64")
+	var none *NoAgentError
+	require.ErrorAs(t, err, &none)
+	require.EqualError(t, err, "no agent binary for aarch64 hosts (this agentboot has one for: x86_64); build it with make build and give it to the manager and the image service with --agent-binary-arm64")
+}
+
+// A binary for another architecture, or not a binary, is never taken.
+func TestAgentBinaryFor(t *testing.T) {
+	self, err := os.Executable()
+	require.NoError(t, err)
+	a, err := AgentBinaryFor(self, "x86_64")
+	require.NoError(t, err)
+	require.Len(t, a.SHA256, 64)
+	require.Len(t, a.SHA512, 128)
+	_, err = AgentBinaryFor(self, "aarch64")
+	require.ErrorContains(t, err, "is built for EM_X86_64 (ELFCLASS64), not aarch64")
+	_, err = AgentBinaryFor(self, "riscv64")
+	require.ErrorContains(t, err, `unknown architecture "riscv64"`)
+	script := filepath.Join(t.TempDir(), "agent")
+	require.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\n"), 0o755))
+	_, err = AgentBinaryFor(script, "x86_64")
+	require.Error(t, err)
+
+	bad := settings
+	bad.Agents = map[string]AgentBinary{"riscv64": settings.Agents["x86_64"]}
+	require.ErrorContains(t, bad.Validate(), `unknown architecture "riscv64"`)
+	bad.Agents = nil
+	require.EqualError(t, bad.Validate(), "no agent binary")
 }

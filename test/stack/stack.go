@@ -61,6 +61,8 @@ type Options struct {
 	Images []osimage.Entry
 	// Quiet drops component logs (benchmarks).
 	Quiet bool
+	// AgentArm64 also builds and serves the agent for aarch64 hosts.
+	AgentArm64 bool
 	// BMC tunes the BareMetalHost controller (tests shorten its timing).
 	BMC bmc.Config
 	// NodePool tunes the installation of bound Agents.
@@ -138,29 +140,38 @@ func logFor(t testing.TB, quiet bool) logr.Logger {
 	return testr.NewWithInterface(t, testr.Options{Verbosity: 0})
 }
 
-var (
-	agentOnce sync.Once
-	agentPath string
-	agentErr  error
-)
+// AgentBinary builds the real agent (x86_64) once per test process.
+func AgentBinary() (string, error) { return agentFor("amd64") }
 
-// AgentBinary builds the real agent once per test process.
-func AgentBinary() (string, error) {
-	agentOnce.Do(func() {
+// AgentBinaryArm64 builds the real agent for aarch64 hosts once per test
+// process.
+func AgentBinaryArm64() (string, error) { return agentFor("arm64") }
+
+type builtAgent struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+var agents = map[string]*builtAgent{"amd64": {}, "arm64": {}}
+
+func agentFor(goarch string) (string, error) {
+	b := agents[goarch]
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "agentboot-agent-")
 		if err != nil {
-			agentErr = err
+			b.err = err
 			return
 		}
-		agentPath = filepath.Join(dir, "agent")
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", agentPath, "./cmd/agent")
+		b.path = filepath.Join(dir, "agent-"+goarch)
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", b.path, "./cmd/agent")
 		cmd.Dir = testenv.RepoRoot()
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOARCH="+goarch)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			agentErr = fmt.Errorf("build agent: %v: %s", err, out)
+			b.err = fmt.Errorf("build agent for %s: %v: %s", goarch, err, out)
 		}
 	})
-	return agentPath, agentErr
+	return b.path, b.err
 }
 
 func start(opts Options, log logr.Logger) (*Stack, func(), error) {
@@ -219,8 +230,19 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		ISOOverHTTP:         opts.ISOOverHTTP,
 		CABundle:            string(caPEM),
 	}
-	if s.Settings.AgentBinarySHA256, s.Settings.AgentBinarySHA512, err = discovery.AgentBinaryDigests(s.AgentBin); err != nil {
+	agent, err := discovery.AgentBinaryFor(s.AgentBin, "x86_64")
+	if err != nil {
 		return fail(err)
+	}
+	s.Settings.Agents = map[string]discovery.AgentBinary{"x86_64": agent}
+	if opts.AgentArm64 {
+		path, err := AgentBinaryArm64()
+		if err != nil {
+			return fail(err)
+		}
+		if s.Settings.Agents["aarch64"], err = discovery.AgentBinaryFor(path, "aarch64"); err != nil {
+			return fail(err)
+		}
 	}
 
 	catCfg := osimage.Config{CacheDir: s.ImageCache, Images: opts.Images, Log: log.WithName("osimage"), RetryMin: 200 * time.Millisecond, RetryMax: time.Second}
@@ -253,7 +275,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	}
 	imgSvc := &imageservice.Config{
 		HTTPSAddr: s.HTTPSAddr, HTTPAddr: s.HTTPAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
-		AgentBinary: s.AgentBin, MaxConcurrentDownloads: opts.MaxConcurrentDownloads, Listen: opts.Listen,
+		MaxConcurrentDownloads: opts.MaxConcurrentDownloads, Listen: opts.Listen,
 		BootNamespaces: bootNS, MaxDownloadsPerClient: opts.MaxDownloadsPerClient, DownloadStallTimeout: opts.DownloadStallTimeout,
 	}
 	controllers := app.Components{

@@ -39,7 +39,6 @@ type Options struct {
 	Catalog     *osimage.Catalog
 	Keys        signing.Source
 	Settings    discovery.Settings
-	AgentBinary string
 	MaxInFlight int
 	// MaxPerClient bounds the downloads one client address has in flight
 	// (8), so that one client cannot take every slot.
@@ -97,9 +96,9 @@ func (n Namespaces) String() string {
 
 // Handler answers image requests.
 type Handler struct {
-	opts     Options
-	agent    *os.File
-	agentMod time.Time
+	opts Options
+	// agents are the open agent binaries by sha256.
+	agents map[string]agentFile
 	// slots bounds per-InfraEnv downloads (ISOs, initrds); publicSlots
 	// the OS images' own files (kernels, root filesystems, disk images),
 	// which every booting host fetches: one kind cannot starve the other.
@@ -125,17 +124,27 @@ var (
 	registerOnce sync.Once
 )
 
-// NewHandler opens the agent binary and prepares the handler.
+// agentFile is one architecture's agent binary, open for serving.
+type agentFile struct {
+	f   *os.File
+	mod time.Time
+}
+
+// NewHandler opens the agent binaries and prepares the handler.
 func NewHandler(opts Options) (*Handler, error) {
 	registerOnce.Do(func() { metrics.Registry.MustRegister(requests, inFlight, bytesSent, bootScripts) })
-	f, err := os.Open(opts.AgentBinary)
-	if err != nil {
-		return nil, err
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
+	agents := map[string]agentFile{}
+	for _, a := range opts.Settings.Agents {
+		f, err := os.Open(a.Path)
+		if err != nil {
+			return nil, err
+		}
+		st, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		agents[a.SHA256] = agentFile{f: f, mod: st.ModTime()}
 	}
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 256
@@ -146,7 +155,7 @@ func NewHandler(opts Options) (*Handler, error) {
 	if opts.StallTimeout <= 0 {
 		opts.StallTimeout = time.Minute
 	}
-	return &Handler{opts: opts, agent: f, agentMod: st.ModTime(), renders: newRenderCache(128),
+	return &Handler{opts: opts, agents: agents, renders: newRenderCache(128),
 		slots: make(chan struct{}, opts.MaxInFlight), publicSlots: make(chan struct{}, opts.MaxInFlight), clients: map[string]int{}}, nil
 }
 
@@ -451,14 +460,17 @@ func (h *Handler) infraEnvByUID(ctx context.Context, uid string) (*v1beta1.Infra
 	return &list.Items[0], nil
 }
 
-// serveAgent serves the agent binary at its content address.
+// serveAgent serves an agent binary at its content address: the digest
+// an InfraEnv's Ignition names for its architecture.
 func (h *Handler) serveAgent(w http.ResponseWriter, r *http.Request) {
-	if r.PathValue("sha256") != h.opts.Settings.AgentBinarySHA256 || r.URL.RawQuery != "" {
+	sum := r.PathValue("sha256")
+	a, ok := h.agents[sum]
+	if !ok || r.URL.RawQuery != "" {
 		http.Error(w, "not found", http.StatusNotFound)
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("ETag", `"`+h.opts.Settings.AgentBinarySHA256+`"`)
+	w.Header().Set("ETag", `"`+sum+`"`)
 	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
-	http.ServeContent(w, r, "agent", h.agentMod, readerAtSeeker(h.agent))
+	http.ServeContent(w, r, "agent", a.mod, readerAtSeeker(a.f))
 }

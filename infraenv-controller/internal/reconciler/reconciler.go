@@ -34,6 +34,9 @@ import (
 const (
 	// ImageDownloadingReason: the OS image is still being downloaded.
 	ImageDownloadingReason = "ImageDownloading"
+	// AgentBinaryMissingReason: agentboot has no agent binary for the
+	// InfraEnv's architecture; its hosts could boot but not register.
+	AgentBinaryMissingReason = "AgentBinaryMissing"
 )
 
 // Polling intervals, for what the controller cannot watch.
@@ -153,7 +156,10 @@ func (r *Reconciler) observe(ctx context.Context, ie *v1beta1.InfraEnv, key sign
 	}
 	out, err := discovery.Render(discovery.Input{InfraEnv: ie, NMStateConfigs: nm, Image: img, ImageKey: imgKey, Key: key}, r.Settings)
 	var inputErr *discovery.InputError
+	var noAgent *discovery.NoAgentError
 	switch {
+	case errors.As(err, &noAgent):
+		return failed(AgentBinaryMissingReason, 0, "%s", noAgent.Error()), nil
 	case errors.As(err, &inputErr):
 		return failed(v1beta1.ImageCreationErrorReason, 0, "%s", inputErr.Error()), nil
 	case err != nil:
