@@ -62,9 +62,13 @@ func expect(t *testing.T, v *vm.VM, patterns ...string) {
 // appliedDiscoveryIgnition are the lines of a host that found and applied its
 // discovery Ignition and started the agent fetched from the image service.
 func appliedDiscoveryIgnition() []string {
+	agentURL, err := s.Settings.AgentBinaryURL("x86_64")
+	if err != nil {
+		panic(err) // the stack always serves the x86_64 agent
+	}
 	return []string{
 		`devinit: ignition: found /config.ign`,
-		regexp.QuoteMeta(fmt.Sprintf("devinit: ignition: wrote /usr/local/bin/agent (")) + `\d+ bytes, from ` + regexp.QuoteMeta(s.Settings.AgentBinaryURL()) + `, sha512 verified\)`,
+		regexp.QuoteMeta(fmt.Sprintf("devinit: ignition: wrote /usr/local/bin/agent (")) + `\d+ bytes, from ` + regexp.QuoteMeta(agentURL) + `, sha512 verified\)`,
 		`devinit: ignition: user core: 1 SSH keys`,
 		`devinit: starting agent.service: /usr/local/bin/agent run --config /etc/agentboot/agent.json`,
 	}

@@ -6,6 +6,7 @@ package inventory
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -120,6 +121,7 @@ func collectCPU(o Options) agentapi.CPU {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	processors := int64(0)
+	implementer, part := "", ""
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
 		if !ok {
@@ -143,10 +145,32 @@ func collectCPU(o Options) agentapi.CPU {
 			if c.Flags == nil {
 				c.Flags = strings.Fields(v)
 			}
+		case "CPU implementer":
+			if implementer == "" {
+				implementer = v
+			}
+		case "CPU part":
+			if part == "" {
+				part = v
+			}
 		}
 	}
 	if c.Count == 0 {
 		c.Count = processors
+	}
+	if c.ModelName == "" {
+		// Arm: no "model name"; the CPU says who made it and what it is
+		// (MIDR_EL1), in cpuinfo or in sysfs.
+		if implementer == "" {
+			if raw, err := os.ReadFile(o.path("sys/devices/system/cpu/cpu0/regs/identification/midr_el1")); err == nil {
+				if midr, err := strconv.ParseUint(strings.TrimSpace(string(raw)), 0, 64); err == nil {
+					implementer, part = fmt.Sprintf("0x%02x", midr>>24&0xff), fmt.Sprintf("0x%03x", midr>>4&0xfff)
+				}
+			}
+		}
+		if implementer != "" {
+			c.ModelName = ArmCPUName(implementer, part)
+		}
 	}
 	// cpufreq knows the nominal maximum where cpuinfo shows the current clock.
 	if raw, err := os.ReadFile(o.path("sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")); err == nil {
@@ -191,6 +215,29 @@ func collectVendor(o Options) agentapi.SystemVendor {
 		v.Manufacturer = clean(info.Vendor)
 		v.ProductName = clean(info.Name)
 		v.SerialNumber = clean(info.SerialNumber)
+	}
+	// Arm boards without SMBIOS describe themselves in the device tree.
+	dt := func(name string) string {
+		raw, _ := os.ReadFile(o.path("sys/firmware/devicetree/base/" + name))
+		first, _, _ := strings.Cut(string(raw), "\x00") // NUL-terminated (compatible: a list)
+		return strings.TrimSpace(first)
+	}
+	if v.ProductName == "" {
+		v.ProductName = dt("model")
+	}
+	if v.Manufacturer == "" {
+		if vendor, _, ok := strings.Cut(dt("compatible"), ","); ok {
+			v.Manufacturer = vendor
+		}
+	}
+	if v.SerialNumber == "" {
+		v.SerialNumber = dt("serial-number")
+	}
+	if _, err := os.Stat(o.path("sys/firmware/devicetree/base/hypervisor")); err == nil {
+		v.Virtual = true // a hypervisor node: a guest (Xen, KVM with pvtime)
+	}
+	if raw, err := os.ReadFile(o.path("sys/hypervisor/type")); err == nil && strings.TrimSpace(string(raw)) != "" {
+		v.Virtual = true
 	}
 	lower := strings.ToLower(v.Manufacturer + " " + v.ProductName)
 	for _, virtual := range []string{"qemu", "kvm", "vmware", "virtualbox", "bochs", "xen", "microsoft corporation virtual", "openstack", "amazon ec2", "google compute"} {

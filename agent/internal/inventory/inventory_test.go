@@ -71,3 +71,53 @@ func TestParseIPMI(t *testing.T) {
 	require.Equal(t, "198.18.0.50", parseIPMI(out, "IP Address"))
 	require.Empty(t, parseIPMI("IP Address              : 0.0.0.0\n", "IP Address"))
 }
+
+func TestArmCPUName(t *testing.T) {
+	for _, tc := range []struct{ impl, part, want string }{
+		{"0x41", "0xd0c", "Neoverse-N1"},
+		{"0x41", "0xd4f", "Neoverse-V2"},
+		{"0xc0", "0xac3", "AmpereOne"},
+		{"0x48", "0xd01", "HiSilicon Kunpeng 920"},
+		{"0x4e", "0x004", "NVIDIA CPU part 0x004"},
+		{"0x00", "0x051", "software-defined Arm CPU part 0x051"},
+		{"0x99", "0x001", "Arm implementer 0x99 CPU part 0x001"},
+		{"zz", "0x001", ""},
+	} {
+		require.Equal(t, tc.want, ArmCPUName(tc.impl, tc.part), tc.impl+"/"+tc.part)
+	}
+}
+
+// What an Arm server shows: cpuinfo without "model name", a device tree
+// where there is no SMBIOS.
+func TestArmInventory(t *testing.T) {
+	root := t.TempDir()
+	write := func(p, s string) {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, p), []byte(s), 0o644))
+	}
+	cpuinfo := ""
+	for i := range 4 {
+		cpuinfo += "processor\t: " + string(rune('0'+i)) + "\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics\n" +
+			"CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n"
+	}
+	write("proc/cpuinfo", cpuinfo)
+	c := collectCPU(Options{Root: root})
+	require.Equal(t, "Neoverse-N1", c.ModelName)
+	require.Contains(t, c.Flags, "asimd")
+
+	// No implementer line (some kernels): MIDR_EL1 from sysfs.
+	write("proc/cpuinfo", "processor\t: 0\nFeatures\t: fp asimd\n")
+	write("sys/devices/system/cpu/cpu0/regs/identification/midr_el1", "0x00000000c00fac30\n")
+	require.Equal(t, "AmpereOne", collectCPU(Options{Root: root}).ModelName)
+
+	write("sys/firmware/devicetree/base/model", "Raspberry Pi 4 Model B Rev 1.4\x00")
+	write("sys/firmware/devicetree/base/compatible", "raspberrypi,4-model-b\x00brcm,bcm2711\x00")
+	write("sys/firmware/devicetree/base/serial-number", "10000000deadbeef\x00")
+	v := collectVendor(Options{Root: root})
+	require.Equal(t, "Raspberry Pi 4 Model B Rev 1.4", v.ProductName)
+	require.Equal(t, "raspberrypi", v.Manufacturer)
+	require.Equal(t, "10000000deadbeef", v.SerialNumber)
+	require.False(t, v.Virtual)
+	write("sys/firmware/devicetree/base/hypervisor/compatible", "xen,xen\x00")
+	require.True(t, collectVendor(Options{Root: root}).Virtual)
+}
