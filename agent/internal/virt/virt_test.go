@@ -37,6 +37,42 @@ func TestVerdicts(t *testing.T) {
 	}
 }
 
+func TestArmVerdicts(t *testing.T) {
+	broken := errors.New("KVM_RUN: the hardware refused to enter the guest")
+	for name, tc := range map[string]struct {
+		facts        Facts
+		want, reason string
+	}{
+		"server at EL2, VHE":      {Facts{Arm: true, EL: "EL2", HypMode: "VHE", KVMDevice: true}, agentapi.VirtSupported, "KVM runs guests (the kernel runs at EL2, VHE)"},
+		"started at EL1":          {Facts{Arm: true, EL: "EL1"}, agentapi.VirtDisabledInFirmware, "did not hand EL2 to the OS (no /dev/kvm)"},
+		"EL2, KVM fails":          {Facts{Arm: true, EL: "EL2", KVMDevice: true, KVMErr: broken}, agentapi.VirtDisabledInFirmware, "refused to enter"},
+		"guest without EL2":       {Facts{Arm: true, Hypervisor: true, EL: "EL1"}, agentapi.VirtVirtualMachineWithoutNested, "does not give it EL2"},
+		"guest with EL2 (nested)": {Facts{Arm: true, Hypervisor: true, EL: "EL2", KVMDevice: true, Nested: "disabled"}, agentapi.VirtSupported, "EL2"},
+		"nothing logged, no KVM":  {Facts{Arm: true}, agentapi.VirtNotSupportedByCPU, "no sign of EL2"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := Verdict(tc.facts)
+			require.Equal(t, tc.want, v.Verdict)
+			require.Contains(t, v.Reason, tc.reason)
+			require.Empty(t, v.CPUFlag, "Arm has no vmx/svm flag")
+		})
+	}
+}
+
+func TestArmBootFacts(t *testing.T) {
+	for log, want := range map[string][2]string{
+		"[    0.04] CPU: All CPU(s) started at EL2\n[    0.51] kvm [1]: VHE mode initialized successfully\n":            {"EL2", "VHE"},
+		"[    0.04] CPU: All CPU(s) started at EL2\n[    0.51] kvm [1]: Hyp nVHE mode initialized successfully\n":       {"EL2", "nVHE"},
+		"[    0.04] CPU: All CPU(s) started at EL2\n[    0.51] kvm [1]: Protected nVHE mode initialized successfully\n": {"EL2", "protected nVHE"},
+		"[    0.04] CPU: All CPU(s) started at EL1\n[    0.51] kvm [1]: HYP mode not available\n":                       {"EL1", ""},
+		"[    0.04] CPU: CPUs started in inconsistent modes\n":                                                          {"EL1", ""},
+		"": {"", ""},
+	} {
+		el, mode := armBootFacts(log)
+		require.Equal(t, want, [2]string{el, mode}, log)
+	}
+}
+
 // On this machine the agent must agree with qemu about KVM: if qemu cannot
 // run a guest with KVM, the agent must not call KVM usable, and vice versa.
 func TestProbeAgreesWithQEMU(t *testing.T) {
