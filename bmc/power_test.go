@@ -259,7 +259,9 @@ func TestPowerLikeHardware(t *testing.T) {
 		h := e.host("idrac", "redfish+http://"+hostport, 77)
 		e.wait(h, "provisioned", state(metal3.StateProvisioned))
 		sim.SetTiming(hardware)
-		sim.SetQuirks(bmcsim.Quirks{IDRACPowerOnConflict: 2 * time.Second})
+		// A window shorter than the controller's resync (2s): only the
+		// controller watching the shutdown land powers on inside it.
+		sim.SetQuirks(bmcsim.Quirks{IDRACPowerOnConflict: time.Second})
 		neverFailed(t, e, h)
 		// online flips back while the OS shuts down (held): the controller
 		// watches the shutdown land, then powers on at once, into the

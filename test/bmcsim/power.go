@@ -35,7 +35,8 @@ type Timing struct {
 	// new one is reached.
 	Transitional bool
 	// Conflict refuses a request for another state while a transition is
-	// in progress (Redfish 409, IPMI "node busy"); otherwise the new
+	// in progress (Redfish 409; IPMI: the chassis program fails, which
+	// ipmi_sim answers with an error completion code); otherwise the new
 	// request replaces the transition.
 	Conflict bool
 	// EarlyOff is the quirk Digital Rebar documents for Redfish BMCs
@@ -212,7 +213,7 @@ func (c *chassis) begin(target string, d time.Duration, shutdown bool) {
 		c.timer.Stop()
 		c.timer = nil
 	}
-	c.target, c.shutdown, c.until = target, shutdown, time.Time{}
+	c.target, c.shutdown, c.until, c.due = target, shutdown, time.Time{}, false
 	switch {
 	case d < 0:
 		c.until = time.Now().Add(100 * 365 * 24 * time.Hour)

@@ -105,7 +105,12 @@ func TestHungOSAndEarlyOff(t *testing.T) {
 	}
 	do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic)
 	r.HoldTransitions(false)
-	time.Sleep(600 * time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); m.On(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the platform never finished shutting down")
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
 	if m.On() {
 		t.Fatal("a power-on in the early-off window was not dropped")
 	}

@@ -88,6 +88,11 @@ func (p Power) Settled() bool { return p == On || p == Off }
 // transition (Redfish 409 Conflict): nothing was done, ask again later.
 var ErrBusy = errors.New("the BMC is busy with a power transition")
 
+// ErrUnsupported is a request the BMC does not offer (a Redfish reset type
+// missing from its allowable values, 400/405/501; an IPMI command it
+// rejects as invalid): asking again will not help.
+var ErrUnsupported = errors.New("the BMC does not offer this request")
+
 // Override is the boot override a BMC reports.
 type Override struct {
 	Device Device
@@ -227,7 +232,39 @@ func (s *session) power(ctx context.Context, state string) error {
 	if err != nil && errors.As(err, &rf) && rf.HTTPReturnedStatusCode == http.StatusConflict {
 		return fmt.Errorf("%w: set power %s: %s", ErrBusy, state, Scrub(err.Error(), s.secret))
 	}
+	if err != nil && unsupported(err) {
+		return fmt.Errorf("%w: set power %s: %s", ErrUnsupported, state, Scrub(err.Error(), s.secret))
+	}
 	return s.result("set power "+state, ok, err)
+}
+
+// unsupported tells a request the BMC does not offer from one that failed:
+// gofish refuses a reset type the System does not list; a Redfish service
+// answers 400, 405 or 501 to one it lacks; ipmitool prints the completion
+// code of a command the BMC rejects.
+func unsupported(err error) bool {
+	var rf *common.Error
+	if errors.As(err, &rf) {
+		switch rf.HTTPReturnedStatusCode {
+		case http.StatusMethodNotAllowed, http.StatusNotImplemented:
+			return true
+		case http.StatusBadRequest:
+			// Only a 400 that says so: iLO answers 400 too while the
+			// system is not ready (InvalidOperationForSystemState).
+			raw := rf.Code + " " + rf.Message
+			for _, e := range rf.ExtendedInfos {
+				raw += " " + e.MessageID
+			}
+			return strings.Contains(raw, "NotSupported") || strings.Contains(raw, "PropertyValueNotInList")
+		}
+	}
+	msg := err.Error()
+	for _, s := range []string{"is not supported by this service", "Invalid command", "Command not supported", "Invalid data field"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // sentUnconfirmed is true when the last bmclib call reached its provider

@@ -1,6 +1,12 @@
 package driver
 
-import "testing"
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stmcginnis/gofish/common"
+)
 
 func TestParsePowerState(t *testing.T) {
 	for raw, want := range map[string]Power{
@@ -27,5 +33,30 @@ func TestScrub(t *testing.T) {
 	got := Scrub("failed: 1 error occurred:\n\t* provider: gofish: 401 for user admin password hunter2\n\n", "hunter2")
 	if want := "failed: 1 error occurred:; provider: gofish: 401 for user admin password ***"; got != want {
 		t.Fatalf("Scrub = %q, want %q", got, want)
+	}
+}
+
+// Only a request the BMC does not offer is "unsupported" (and a graceful
+// shutdown then gives way to a forced one); a BMC that is not ready, or
+// any other failure, is an ordinary error.
+func TestUnsupported(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&common.Error{HTTPReturnedStatusCode: 400, Code: "Base.1.8.ActionParameterNotSupported"}, true},
+		{&common.Error{HTTPReturnedStatusCode: 400, Code: "Base.1.8.GeneralError", ExtendedInfos: []common.ErrExtendedInfo{{MessageID: "Base.1.8.PropertyValueNotInList"}}}, true},
+		{&common.Error{HTTPReturnedStatusCode: 400, Code: "iLO.0.10.ExtendedInfo", ExtendedInfos: []common.ErrExtendedInfo{{MessageID: "iLO.2.15.InvalidOperationForSystemState"}}}, false},
+		{&common.Error{HTTPReturnedStatusCode: 405}, true},
+		{&common.Error{HTTPReturnedStatusCode: 501}, true},
+		{&common.Error{HTTPReturnedStatusCode: 500, Message: "internal error"}, false},
+		{fmt.Errorf("provider: gofish: %w", errors.New("reset type 'GracefulShutdown' is not supported by this service")), true},
+		{errors.New("Chassis Power Control: Soft failed: Invalid command"), true},
+		{errors.New("context deadline exceeded"), false},
+		{errors.New("Unable to establish IPMI v2 / RMCP+ session"), false},
+	} {
+		if got := unsupported(tc.err); got != tc.want {
+			t.Errorf("unsupported(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

@@ -147,9 +147,10 @@ func (h *hostRun) sendPower(ctx context.Context, mem *memory, p *powerChange, re
 	default:
 		err = h.bmc.PowerOff(ctx, soft)
 	}
-	if soft && err != nil && !errors.Is(err, driver.ErrBusy) {
+	if soft && errors.Is(err, driver.ErrUnsupported) {
 		// Some BMCs offer no graceful shutdown (iLO 4 does not list it;
-		// IPMI BMCs without ACPI soft-off refuse it): cut the power.
+		// IPMI BMCs without ACPI soft-off reject it): cut the power. Any
+		// other failure is an error, retried gracefully.
 		h.r.Events.Eventf(h.host, nil, corev1.EventTypeWarning, "PowerOffForced", "PowerOff",
 			"the BMC refused the graceful shutdown (%s); forcing the power off", boundMessage(err.Error()))
 		p.forced, soft = true, false

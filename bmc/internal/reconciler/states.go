@@ -51,7 +51,7 @@ var stateHandlers = map[metal3.ProvisioningState]func(*hostRun, context.Context)
 func (h *hostRun) register(ctx context.Context) step {
 	if h.host.Spec.ExternallyProvisioned {
 		h.setState(metal3.StateExternallyProvisioned)
-		return h.enforcePower(ctx)
+		return h.externallyProvisioned(ctx)
 	}
 	h.setState(metal3.StateAvailable)
 	return h.available(ctx)
@@ -61,7 +61,7 @@ func (h *hostRun) register(ctx context.Context) step {
 func (h *hostRun) available(ctx context.Context) step {
 	if h.host.Spec.ExternallyProvisioned {
 		h.setState(metal3.StateExternallyProvisioned)
-		return h.enforcePower(ctx)
+		return h.externallyProvisioned(ctx)
 	}
 	iso, wait, err := h.enrollment(ctx)
 	if err != nil {
@@ -69,7 +69,11 @@ func (h *hostRun) available(ctx context.Context) step {
 	}
 	if iso == "" || !h.host.Spec.Online {
 		if err := h.abandonBoot(ctx); err != nil {
-			return failed(metal3.ProvisioningError, err)
+			// Power still follows spec.online; the eject is retried.
+			if res := h.enforcePower(ctx); res.err != nil {
+				return res
+			}
+			return failed(metal3.ProvisioningError, fmt.Errorf("eject the virtual media of an abandoned boot: %w", err))
 		}
 		if wait {
 			// The InfraEnv exists but its image is not ready; its status
@@ -112,7 +116,9 @@ func (h *hostRun) provision(ctx context.Context) (res step) {
 	}
 	mem := h.r.memoryOf(h.host)
 	b := mem.boot
-	if b == nil || b.iso != iso {
+	if b == nil || b.iso != iso || !b.sent.IsZero() && time.Since(b.sent) > h.r.PowerTimeout {
+		// A new boot: the first, one for another ISO, or one whose
+		// power-on went in long ago (the host left and came back).
 		b = &bootAttempt{iso: iso}
 		mem.boot = b
 	}
@@ -166,7 +172,8 @@ func (h *hostRun) provision(ctx context.Context) (res step) {
 	if err := h.r.markDiscoveryBoot(ctx, h.host, b.sent); err != nil {
 		return failed(metal3.ProvisioningError, err)
 	}
-	mem.boot = nil
+	// mem.boot stays until a pass finds the host provisioned with this
+	// ISO: a status write that fails now must not lead to a second boot.
 	h.host.Status.Provisioning.Image = metal3.Image{URL: iso, DiskFormat: ptr.To("live-iso")}
 	h.host.Status.Provisioning.BootMode = h.host.Spec.BootMode
 	if h.host.Status.Provisioning.BootMode == "" {
@@ -191,13 +198,16 @@ func (h *hostRun) bootBusy(b *bootAttempt, why error) step {
 }
 
 // abandonBoot takes out the virtual CD of a boot into discovery that did
-// not finish (the host left its InfraEnv or went offline meanwhile).
+// not finish (the host left its InfraEnv, went offline or became
+// externally provisioned meanwhile).
 func (h *hostRun) abandonBoot(ctx context.Context) error {
 	mem := h.r.memoryOf(h.host)
 	if mem.boot == nil {
 		return nil
 	}
-	if mem.boot.media != "" {
+	// Whether or not the insert is known to have gone in (an error may
+	// have come after it): ejecting nothing is harmless.
+	if h.addr.VirtualMedia {
 		if err := h.bmc.EjectMedia(ctx); err != nil {
 			return err
 		}
@@ -265,6 +275,9 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 		return failed(metal3.ProvisioningError, err)
 	}
 	booted := h.host.Status.Provisioning.Image.URL
+	if mem := h.r.memoryOf(h.host); mem.boot != nil && mem.boot.iso == booted {
+		mem.boot = nil // the boot is on record
+	}
 	switch {
 	case iso == "" && !wait:
 		h.setState(metal3.StateDeprovisioning)
@@ -308,6 +321,12 @@ func (h *hostRun) externallyProvisioned(ctx context.Context) step {
 	if !h.host.Spec.ExternallyProvisioned {
 		h.setState(metal3.StateAvailable)
 		return h.available(ctx)
+	}
+	if err := h.abandonBoot(ctx); err != nil {
+		if res := h.enforcePower(ctx); res.err != nil {
+			return res
+		}
+		return failed(metal3.ProvisioningError, fmt.Errorf("eject the virtual media of an abandoned boot: %w", err))
 	}
 	return h.enforcePower(ctx)
 }
@@ -367,9 +386,12 @@ func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ct
 			return res.result(r), nil
 		}
 	}
-	r.forget(client.ObjectKeyFromObject(host))
 	controllerutil.RemoveFinalizer(host, Finalizer)
-	return ctrl.Result{}, r.Client.Update(ctx, host)
+	if err := r.Client.Update(ctx, host); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(host))
+	return ctrl.Result{}, nil
 }
 
 // ejectForDelete takes the virtual CD out of a virtual media host's BMC:
@@ -401,10 +423,15 @@ func (r *Reconciler) ejectForDelete(ctx context.Context, host *metal3.BareMetalH
 	if time.Since(host.DeletionTimestamp.Time) < r.EjectOnDeleteTimeout {
 		return res
 	}
+	// Marked first, so that a power-off that follows does not try again
+	// and the event is said once.
+	if mark := r.markEjected(ctx, host, "abandoned"); mark.err != nil {
+		return mark
+	}
 	r.Events.Eventf(host, nil, corev1.EventTypeWarning, "MediaNotEjected", "Delete",
 		"the BMC did not eject the virtual media for %s; deleting the host anyway: the BMC may still hold the discovery ISO's URL (%s)",
 		r.EjectOnDeleteTimeout, boundMessage(res.err.Error()))
-	return r.markEjected(ctx, host, "abandoned") // a power-off that follows does not try again
+	return step{}
 }
 
 // markEjected records the eject (or that it was given up) on the host, so
@@ -425,13 +452,16 @@ func (r *Reconciler) markEjected(ctx context.Context, host *metal3.BareMetalHost
 func (r *Reconciler) powerOffForDelete(ctx context.Context, host *metal3.BareMetalHost) step {
 	host.Status.Provisioning.State = metal3.StatePoweringOffBeforeDelete
 	return r.withBMC(ctx, host, func(bmc driver.BMC, _ address.Address, power driver.Power) step {
-		if power == driver.Off {
-			host.Status.Provisioning.State = metal3.StateDeleting
-			return step{}
-		}
+		// enforcePower also waits out a power-on still under way (one the
+		// BMC accepted but does not report yet), which would otherwise
+		// switch the host on after it is forgotten.
 		off := *host
 		off.Spec.Online = false
-		return (&hostRun{r: r, host: &off, bmc: bmc, power: power}).enforcePower(ctx)
+		res := (&hostRun{r: r, host: &off, bmc: bmc, power: power}).enforcePower(ctx)
+		if res.err == nil && res.requeue == 0 {
+			host.Status.Provisioning.State = metal3.StateDeleting
+		}
+		return res
 	})
 }
 
