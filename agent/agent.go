@@ -278,7 +278,7 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 			wait = a.poll
 		}
 		if wait <= 0 {
-			wait = 20 * time.Second
+			wait = agentapi.DefaultPollInterval
 		}
 		// ±10% so that hosts booted together do not stay in step.
 		wait = wait*9/10 + time.Duration(float64(wait)/5*randFloat())

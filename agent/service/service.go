@@ -25,6 +25,7 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/reconciler"
 	"github.com/agentboot/agentboot/agent/service/internal/steps"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentapi"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/osimage"
@@ -87,7 +88,7 @@ func (c *Config) defaults() {
 		c.MinDiskSizeBytes = d.MinDiskSizeBytes
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = 20 * time.Second
+		c.PollInterval = agentapi.DefaultPollInterval
 	}
 	if c.LeaseRenewInterval == 0 {
 		c.LeaseRenewInterval = 45 * time.Second

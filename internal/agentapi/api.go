@@ -13,6 +13,11 @@ const (
 	ProgressPath     = "/api/v1/namespaces/{namespace}/agents/{id}/progress"
 )
 
+// DefaultPollInterval is how often a host asks for instructions (its
+// heartbeat) unless the service says otherwise (InstructionsResponse's
+// PollSeconds; the service's --agent-poll-interval).
+const DefaultPollInterval = 20 * time.Second
+
 // MaxInventoryBytes bounds an inventory upload.
 const MaxInventoryBytes = 1 << 20
 

@@ -124,7 +124,7 @@ func New(o Options) *Server {
 		o.Now = time.Now
 	}
 	if o.PollInterval == 0 {
-		o.PollInterval = 20 * time.Second
+		o.PollInterval = agentapi.DefaultPollInterval
 	}
 	if o.LeaseRenewInterval == 0 {
 		o.LeaseRenewInterval = 45 * time.Second
