@@ -1,6 +1,8 @@
 package v1beta1
 
 import (
+	"math"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -126,6 +128,23 @@ type HostRequirements struct {
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	MinDiskSizeGB int64 `json:"minDiskSizeGB,omitempty"`
+}
+
+// MinDiskSizeBytes is MinDiskSizeGB in bytes (0 when unset), saturated
+// rather than overflowed for a value no disk has.
+func (h *HostRequirements) MinDiskSizeBytes() int64 {
+	if h == nil || h.MinDiskSizeGB <= 0 {
+		return 0
+	}
+	return min(h.MinDiskSizeGB, math.MaxInt64/1_000_000_000) * 1_000_000_000
+}
+
+// MinMemoryBytes is MinMemoryMiB in bytes (0 when unset), saturated.
+func (h *HostRequirements) MinMemoryBytes() int64 {
+	if h == nil || h.MinMemoryMiB <= 0 {
+		return 0
+	}
+	return min(h.MinMemoryMiB, math.MaxInt64>>20) << 20
 }
 
 // InfraEnvSpec describes a discovery environment: what goes into the

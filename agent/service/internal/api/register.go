@@ -247,8 +247,8 @@ func (s *Server) infraEnvFor(ctx context.Context, key signing.Key, ns, name, uid
 }
 
 func (s *Server) minDisk(ie *v1beta1.InfraEnv) int64 {
-	if r := ie.Spec.HostRequirements; r != nil && r.MinDiskSizeGB > 0 {
-		return r.MinDiskSizeGB * 1_000_000_000
+	if b := ie.Spec.HostRequirements.MinDiskSizeBytes(); b > 0 {
+		return b
 	}
 	return s.o.MinDiskSizeBytes
 }

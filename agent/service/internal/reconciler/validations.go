@@ -32,11 +32,11 @@ func (r Requirements) For(ie *v1beta1.InfraEnv) Requirements {
 	if h.MinCPUCores > 0 {
 		r.MinCPUCores = int64(h.MinCPUCores)
 	}
-	if h.MinMemoryMiB > 0 {
-		r.MinMemoryBytes = h.MinMemoryMiB << 20
+	if b := h.MinMemoryBytes(); b > 0 {
+		r.MinMemoryBytes = b
 	}
-	if h.MinDiskSizeGB > 0 {
-		r.MinDiskSizeBytes = h.MinDiskSizeGB * 1_000_000_000
+	if b := h.MinDiskSizeBytes(); b > 0 {
+		r.MinDiskSizeBytes = b
 	}
 	r.CPUVirtualization = h.CPUVirtualization
 	return r
