@@ -4,32 +4,8 @@ import (
 	"strings"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/cmdwords"
 )
-
-// splitKargs splits a kernel command line on spaces outside double quotes.
-func splitKargs(s string) []string {
-	var out []string
-	var cur strings.Builder
-	quoted := false
-	for _, r := range s {
-		switch {
-		case r == '"':
-			quoted = !quoted
-			cur.WriteRune(r)
-		case (r == ' ' || r == '\t') && !quoted:
-			if cur.Len() > 0 {
-				out = append(out, cur.String())
-				cur.Reset()
-			}
-		default:
-			cur.WriteRune(r)
-		}
-	}
-	if cur.Len() > 0 {
-		out = append(out, cur.String())
-	}
-	return out
-}
 
 func kargKey(a string) string {
 	k, _, _ := strings.Cut(a, "=")
@@ -69,7 +45,7 @@ func validKarg(a string) bool {
 // (appending when there is none), delete removes exact matches or, for a bare
 // key, every argument with that key.
 func kernelArguments(defaults string, ops []v1beta1.KernelArgument) ([]string, error) {
-	args := splitKargs(defaults)
+	args := cmdwords.Split(defaults)
 	for i, op := range ops {
 		if !validKarg(op.Value) {
 			return nil, inputErrorf("spec.kernelArguments[%d].value %q is not a single kernel argument", i, op.Value)

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentboot/agentboot/internal/cmdwords"
 )
 
 func logf(format string, args ...any) {
@@ -29,36 +31,11 @@ type cmdline map[string]string
 func readCmdline() cmdline {
 	raw, _ := os.ReadFile("/proc/cmdline")
 	c := cmdline{}
-	for _, f := range splitArgs(strings.TrimSpace(string(raw))) {
+	for _, f := range cmdwords.Split(strings.TrimSpace(string(raw))) {
 		k, v, _ := strings.Cut(f, "=")
 		c[k] = strings.Trim(v, `"'`)
 	}
 	return c
-}
-
-// splitArgs splits on spaces outside double quotes.
-func splitArgs(s string) []string {
-	var out []string
-	var cur strings.Builder
-	quoted := false
-	for _, r := range s {
-		switch {
-		case r == '"':
-			quoted = !quoted
-			cur.WriteRune(r)
-		case r == ' ' && !quoted:
-			if cur.Len() > 0 {
-				out = append(out, cur.String())
-				cur.Reset()
-			}
-		default:
-			cur.WriteRune(r)
-		}
-	}
-	if cur.Len() > 0 {
-		out = append(out, cur.String())
-	}
-	return out
 }
 
 func main() {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentboot/agentboot/internal/cmdwords"
 )
 
 // procTable hands each child's exit status to whoever started it. PID 1 reaps
@@ -105,12 +107,12 @@ func parseUnit(name, contents string) (unit, error) {
 		switch strings.TrimSpace(k) {
 		case "ExecStart":
 			v = strings.TrimLeft(strings.TrimSpace(v), "-@+!:")
-			u.exec = splitArgs(v)
+			u.exec = cmdwords.Split(v)
 			for i := range u.exec {
 				u.exec[i] = strings.Trim(u.exec[i], `"`)
 			}
 		case "Environment":
-			for _, kv := range splitArgs(strings.TrimSpace(v)) {
+			for _, kv := range cmdwords.Split(strings.TrimSpace(v)) {
 				u.env = append(u.env, strings.Trim(kv, `"`))
 			}
 		case "Restart":
