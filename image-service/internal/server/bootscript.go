@@ -15,7 +15,6 @@ import (
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
-	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/macindex"
 )
 
@@ -76,14 +75,12 @@ func (h *Handler) bootScriptFor(ctx context.Context, mac string, r *http.Request
 	if err != nil || ie == nil {
 		return outcome, exitScript(why), err
 	}
-	var agents v1beta1.AgentList
-	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(ie.Namespace), client.MatchingFields{macindex.AgentMAC: mac}); err != nil {
+	// Any of the namespace's Agents with this MAC: the host may have been
+	// installed from another InfraEnv than the one its MAC now names.
+	if disk, err := h.bootsFromDisk(ctx, ie.Namespace, mac, ""); err != nil {
 		return "", "", err
-	}
-	for i := range agents.Items {
-		if lifecycle.BootsFromDisk(&agents.Items[i]) {
-			return BootDisk, discovery.IPXEExitScript, nil
-		}
+	} else if disk {
+		return BootDisk, discovery.IPXEExitScript, nil
 	}
 	name := ie.Namespace + "/" + ie.Name
 	if c := conditions.Find(ie.Status.Conditions, v1beta1.ImageCreatedCondition); c == nil || c.Status != "True" {

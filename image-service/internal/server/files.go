@@ -437,13 +437,25 @@ func (h *Handler) ipxeScript(ctx context.Context, ie *v1beta1.InfraEnv, out *dis
 	if mac == "" {
 		return out.IPXEChainScript()
 	}
+	if disk, err := h.bootsFromDisk(ctx, ie.Namespace, mac, ie.Name); err == nil && disk {
+		return discovery.IPXEExitScript
+	}
+	return out.IPXEScript() // when in doubt, discovery: it finds the disk's installation
+}
+
+// bootsFromDisk is whether an Agent with mac in namespace (of InfraEnv
+// infraEnv, when it is not "") was installed and now boots from its disk:
+// its host is then sent to the disk instead of discovery.
+func (h *Handler) bootsFromDisk(ctx context.Context, namespace, mac, infraEnv string) (bool, error) {
 	var agents v1beta1.AgentList
-	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(ie.Namespace), client.MatchingFields{macindex.AgentMAC: mac}); err == nil {
-		for i := range agents.Items {
-			if agents.Items[i].Labels[v1beta1.InfraEnvNameLabel] == ie.Name && lifecycle.BootsFromDisk(&agents.Items[i]) {
-				return discovery.IPXEExitScript
-			}
+	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(namespace), client.MatchingFields{macindex.AgentMAC: mac}); err != nil {
+		return false, err
+	}
+	for i := range agents.Items {
+		a := &agents.Items[i]
+		if (infraEnv == "" || a.Labels[v1beta1.InfraEnvNameLabel] == infraEnv) && lifecycle.BootsFromDisk(a) {
+			return true, nil
 		}
 	}
-	return out.IPXEScript()
+	return false, nil
 }
