@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
@@ -118,13 +119,7 @@ func leaveInfraEnv(t *testing.T, e *env, h *metal3.BareMetalHost) {
 	}))
 }
 
-func retryConflict(f func() error) error {
-	for {
-		if err := f(); !apierrors.IsConflict(err) {
-			return err
-		}
-	}
-}
+func retryConflict(f func() error) error { return retry.RetryOnConflict(retry.DefaultRetry, f) }
 
 func TestPowerLikeHardware(t *testing.T) {
 	e := start(t)
