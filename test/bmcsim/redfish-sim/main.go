@@ -25,7 +25,18 @@ func main() {
 	if *realistic {
 		sim.SetTiming(bmcsim.Realistic)
 	}
-	sim.Hook = func(ev string) { fmt.Printf("%s redfish-sim: %s\n", time.Now().Format(time.TimeOnly), ev) }
+	// Polled rather than hooked: with -realistic, a power-on completes
+	// seconds after the request that asked for it.
+	go func() {
+		seen := 0
+		for range time.Tick(200 * time.Millisecond) {
+			evs := sim.Events()
+			for _, ev := range evs[seen:] {
+				fmt.Printf("%s redfish-sim: %s\n", time.Now().Format(time.TimeOnly), ev)
+			}
+			seen = len(evs)
+		}
+	}()
 	fmt.Printf("redfish-sim: serving redfish-virtualmedia+http://%s/redfish/v1/Systems/1\n", *listen)
 	srv := &http.Server{Addr: *listen, Handler: sim, ReadHeaderTimeout: 10 * time.Second}
 	if err := srv.ListenAndServe(); err != nil {
