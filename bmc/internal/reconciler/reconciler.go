@@ -479,23 +479,39 @@ func (r *Reconciler) hostsForInfraEnv(ctx context.Context, o client.Object) []re
 	return reqs
 }
 
-// keyedMutex serialises operations per BMC address.
+// keyedMutex serialises operations per BMC address. An address's entry lives
+// while someone holds or waits for it, so addresses of deleted hosts are not
+// kept. (k8s.io/utils' keymutex hashes keys onto a fixed set of mutexes: two
+// BMCs sharing one would wait for each other's calls, seconds each.)
 type keyedMutex struct {
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	locks map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	sync.Mutex
+	users int
 }
 
 func (k *keyedMutex) lock(key string) func() {
 	k.mu.Lock()
 	if k.locks == nil {
-		k.locks = map[string]*sync.Mutex{}
+		k.locks = map[string]*keyedEntry{}
 	}
-	m, ok := k.locks[key]
+	e, ok := k.locks[key]
 	if !ok {
-		m = &sync.Mutex{}
-		k.locks[key] = m
+		e = &keyedEntry{}
+		k.locks[key] = e
 	}
+	e.users++
 	k.mu.Unlock()
-	m.Lock()
-	return m.Unlock
+	e.Lock()
+	return func() {
+		e.Unlock()
+		k.mu.Lock()
+		if e.users--; e.users == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
 }
