@@ -72,7 +72,14 @@ func (k *Keeper) Start(ctx context.Context) error {
 	}
 }
 
+// attemptTimeout bounds one load: a request that hangs (an apiserver that
+// accepted the connection and never answers) is given up and tried again,
+// instead of leaving the process without a key.
+const attemptTimeout = 30 * time.Second
+
 func (k *Keeper) refresh(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
 	key, name, err := k.load(ctx)
 	if err != nil {
 		k.Log.Error(err, "signing key unavailable; retrying")

@@ -59,9 +59,12 @@ func NewInfraEnv(ns, name string) *v1beta1.InfraEnv {
 func (s *Stack) WaitCondition(t testing.TB, key client.ObjectKey, status corev1.ConditionStatus, match func(*v1beta1.InfraEnv) bool) *v1beta1.InfraEnv {
 	t.Helper()
 	var ie v1beta1.InfraEnv
-	deadline := time.Now().Add(90 * time.Second)
+	// Generous: the first stack of a run downloads and checks the dev OS
+	// images, and a loaded two-core machine under -race is slow.
+	deadline := time.Now().Add(3 * time.Minute)
+	var lastErr error
 	for time.Now().Before(deadline) {
-		if err := s.Client.Get(context.Background(), key, &ie); err == nil {
+		if lastErr = s.Client.Get(context.Background(), key, &ie); lastErr == nil {
 			c := conditions.Find(ie.Status.Conditions, v1beta1.ImageCreatedCondition)
 			if c != nil && c.Status == status && (match == nil || match(&ie)) {
 				return &ie
@@ -69,7 +72,7 @@ func (s *Stack) WaitCondition(t testing.TB, key client.ObjectKey, status corev1.
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("InfraEnv %s: ImageCreated never became %s; status: %+v", key, status, ie.Status)
+	t.Fatalf("InfraEnv %s: ImageCreated never became %s (last read error: %v); status: %+v", key, status, lastErr, ie.Status)
 	return nil
 }
 
