@@ -150,17 +150,24 @@ func TestServedISOCarriesIgnitionAndKargs(t *testing.T) {
 	}
 	require.Equal(t, http.StatusBadRequest, get(t, s, ie.Status.BootArtifacts.DiscoveryIgnitionURL+"&bmh=worker-7&proof="+proof, nil).code, "ISOs only")
 
-	// The base image in the cache is untouched: no per-host copy.
+	// The base images in the cache are untouched: no per-host copy, only
+	// each image's full and minimal ISO, still pristine live ISOs.
 	entries, err := filepath.Glob(filepath.Join(s.ImageCache, "images", "*", "*.iso"))
 	require.NoError(t, err)
-	require.Len(t, entries, 2, "the full and minimal base ISOs, nothing else")
-	f, err := os.Open(entries[0])
-	require.NoError(t, err)
-	defer f.Close()
-	st, _ := f.Stat()
-	l, err := liveiso.Inspect(f, st.Size())
-	require.NoError(t, err, "still a pristine live ISO")
-	require.NotNil(t, l)
+	require.NotEmpty(t, entries)
+	for _, p := range entries {
+		require.Contains(t, []string{"live.iso", "minimal.iso"}, filepath.Base(p), "the full and minimal base ISOs, nothing else")
+		f, err := os.Open(p)
+		require.NoError(t, err)
+		st, _ := f.Stat()
+		l, err := liveiso.Inspect(f, st.Size())
+		require.NoError(t, err, "%s: still a live ISO", p)
+		area := make([]byte, l.Ignition.Length)
+		_, err = f.ReadAt(area, l.Ignition.Offset)
+		f.Close()
+		require.NoError(t, err)
+		require.Equal(t, make([]byte, len(area)), area, "%s: its Ignition area is still empty", p)
+	}
 }
 
 func TestResumedDownloadMatches(t *testing.T) {
@@ -505,14 +512,10 @@ func TestAgentBinary(t *testing.T) {
 }
 
 // Each InfraEnv's Ignition names the agent of its architecture, and the
-// image service serves exactly that binary.
+// image service serves exactly that binary, with the kernel of the dev OS
+// image built for it (the dev stream lists both architectures).
 func TestAgentPerArchitecture(t *testing.T) {
-	iso, err := testenv.DevImage()
-	require.NoError(t, err)
-	s := stack.Start(t, stack.Options{AgentArm64: true, Images: []osimage.Entry{
-		{Version: "4.14", CPUArchitecture: "x86_64", URL: "file://" + iso},
-		{Version: "4.14", CPUArchitecture: "aarch64", URL: "file://" + iso},
-	}})
+	s := stack.Start(t, stack.Options{AgentArm64: true})
 	for arch, machine := range map[string]elf.Machine{"x86_64": elf.EM_X86_64, "aarch64": elf.EM_AARCH64} {
 		ie := s.CreateInfraEnv(t, "arch", strings.ReplaceAll(arch, "_", "-"), func(ie *v1beta1.InfraEnv) { ie.Spec.CPUArchitecture = arch })
 		var ign struct {
@@ -538,7 +541,23 @@ func TestAgentPerArchitecture(t *testing.T) {
 		f, err := elf.NewFile(bytes.NewReader(r.body))
 		require.NoError(t, err)
 		require.Equal(t, machine, f.Machine, "an %s InfraEnv's hosts got an agent for %s", arch, f.Machine)
+
+		kernel := get(t, s, ie.Status.BootArtifacts.KernelURL, nil)
+		require.Equal(t, http.StatusOK, kernel.code)
+		require.Equal(t, arch, kernelArch(kernel.body), "the kernel an %s InfraEnv publishes", arch)
 	}
+}
+
+// kernelArch tells an x86 bzImage (its setup header's "HdrS") from an arm64
+// Image (its header's "ARM\x64" magic), by the boot protocols' headers.
+func kernelArch(k []byte) string {
+	switch {
+	case len(k) > 0x206 && string(k[0x202:0x206]) == "HdrS":
+		return "x86_64"
+	case len(k) > 60 && string(k[56:60]) == "ARM\x64":
+		return "aarch64"
+	}
+	return "unknown"
 }
 
 // TestBootScriptByMAC walks /boot.ipxe?mac= through every way a MAC resolves.

@@ -78,10 +78,12 @@ func TestUnknownVersionListsWhatExists(t *testing.T) {
 	got := s.WaitCondition(t, client.ObjectKeyFromObject(ie), corev1.ConditionFalse, stack.Contains("available: dev-"))
 	require.Contains(t, stack.Message(got), `version "4.99" for x86_64`)
 
-	arm := stack.NewInfraEnv(ns, "arm")
-	arm.Spec.CPUArchitecture = v1beta1.CPUArchitectureArm64
-	require.NoError(t, s.Client.Create(context.Background(), arm))
-	s.WaitCondition(t, client.ObjectKeyFromObject(arm), corev1.ConditionFalse, stack.Contains("for architecture aarch64"))
+	power := stack.NewInfraEnv(ns, "power")
+	power.Spec.CPUArchitecture = v1beta1.CPUArchitecturePPC64le
+	require.NoError(t, s.Client.Create(context.Background(), power))
+	got = s.WaitCondition(t, client.ObjectKeyFromObject(power), corev1.ConditionFalse, stack.Contains("for architecture ppc64le"))
+	require.Contains(t, stack.Message(got), "aarch64/dev-", "the dev stream's architectures are listed")
+	require.Contains(t, stack.Message(got), "x86_64/dev-")
 }
 
 // An InfraEnv of an architecture the catalog has but agentboot has no agent

@@ -157,8 +157,22 @@ func (e *Env) KubectlWithStderr(ctx context.Context, stdin string, args ...strin
 
 // DevImage returns the path of the dev OS live ISO that `make dev-image`
 // builds, failing with the fix when it is missing.
-func DevImage() (string, error) {
-	p := filepath.Join(RepoRoot(), "dist", "dev-image", "agentboot-dev-live.x86_64.iso")
+func DevImage() (string, error) { return DevImageFor("x86_64") }
+
+// DevStream returns the path of the dev OS image's stream metadata, which
+// lists its live ISO and disk image for every architecture built.
+func DevStream() (string, error) {
+	iso, err := DevImage()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(filepath.Dir(iso), "stream.json"), nil
+}
+
+// DevImageFor returns the path of the dev OS live ISO for arch (x86_64,
+// aarch64), failing with how to build it when it is missing.
+func DevImageFor(arch string) (string, error) {
+	p := filepath.Join(RepoRoot(), "dist", "dev-image", "agentboot-dev-live."+arch+".iso")
 	if _, err := os.Stat(p); err != nil {
 		return "", fmt.Errorf("%s missing: run `make dev-image` (make test does it first)", p)
 	}

@@ -31,7 +31,7 @@ var s *stack.Stack
 func TestMain(m *testing.M) {
 	var stop func()
 	var err error
-	s, stop, err = stack.StartMain(stack.Options{AdvertiseHost: hostFromGuest})
+	s, stop, err = stack.StartMain(stack.Options{AdvertiseHost: hostFromGuest, AgentArm64: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -61,10 +61,12 @@ func expect(t *testing.T, v *vm.VM, patterns ...string) {
 
 // appliedDiscoveryIgnition are the lines of a host that found and applied its
 // discovery Ignition and started the agent fetched from the image service.
-func appliedDiscoveryIgnition() []string {
-	agentURL, err := s.Settings.AgentBinaryURL("x86_64")
+func appliedDiscoveryIgnition() []string { return appliedDiscoveryIgnitionFor("x86_64") }
+
+func appliedDiscoveryIgnitionFor(arch string) []string {
+	agentURL, err := s.Settings.AgentBinaryURL(arch)
 	if err != nil {
-		panic(err) // the stack always serves the x86_64 agent
+		panic(err) // the stack serves the x86_64 and aarch64 agents
 	}
 	return []string{
 		`devinit: ignition: found /config.ign`,
@@ -72,6 +74,31 @@ func appliedDiscoveryIgnition() []string {
 		`devinit: ignition: user core: 1 SSH keys`,
 		`devinit: starting agent.service: /usr/local/bin/agent run --config /etc/agentboot/agent.json`,
 	}
+}
+
+// waitAgent waits for the namespace's one Agent to satisfy ok.
+func waitAgent(t *testing.T, v *vm.VM, ns, what string, ok func(*v1beta1.Agent) bool) v1beta1.Agent {
+	t.Helper()
+	var list v1beta1.AgentList
+	for deadline := time.Now().Add(bootTimeout); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if s.Client.List(context.Background(), &list, client.InNamespace(ns)) == nil && len(list.Items) == 1 && ok(&list.Items[0]) {
+			return list.Items[0]
+		}
+	}
+	t.Fatalf("%s: not within %s (Agents: %d); serial log:\n%s", what, bootTimeout, len(list.Items), v.Tail(30))
+	return v1beta1.Agent{}
+}
+
+// diskNamed is the inventory's disk name.
+func diskNamed(t *testing.T, inv v1beta1.HostInventory, name string) *v1beta1.HostDisk {
+	t.Helper()
+	for i := range inv.Disks {
+		if inv.Disks[i].Name == name {
+			return &inv.Disks[i]
+		}
+	}
+	t.Fatalf("no disk %s in the inventory: %+v", name, inv.Disks)
+	return nil
 }
 
 // The ISO boots, the agent registers, and its Agent describes this VM.
@@ -89,15 +116,9 @@ func TestISOBootsWithBIOS(t *testing.T) {
 	v := vm.Start(t, vm.Options{Name: "iso-bios", CDROM: iso, Boot: "d", Net: "user", MAC: mac, MemoryMB: 1024, Disks: []string{disk}})
 	expect(t, v, append([]string{`devinit: booted from ISO agentboot-dev-\S+ on /dev/sr0`}, appliedDiscoveryIgnition()...)...)
 
-	var a v1beta1.Agent
-	require.Eventually(t, func() bool {
-		var list v1beta1.AgentList
-		if s.Client.List(ctx, &list, client.InNamespace(ie.Namespace)) != nil || len(list.Items) != 1 {
-			return false
-		}
-		a = list.Items[0]
+	a := waitAgent(t, v, ie.Namespace, "the agent registers and the host becomes known", func(a *v1beta1.Agent) bool {
 		return a.Status.Inventory.ReportTime != nil && a.Status.DebugInfo.State == "known-unbound"
-	}, bootTimeout, time.Second, "the agent registers and the host becomes known; serial log:\n%s", v.Tail(30))
+	})
 	inv := a.Status.Inventory
 	require.Equal(t, int64(1), inv.CPU.Count)
 	require.InDelta(t, 1<<30, inv.Memory.PhysicalBytes, 64<<20)
@@ -109,13 +130,7 @@ func TestISOBootsWithBIOS(t *testing.T) {
 		macs[i.MacAddress] = true
 	}
 	require.True(t, macs[mac], "interfaces %+v", inv.Interfaces)
-	var vda *v1beta1.HostDisk
-	for i := range inv.Disks {
-		if inv.Disks[i].Name == "vda" {
-			vda = &inv.Disks[i]
-		}
-	}
-	require.NotNil(t, vda, "disks %+v", inv.Disks)
+	vda := diskNamed(t, inv, "vda")
 	require.Equal(t, int64(120_000_000_000), vda.SizeBytes)
 	require.True(t, vda.InstallationEligibility.Eligible, "%+v", vda.InstallationEligibility)
 	require.NotNil(t, inv.Virtualization)
@@ -130,6 +145,41 @@ func TestISOBootsWithBIOS(t *testing.T) {
 		c := conditions.Find(a.Status.Conditions, v1beta1.RequirementsMetCondition)
 		return c != nil && c.Status == "True"
 	}, time.Minute, 500*time.Millisecond, "RequirementsMet after approval")
+}
+
+// An aarch64 server (qemu's virt board under TCG, UEFI from AAVMF) boots the
+// aarch64 InfraEnv's ISO: the dev OS image's aarch64 build, the arm64 agent,
+// an aarch64 inventory and a virtualization verdict KVM itself gave (the
+// board emulates EL2, so the guest's KVM really runs a guest).
+func TestAarch64ISOBootsWithUEFI(t *testing.T) {
+	t.Parallel()
+	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) { ie.Spec.CPUArchitecture = v1beta1.CPUArchitectureArm64 })
+	iso := download(t, ie.Status.ISODownloadURL)
+	disk := filepath.Join(t.TempDir(), "disk.raw")
+	require.NoError(t, os.WriteFile(disk, nil, 0o644))
+	require.NoError(t, os.Truncate(disk, 120_000_000_000)) // sparse
+	const mac = "52:54:00:ab:cd:64"
+	v := vm.Start(t, vm.Options{Name: "iso-aarch64", Arch: "aarch64", CPUs: 2, CDROM: iso, Net: "user", MAC: mac, MemoryMB: 1536, Disks: []string{disk}})
+	expect(t, v, append([]string{`devinit: agentboot dev OS starting \(kernel \S+-arm64\)`, `devinit: booted from ISO agentboot-dev-\S+ on /dev/sr0`}, appliedDiscoveryIgnitionFor("aarch64")...)...)
+
+	a := waitAgent(t, v, ie.Namespace, "the agent registers with its inventory", func(a *v1beta1.Agent) bool {
+		return a.Status.Inventory.ReportTime != nil && a.Status.Inventory.Virtualization != nil
+	})
+	inv := a.Status.Inventory
+	require.Equal(t, "aarch64", inv.CPU.Architecture)
+	require.Equal(t, "aarch64", a.Labels[v1beta1.InventoryLabelPrefix+"cpu-architecture"])
+	require.Equal(t, int64(2), inv.CPU.Count)
+	require.NotEmpty(t, inv.CPU.ModelName, "the model from the CPU's MIDR: an Arm kernel has no `model name`")
+	require.Equal(t, "uefi", inv.Boot.CurrentBootMode)
+	require.Equal(t, "QEMU", inv.SystemVendor.Manufacturer, "SMBIOS through UEFI")
+	require.True(t, inv.SystemVendor.Virtual)
+	require.Equal(t, "host-52-54-00-ab-cd-64", inv.Hostname)
+	vda := diskNamed(t, inv, "vda")
+	require.True(t, vda.InstallationEligibility.Eligible, "%+v", vda.InstallationEligibility)
+	virt := inv.Virtualization
+	require.Equal(t, v1beta1.VirtSupported, virt.Verdict, "%+v", virt)
+	require.True(t, virt.KVMUsable, "%+v", virt)
+	require.Contains(t, virt.Reason, "EL2")
 }
 
 func TestMinimalISOBootsWithUEFI(t *testing.T) {

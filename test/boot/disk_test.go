@@ -31,11 +31,12 @@ func ignitionEndpoint(t *testing.T) *hosted.Endpoint {
 	return hosted.IgnitionEndpoint(t, ln, hostFromGuest)
 }
 
-func devDisk(t *testing.T) string {
+// devDisk is the dev OS image's raw disk image for arch.
+func devDisk(t *testing.T, arch string) string {
 	t.Helper()
-	iso, err := testenv.DevImage()
+	iso, err := testenv.DevImageFor(arch)
 	require.NoError(t, err)
-	return filepath.Join(filepath.Dir(iso), "agentboot-dev-metal.x86_64.raw")
+	return filepath.Join(filepath.Dir(iso), "agentboot-dev-metal."+arch+".raw")
 }
 
 // The dev OS's raw disk image with a pointer Ignition config where
@@ -44,7 +45,7 @@ func devDisk(t *testing.T) string {
 // applies it.
 func TestInstalledDiskFetchesPointerIgnition(t *testing.T) {
 	t.Parallel()
-	data, err := os.ReadFile(devDisk(t))
+	data, err := os.ReadFile(devDisk(t, "x86_64"))
 	require.NoError(t, err, "make dev-image builds the raw disk image")
 	disk := filepath.Join(t.TempDir(), "disk.raw")
 	require.NoError(t, os.WriteFile(disk, data, 0o644))
@@ -64,10 +65,20 @@ func TestInstalledDiskFetchesPointerIgnition(t *testing.T) {
 // `agent install`, run in the discovery OS booted from the InfraEnv ISO,
 // writes the raw disk image to the VM's disk (checksum verified) with the
 // pointer config on its boot partition and reboots; the VM then boots from
-// that disk into the worker config.
+// that disk into the worker config: a PC with BIOS, and an aarch64 server
+// with UEFI, whose firmware finds the installed EFI system partition.
 func TestAgentInstallThenBootFromDisk(t *testing.T) {
 	t.Parallel()
-	image := devDisk(t)
+	for _, arch := range []string{"x86_64", "aarch64"} {
+		t.Run(arch, func(t *testing.T) {
+			t.Parallel()
+			agentInstallThenBootFromDisk(t, arch)
+		})
+	}
+}
+
+func agentInstallThenBootFromDisk(t *testing.T, arch string) {
+	image := devDisk(t, arch)
 	data, err := os.ReadFile(image)
 	require.NoError(t, err)
 	sum := sha256.Sum256(data)
@@ -90,21 +101,24 @@ func TestAgentInstallThenBootFromDisk(t *testing.T) {
 			"contents": "[Service]\nExecStart=" + cmd + "\n[Install]\nWantedBy=multi-user.target\n",
 		}}},
 	})
-	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) { ie.Spec.IgnitionConfigOverride = string(override) })
+	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) {
+		ie.Spec.IgnitionConfigOverride = string(override)
+		ie.Spec.CPUArchitecture = arch
+	})
 	iso := download(t, ie.Status.ISODownloadURL)
 	disk := filepath.Join(t.TempDir(), "disk.raw")
 	require.NoError(t, os.WriteFile(disk, nil, 0o644))
 	require.NoError(t, os.Truncate(disk, 2<<30))
 
 	// Discovery: the install runs, and the reboot ends qemu (-no-reboot).
-	v := vm.Start(t, vm.Options{Name: "agent-install", CDROM: iso, Boot: "d", Net: "user", MemoryMB: 1024, Disks: []string{disk}})
+	v := vm.Start(t, vm.Options{Name: "agent-install", Arch: arch, CDROM: iso, Boot: "d", Net: "user", MemoryMB: 1024, Disks: []string{disk}})
 	_, err = v.WaitFor(t.Context(), regexp.MustCompile(`msg=Rebooting percentage=100`), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", v.Tail(40))
 	requireSerialLog(t, v, `msg="Starting installation"`, `msg="Writing image to disk" percentage=90`)
 	require.Eventually(t, v.Exited, bootTimeout, time.Second, "the VM did not reboot; serial log:\n%s", v.Tail(20))
 
 	// First boot from the installed disk.
-	v2 := vm.Start(t, vm.Options{Name: "agent-installed", Disks: []string{disk}, Boot: "c", Net: "user", MemoryMB: 1024})
+	v2 := vm.Start(t, vm.Options{Name: "agent-installed", Arch: arch, Disks: []string{disk}, Boot: "c", Net: "user", MemoryMB: 1024})
 	_, err = v2.WaitFor(t.Context(), regexp.MustCompile(hosted.WorkerMarker), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", v2.Tail(40))
 	require.Contains(t, ep.Seen(), hosted.WantRequest)

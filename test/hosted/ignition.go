@@ -56,7 +56,7 @@ func IgnitionEndpoint(t testing.TB, ln net.Listener, host string) *Endpoint {
 	worker := IgnitionConfig(t, map[string]any{
 		"storage": map[string]any{"files": []any{map[string]any{
 			"path": "/usr/local/bin/joined", "mode": 0o755,
-			"contents": map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString([]byte("#!/bin/sh\necho "+WorkerMarker+" > /dev/ttyS0\n"))},
+			"contents": map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString([]byte("#!/bin/sh\necho "+WorkerMarker+" > /dev/console\n"))},
 		}}},
 		"systemd": map[string]any{"units": []any{map[string]any{
 			"name": "joined.service", "enabled": true,

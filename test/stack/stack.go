@@ -8,9 +8,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -98,9 +100,13 @@ type Stack struct {
 	// AgentAPIAddr the agent API's.
 	HTTPSAddr, HTTPAddr, AgentAPIAddr string
 	// HTTP trusts the stack's CA.
-	HTTP       *http.Client
-	CAFile     string
-	AgentBin   string
+	HTTP     *http.Client
+	CAFile   string
+	AgentBin string
+	// ImageCache is the catalog's cache directory. With the dev OS image
+	// (no Options.Images) every stack shares one, keyed by the image's
+	// stream metadata, as replicas share a volume: the images are
+	// downloaded and checked once per dev image, not once per test.
 	ImageCache string
 
 	replaceManager func() error
@@ -245,13 +251,19 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		}
 	}
 
-	catCfg := osimage.Config{CacheDir: s.ImageCache, Images: opts.Images, Log: log.WithName("osimage"), RetryMin: 200 * time.Millisecond, RetryMax: time.Second}
-	if len(catCfg.Images) == 0 {
-		iso, err := testenv.DevImage()
+	if len(opts.Images) == 0 {
+		stream, err := testenv.DevStream()
 		if err != nil {
 			return fail(err)
 		}
-		catCfg.Streams = []string{filepath.Join(filepath.Dir(iso), "stream.json")}
+		if s.ImageCache, err = sharedImageCache(stream); err != nil {
+			return fail(err)
+		}
+	}
+	catCfg := osimage.Config{CacheDir: s.ImageCache, Images: opts.Images, Log: log.WithName("osimage"), RetryMin: 200 * time.Millisecond, RetryMax: time.Second}
+	if len(catCfg.Images) == 0 {
+		stream, _ := testenv.DevStream()
+		catCfg.Streams = []string{stream}
 	}
 	if s.Catalog, err = osimage.New(catCfg); err != nil {
 		return fail(err)
@@ -357,6 +369,21 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		return fail(err)
 	}
 	return s, stop, nil
+}
+
+// sharedImageCache is the catalog cache every stack of the dev image shares
+// (across test processes too: the catalog's downloads rename into place and
+// its minimal ISOs are made under a file lock). It is keyed by the stream
+// metadata, which names each image's sha256, so a rebuilt dev image gets a
+// new one.
+func sharedImageCache(stream string) (string, error) {
+	data, err := os.ReadFile(stream)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(data)
+	dir := filepath.Join(os.TempDir(), "agentboot-test-images-"+hex.EncodeToString(sum[:8]))
+	return dir, os.MkdirAll(dir, 0o755)
 }
 
 func freePorts(n int) ([]int, error) {

@@ -22,7 +22,11 @@ import (
 
 // Options describe one VM.
 type Options struct {
-	Name     string
+	Name string
+	// Arch is the machine: x86_64 (the default, a PC) or aarch64 (qemu's
+	// "virt" board with UEFI from AAVMF, EL2 emulated so that the guest can
+	// run KVM guests of its own, a GICv3 and a PL011 serial console).
+	Arch     string
 	MemoryMB int
 	CPUs     int
 	// CPU model, such as "qemu64,-svm"; empty is qemu's default.
@@ -50,7 +54,8 @@ type Options struct {
 	Net string
 	// MAC of the VM's NIC.
 	MAC string
-	// UEFI boots with OVMF instead of SeaBIOS.
+	// UEFI boots with OVMF instead of SeaBIOS (aarch64 always boots
+	// with UEFI).
 	UEFI bool
 	// NoNICROM leaves out qemu's iPXE option ROM, so the firmware's own
 	// network stack boots (OVMF's PXE, like most servers' UEFI), not iPXE.
@@ -140,9 +145,18 @@ func Start(t testing.TB, o Options) *VM {
 // StartVM is Start returning its error instead of failing t, for callers
 // outside the test's goroutine (a simulated BMC powering a Machine on).
 func StartVM(t testing.TB, o Options) (*VM, error) {
-	bin, err := exec.LookPath("qemu-system-x86_64")
+	arm := o.Arch == "aarch64"
+	if o.Arch != "" && o.Arch != "x86_64" && !arm {
+		return nil, fmt.Errorf("vm: unknown architecture %q (x86_64, aarch64)", o.Arch)
+	}
+	qemu, packages := "qemu-system-x86_64", "qemu-system-x86 and ipxe-qemu"
+	if arm {
+		qemu, packages = "qemu-system-aarch64", "qemu-system-arm and qemu-efi-aarch64"
+		o.UEFI = true
+	}
+	bin, err := exec.LookPath(qemu)
 	if err != nil {
-		return nil, errors.New("qemu-system-x86_64 not found: install Debian packages qemu-system-x86 and ipxe-qemu (.ci/packages)")
+		return nil, fmt.Errorf("%s not found: install Debian packages %s (.ci/packages)", qemu, packages)
 	}
 	if o.MemoryMB == 0 {
 		o.MemoryMB = 1024
@@ -160,8 +174,17 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	if !o.Reboot {
 		args = append(args, "-no-reboot")
 	}
-	for _, a := range Accelerators() {
-		args = append(args, "-accel", a)
+	if arm {
+		// Emulated on any other host; "max" has every feature TCG
+		// implements (VHE, nested virtualization at EL2).
+		args = append(args, "-M", "virt,virtualization=on,gic-version=3", "-accel", "tcg")
+		if o.CPU == "" {
+			o.CPU = "max"
+		}
+	} else {
+		for _, a := range Accelerators() {
+			args = append(args, "-accel", a)
+		}
 	}
 	if o.CPU != "" {
 		args = append(args, "-cpu", o.CPU)
@@ -172,17 +195,34 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	if o.Serial != "" {
 		args = append(args, "-smbios", "type=1,serial="+o.Serial)
 	}
-	if o.UEFI {
+	switch {
+	case arm:
+		vars := filepath.Join(t.TempDir(), "AAVMF_VARS.fd")
+		if err := copyFile("/usr/share/AAVMF/AAVMF_VARS.fd", vars); err != nil {
+			return nil, fmt.Errorf("AAVMF firmware: %v (install Debian package qemu-efi-aarch64)", err)
+		}
+		args = append(args, "-drive", "if=pflash,format=raw,readonly=on,file=/usr/share/AAVMF/AAVMF_CODE.fd", "-drive", "if=pflash,format=raw,file="+vars)
+	case o.UEFI:
 		vars := filepath.Join(t.TempDir(), "OVMF_VARS.fd")
 		if err := copyFile("/usr/share/OVMF/OVMF_VARS_4M.fd", vars); err != nil {
 			return nil, fmt.Errorf("OVMF firmware: %v (install Debian package ovmf)", err)
 		}
 		args = append(args, "-drive", "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd", "-drive", "if=pflash,format=raw,file="+vars)
 	}
-	if o.CDROM != "" {
+	switch {
+	case o.CDROM != "" && arm:
+		// The virt board has no IDE: the CD is on virtio-scsi, as a
+		// BMC's virtual media is a USB or SCSI CD on a server.
+		args = append(args, "-device", "virtio-scsi-pci,id=scsi0",
+			"-drive", "if=none,id=cd0,media=cdrom,readonly=on,format=raw,file="+o.CDROM, "-device", "scsi-cd,drive=cd0,bus=scsi0.0")
+	case o.CDROM != "":
 		args = append(args, "-cdrom", o.CDROM)
 	}
 	for i, d := range o.Disks {
+		if arm {
+			args = append(args, "-drive", fmt.Sprintf("file=%s,if=none,id=disk%d,format=%s", d, i, diskFormat(d)), "-device", fmt.Sprintf("virtio-blk-pci,drive=disk%d", i))
+			continue
+		}
 		args = append(args, "-drive", fmt.Sprintf("file=%s,if=virtio,index=%d,format=%s", d, i, diskFormat(d)))
 	}
 	if o.Kernel != "" {
@@ -191,6 +231,8 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	// OVMF follows bootindex, not -boot, to boot from the network first.
 	netFirst := o.UEFI && strings.HasPrefix(o.Boot, "n")
 	switch {
+	case arm:
+		// UEFI boot order: bootindex, below.
 	case o.BootOnce != "" && !o.UEFI:
 		args = append(args, "-boot", "order="+o.Boot+",once="+o.BootOnce)
 	case o.Boot != "" && !netFirst:
@@ -202,7 +244,8 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 		if o.MAC != "" {
 			dev += ",mac=" + o.MAC
 		}
-		if o.NoNICROM {
+		if o.NoNICROM || arm {
+			// (AAVMF has its own virtio-net driver; qemu's iPXE ROMs are x86.)
 			dev += ",romfile="
 		}
 		if netFirst {

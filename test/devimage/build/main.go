@@ -1,12 +1,15 @@
-// Command build makes agentboot's dev OS image from Debian packages: a small
-// live ISO laid out exactly like a CoreOS live ISO (images/pxeboot/{vmlinuz,
-// initrd.img,rootfs.img}, a 256 KiB images/ignition.img, coreos/igninfo.json,
-// coreos/kargs.json with COREOS_KARG_EMBED_AREA regions), bootable with
-// isolinux (BIOS) and GRUB (UEFI), plus a CoreOS-style stream metadata file
-// that points at it. It is a test and demo OS, not a production one.
+// Command build makes agentboot's dev OS image from Debian packages, for
+// x86_64 and aarch64: per architecture a small live ISO laid out exactly like
+// a CoreOS live ISO (images/pxeboot/{vmlinuz,initrd.img,rootfs.img}, a 256 KiB
+// images/ignition.img, coreos/igninfo.json, coreos/kargs.json with
+// COREOS_KARG_EMBED_AREA regions), bootable with isolinux (BIOS, x86_64 only)
+// and GRUB (UEFI), a raw disk image an installer writes, and one CoreOS-style
+// stream metadata file that points at them all. It is a test and demo OS,
+// not a production one.
 //
 // Packages come from `apt-get download` and `dpkg-deb -x`, so no root is
-// needed beyond what apt needs; xorriso, mtools and dosfstools must be
+// needed beyond what apt needs (another architecture's packages through a
+// private apt state under --cache); xorriso, mtools and dosfstools must be
 // installed. The result is cached by content under --cache and linked into
 // --out, so a rebuild with unchanged inputs is instant.
 package main
@@ -34,41 +37,33 @@ import (
 
 // builderVersion changes whenever the image layout changes, to invalidate
 // cached images.
-const builderVersion = "4"
-
-// Kernel modules in the initramfs: what a live boot needs before the root
-// filesystem is there (disks, CD, network), plus their dependencies.
-var initrdModules = []string{
-	"virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi", "virtio_rng",
-	"ata_piix", "ahci", "sd_mod", "sr_mod", "nvme", "isofs", "loop",
-	"vfat", "nls_cp437", "nls_ascii", "nls_iso8859-1", "ext4",
-	"e1000", "e1000e", "igb", "igc", "ixgbe", "i40e", "tg3", "bnx2", "bnxt_en", "r8169",
-}
-
-// Kernel modules in the root filesystem: needed only once the system runs.
-var rootfsModules = []string{
-	"kvm_intel", "kvm_amd", "vfio_pci", "vfio_iommu_type1",
-	"ipmi_si", "ipmi_devintf", "megaraid_sas", "mpt3sas",
-}
-
-// Debian packages unpacked into the image.
-var packages = []string{"busybox-static", "isolinux", "syslinux-common", "syslinux", "grub-efi-amd64-bin"}
+const builderVersion = "5"
 
 type builder struct {
 	out, cache, repo string
-	work             string
-	kernelPkg        string
+	targets          []target
 	log              *os.File
+
+	// per target, while building
+	t         target
+	work      string
+	kernelPkg string
 }
 
 func main() {
 	var b builder
+	var arch string
 	flag.StringVar(&b.out, "out", "dist/dev-image", "directory the image files are linked into")
 	flag.StringVar(&b.cache, "cache", filepath.Join(os.Getenv("HOME"), ".cache", "agentboot"), "cache directory for packages and built images")
 	flag.StringVar(&b.repo, "repo", ".", "agentboot checkout (to build devinit)")
+	flag.StringVar(&arch, "arch", "x86_64,aarch64", "architectures to build, comma-separated (x86_64, aarch64)")
 	flag.Parse()
 	b.log = os.Stderr
-	if err := b.run(); err != nil {
+	var err error
+	if b.targets, err = parseTargets(arch); err == nil {
+		err = b.run()
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "dev-image: %v\n", err)
 		os.Exit(1)
 	}
@@ -79,29 +74,33 @@ func (b *builder) logf(format string, args ...any) {
 }
 
 func (b *builder) run() error {
-	for _, tool := range []string{"apt-get", "apt-cache", "dpkg-deb", "xorriso", "mkfs.vfat", "mcopy", "mmd", "grub-mkimage"} {
+	for _, tool := range []string{"apt-get", "apt-cache", "dpkg", "dpkg-deb", "xorriso", "mkfs.vfat", "mcopy", "mmd", "grub-mkimage"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s not found: install the Debian packages listed in .ci/packages", tool)
 		}
 	}
-	debs, err := b.download()
-	if err != nil {
-		return err
-	}
-	devinit, err := b.buildDevinit()
-	if err != nil {
-		return err
-	}
-	key := cacheKey(debs, devinit)
-	dir := filepath.Join(b.cache, "dev-image", key)
-	if _, err := os.Stat(filepath.Join(dir, "stream.json")); err != nil {
-		if err := b.build(dir, debs, devinit); err != nil {
-			return err
+	var dirs []string
+	for _, t := range b.targets {
+		b.t = t
+		debs, err := b.download()
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.name, err)
 		}
-	} else {
-		b.logf("up to date (%s)", dir)
+		devinit, err := b.buildDevinit()
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.name, err)
+		}
+		dir := filepath.Join(b.cache, "dev-image", t.name+"-"+cacheKey(debs, devinit))
+		if _, err := os.Stat(filepath.Join(dir, streamPart)); err != nil {
+			if err := b.build(dir, debs, devinit); err != nil {
+				return fmt.Errorf("%s: %w", t.name, err)
+			}
+		} else {
+			b.logf("%s up to date (%s)", t.name, dir)
+		}
+		dirs = append(dirs, dir)
 	}
-	return b.link(dir)
+	return b.link(dirs)
 }
 
 func cacheKey(debs []string, devinit []byte) string {
@@ -114,53 +113,45 @@ func cacheKey(debs []string, devinit []byte) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// download fetches the kernel and the other packages once into the cache.
+// download fetches the kernel and the other packages of the target once
+// into the cache.
 func (b *builder) download() ([]string, error) {
-	out, err := exec.Command("apt-cache", "show", "linux-image-amd64").Output()
-	if err != nil || len(out) == 0 {
-		return nil, errors.New("apt-cache knows no linux-image-amd64: run `apt-get update` first")
+	a, err := b.aptFor(b.t)
+	if err != nil {
+		return nil, err
 	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(line, "Depends:") {
-			b.kernelPkg = strings.Fields(strings.TrimPrefix(line, "Depends:"))[0]
-			break
-		}
-	}
-	if b.kernelPkg == "" {
-		return nil, errors.New("cannot tell which kernel linux-image-amd64 depends on")
+	if b.kernelPkg, err = a.kernelPackage(); err != nil {
+		return nil, err
 	}
 	debDir := filepath.Join(b.cache, "debs")
 	if err := os.MkdirAll(debDir, 0o755); err != nil {
 		return nil, err
 	}
 	var debs []string
-	for _, pkg := range append([]string{b.kernelPkg}, packages...) {
-		ver, err := exec.Command("apt-cache", "policy", pkg).Output()
+	for _, pkg := range append([]string{b.kernelPkg}, b.t.packages...) {
+		candidate, err := a.candidate(pkg)
 		if err != nil {
-			return nil, fmt.Errorf("apt-cache policy %s: %w", pkg, err)
-		}
-		candidate := ""
-		for _, line := range strings.Split(string(ver), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == "Candidate:" {
-				candidate = f[1]
-			}
-		}
-		if candidate == "" || candidate == "(none)" {
-			return nil, fmt.Errorf("no candidate version of %s: run `apt-get update`", pkg)
+			return nil, err
 		}
 		// apt names files with the epoch's colon escaped, and with the
-		// architecture (amd64 or all).
-		pattern := filepath.Join(debDir, fmt.Sprintf("%s_%s_*.deb", pkg, strings.ReplaceAll(candidate, ":", "%3a")))
-		file := firstMatch(pattern)
-		if file == "" {
-			b.logf("downloading %s %s", pkg, candidate)
-			cmd := exec.Command("apt-get", "download", "-q", pkg+"="+candidate)
-			cmd.Dir = debDir
-			if out, err := cmd.CombinedOutput(); err != nil {
-				return nil, fmt.Errorf("apt-get download %s: %v: %s", pkg, err, out)
+		// architecture (the target's, or all).
+		ver := strings.ReplaceAll(candidate, ":", "%3a")
+		find := func() string {
+			for _, arch := range []string{b.t.deb, "all"} {
+				if f := firstMatch(filepath.Join(debDir, fmt.Sprintf("%s_%s_%s.deb", pkg, ver, arch))); f != "" {
+					return f
+				}
 			}
-			if file = firstMatch(pattern); file == "" {
-				return nil, fmt.Errorf("apt-get download %s did not produce %s", pkg, pattern)
+			return ""
+		}
+		file := find()
+		if file == "" {
+			b.logf("downloading %s %s (%s)", pkg, candidate, b.t.deb)
+			if err := a.download(debDir, pkg+"="+candidate); err != nil {
+				return nil, err
+			}
+			if file = find(); file == "" {
+				return nil, fmt.Errorf("apt-get download %s did not produce %s_%s_%s.deb", pkg, pkg, ver, b.t.deb)
 			}
 		}
 		debs = append(debs, file)
@@ -185,7 +176,7 @@ func (b *builder) buildDevinit() ([]byte, error) {
 	bin := filepath.Join(tmp, "devinit")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./test/devimage/devinit")
 	cmd.Dir = b.repo
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+b.t.goarch)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build devinit: %v: %s", err, out)
 	}
@@ -217,22 +208,22 @@ func (b *builder) build(dir string, debs []string, devinit []byte) error {
 	if err != nil {
 		return err
 	}
-	version := "dev-" + strings.TrimSuffix(release, "-amd64")
+	version := "dev-" + strings.TrimSuffix(release, "-"+b.t.deb)
 	volID := "agentboot-" + version
 	if len(volID) > 32 {
 		volID = volID[:32]
 	}
-	b.logf("building %s (kernel %s)", version, release)
+	b.logf("building %s for %s (kernel %s)", version, b.t.name, release)
 
 	mods, err := scanModules(filepath.Join(root, "lib/modules", release))
 	if err != nil {
 		return err
 	}
-	initrdSet, err := mods.closure(initrdModules)
+	initrdSet, err := mods.closure(b.t.initrdModules)
 	if err != nil {
 		return err
 	}
-	rootfsSet, err := mods.closure(rootfsModules)
+	rootfsSet, err := mods.closure(b.t.rootfsModules)
 	if err != nil {
 		return err
 	}
@@ -254,15 +245,15 @@ func (b *builder) build(dir string, debs []string, devinit []byte) error {
 		return err
 	}
 
-	iso := filepath.Join(tmp, isoName)
+	iso := filepath.Join(tmp, b.t.isoName())
 	if err := b.makeISO(iso, root, volID, kernel, initrd, rootfs); err != nil {
 		return err
 	}
-	disk := filepath.Join(tmp, diskName)
+	disk := filepath.Join(tmp, b.t.diskName())
 	if err := b.makeDisk(disk, root, kernel, initrd, rootfs); err != nil {
 		return err
 	}
-	if err := writeStream(tmp, version, iso, disk); err != nil {
+	if err := b.writeStreamPart(tmp, version, iso, disk); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(b.work); err != nil {
@@ -275,11 +266,6 @@ func (b *builder) build(dir string, debs []string, devinit []byte) error {
 	b.logf("built %s in %s", dir, time.Since(start).Round(time.Second))
 	return nil
 }
-
-const (
-	isoName  = "agentboot-dev-live.x86_64.iso"
-	diskName = "agentboot-dev-metal.x86_64.raw"
-)
 
 func kernelRelease(root string) (string, error) {
 	entries, err := os.ReadDir(filepath.Join(root, "lib/modules"))
@@ -299,14 +285,25 @@ type module struct {
 	Path    string   `json:"path"`
 	Depends []string `json:"depends"`
 	Aliases []string `json:"aliases"`
+	// builtin: compiled into the kernel (modules.builtin), nothing to load.
+	builtin bool
 }
 
 type moduleSet map[string]module
 
-// scanModules reads the .modinfo section of every module, as depmod does.
+// scanModules reads the .modinfo section of every module, as depmod does,
+// and modules.builtin for those compiled in.
 func scanModules(dir string) (moduleSet, error) {
 	set := moduleSet{}
-	err := filepath.WalkDir(filepath.Join(dir, "kernel"), func(p string, d os.DirEntry, err error) error {
+	builtin, err := os.ReadFile(filepath.Join(dir, "modules.builtin"))
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Fields(string(builtin)) {
+		name := strings.ReplaceAll(strings.TrimSuffix(filepath.Base(line), ".ko"), "-", "_")
+		set[name] = module{builtin: true}
+	}
+	err = filepath.WalkDir(filepath.Join(dir, "kernel"), func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".ko") {
 			return err
 		}
@@ -359,7 +356,10 @@ func (s moduleSet) closure(names []string) (moduleSet, error) {
 		}
 		m, ok := s[n]
 		if !ok {
-			return fmt.Errorf("module %s is not in the kernel package (built in?)", n)
+			return fmt.Errorf("module %s is neither in the kernel package nor built in", n)
+		}
+		if m.builtin {
+			return nil
 		}
 		out[n] = m
 		for _, d := range m.Depends {
@@ -459,8 +459,7 @@ func kargArea() string { return "\n" + strings.Repeat("#", 1023) + kargMarker }
 
 func (b *builder) makeISO(out, root, volID string, kernel, initrd, rootfs []byte) error {
 	tree := filepath.Join(b.work, "iso")
-	kargs := "console=tty0 console=ttyS0,115200n8 coreos.liveiso=" + volID + " ignition.firstboot ignition.platform.id=metal"
-	isolinux := "serial 0 115200\ndefault linux\nprompt 0\ntimeout 10\nlabel linux\n  kernel /images/pxeboot/vmlinuz\n  append initrd=/images/pxeboot/initrd.img,/images/ignition.img " + kargs + kargArea()
+	kargs := "console=tty0 console=" + b.t.console + ",115200n8 coreos.liveiso=" + volID + " ignition.firstboot ignition.platform.id=metal"
 	grub := "set timeout=1\nserial --unit=0 --speed=115200\nterminal_input console serial\nterminal_output console serial\n" +
 		"menuentry 'agentboot dev OS (live)' {\n\tlinux /images/pxeboot/vmlinuz " + kargs + kargArea() + "\tinitrd /images/pxeboot/initrd.img /images/ignition.img\n}\n"
 	files := map[string][]byte{
@@ -469,31 +468,29 @@ func (b *builder) makeISO(out, root, volID string, kernel, initrd, rootfs []byte
 		"images/pxeboot/rootfs.img": rootfs,
 		"images/ignition.img":       make([]byte, 256<<10),
 		"coreos/igninfo.json":       []byte(`{"file": "images/ignition.img"}` + "\n"),
-		"isolinux/isolinux.cfg":     []byte(isolinux),
 		"EFI/agentboot/grub.cfg":    []byte(grub),
 	}
-	kargsJSON, err := json.MarshalIndent(map[string]any{
-		"default": kargs,
-		"files": []map[string]any{
-			{"path": "EFI/agentboot/grub.cfg", "offset": strings.Index(grub, kargs), "pad": "#", "end": "\n"},
-			{"path": "isolinux/isolinux.cfg", "offset": strings.Index(isolinux, kargs), "pad": "#", "end": "\n"},
-		},
-		"size": len(kargs) + 1024,
-	}, "", "  ")
+	kargFiles := []map[string]any{{"path": "EFI/agentboot/grub.cfg", "offset": strings.Index(grub, kargs), "pad": "#", "end": "\n"}}
+	if b.t.bios {
+		isolinux := "serial 0 115200\ndefault linux\nprompt 0\ntimeout 10\nlabel linux\n  kernel /images/pxeboot/vmlinuz\n  append initrd=/images/pxeboot/initrd.img,/images/ignition.img " + kargs + kargArea()
+		files["isolinux/isolinux.cfg"] = []byte(isolinux)
+		kargFiles = append(kargFiles, map[string]any{"path": "isolinux/isolinux.cfg", "offset": strings.Index(isolinux, kargs), "pad": "#", "end": "\n"})
+		for _, f := range []struct{ src, dst string }{
+			{"usr/lib/ISOLINUX/isolinux.bin", "isolinux/isolinux.bin"},
+			{"usr/lib/syslinux/modules/bios/ldlinux.c32", "isolinux/ldlinux.c32"},
+		} {
+			data, err := os.ReadFile(filepath.Join(root, f.src))
+			if err != nil {
+				return err
+			}
+			files[f.dst] = data
+		}
+	}
+	kargsJSON, err := json.MarshalIndent(map[string]any{"default": kargs, "files": kargFiles, "size": len(kargs) + 1024}, "", "  ")
 	if err != nil {
 		return err
 	}
 	files["coreos/kargs.json"] = append(kargsJSON, '\n')
-	for _, f := range []struct{ src, dst string }{
-		{"usr/lib/ISOLINUX/isolinux.bin", "isolinux/isolinux.bin"},
-		{"usr/lib/syslinux/modules/bios/ldlinux.c32", "isolinux/ldlinux.c32"},
-	} {
-		data, err := os.ReadFile(filepath.Join(root, f.src))
-		if err != nil {
-			return err
-		}
-		files[f.dst] = data
-	}
 	for name, data := range files {
 		p := filepath.Join(tree, name)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -506,11 +503,19 @@ func (b *builder) makeISO(out, root, volID string, kernel, initrd, rootfs []byte
 	if err := b.efiBootImage(root, volID, filepath.Join(tree, "images/efiboot.img")); err != nil {
 		return err
 	}
-	args := []string{"-as", "mkisofs", "-quiet", "-V", volID, "-R", "-J", "-joliet-long",
-		"-b", "isolinux/isolinux.bin", "-c", "isolinux/boot.cat", "-no-emul-boot", "-boot-load-size", "4", "-boot-info-table",
-		"-isohybrid-mbr", filepath.Join(root, "usr/lib/ISOLINUX/isohdpfx.bin"),
-		"-eltorito-alt-boot", "-e", "images/efiboot.img", "-no-emul-boot", "-isohybrid-gpt-basdat",
-		"-o", out, tree}
+	args := []string{"-as", "mkisofs", "-quiet", "-V", volID, "-R", "-J", "-joliet-long"}
+	if b.t.bios {
+		args = append(args, "-b", "isolinux/isolinux.bin", "-c", "isolinux/boot.cat", "-no-emul-boot", "-boot-load-size", "4", "-boot-info-table",
+			"-isohybrid-mbr", filepath.Join(root, "usr/lib/ISOLINUX/isohdpfx.bin"),
+			"-eltorito-alt-boot", "-e", "images/efiboot.img", "-no-emul-boot", "-isohybrid-gpt-basdat")
+	} else {
+		// UEFI only, as aarch64 live ISOs are: the El Torito EFI image for
+		// CDs (and a BMC's virtual media), the same image as an appended
+		// EFI system partition for USB sticks.
+		args = append(args, "-c", "boot.cat", "-e", "images/efiboot.img", "-no-emul-boot",
+			"-append_partition", "2", "0xef", filepath.Join(tree, "images/efiboot.img"))
+	}
+	args = append(args, "-o", out, tree)
 	if o, err := exec.Command("xorriso", args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("xorriso: %v: %s", err, o)
 	}
@@ -520,35 +525,61 @@ func (b *builder) makeISO(out, root, volID string, kernel, initrd, rootfs []byte
 // efiBootImage makes the FAT image UEFI firmware boots from the CD: a GRUB
 // that finds the ISO by its label and reads EFI/agentboot/grub.cfg there.
 func (b *builder) efiBootImage(root, volID, out string) error {
-	early := filepath.Join(b.work, "grub-early.cfg")
-	cfg := fmt.Sprintf("search --no-floppy --set=root --label %q\nset prefix=($root)/EFI/agentboot\nconfigfile $prefix/grub.cfg\n", volID)
-	if err := os.WriteFile(early, []byte(cfg), 0o644); err != nil {
+	efi, err := b.grubEFI(root, volID)
+	if err != nil {
 		return err
-	}
-	efi := filepath.Join(b.work, "BOOTX64.EFI")
-	cmd := exec.Command("grub-mkimage", "-O", "x86_64-efi", "-d", filepath.Join(root, "usr/lib/grub/x86_64-efi"),
-		"-c", early, "-p", "/EFI/agentboot", "-o", efi,
-		"iso9660", "part_gpt", "part_msdos", "fat", "search", "search_label", "configfile", "normal", "linux", "echo", "serial", "terminal", "all_video", "gzio", "test")
-	if o, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("grub-mkimage: %v: %s", err, o)
 	}
 	if o, err := exec.Command("mkfs.vfat", "-C", out, "4096").CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs.vfat: %v: %s", err, o)
 	}
-	for _, c := range [][]string{
-		{"mmd", "-i", out, "::/EFI", "::/EFI/BOOT"},
-		{"mcopy", "-i", out, efi, "::/EFI/BOOT/BOOTX64.EFI"},
-	} {
-		if o, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			return fmt.Errorf("%s: %v: %s", c[0], err, o)
+	return mtools(out, map[string]string{"EFI/BOOT/" + b.t.efiName: efi}, "EFI", "EFI/BOOT")
+}
+
+// grubEFI builds a standalone GRUB for the target's UEFI that finds the
+// filesystem labelled label and reads EFI/agentboot/grub.cfg there.
+func (b *builder) grubEFI(root, label string) (string, error) {
+	early := filepath.Join(b.work, "grub-early-"+label+".cfg")
+	cfg := fmt.Sprintf("search --no-floppy --set=root --label %q\nset prefix=($root)/EFI/agentboot\nconfigfile $prefix/grub.cfg\n", label)
+	if err := os.WriteFile(early, []byte(cfg), 0o644); err != nil {
+		return "", err
+	}
+	efi := filepath.Join(b.work, label+"-"+b.t.efiName)
+	cmd := exec.Command("grub-mkimage", "-O", b.t.grubFormat, "-d", filepath.Join(root, "usr/lib/grub", b.t.grubFormat),
+		"-c", early, "-p", "/EFI/agentboot", "-o", efi,
+		"iso9660", "part_gpt", "part_msdos", "fat", "search", "search_label", "configfile", "normal", "linux", "echo", "serial", "terminal", "all_video", "gzio", "test")
+	if o, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("grub-mkimage: %v: %s", err, o)
+	}
+	return efi, nil
+}
+
+// mtools makes dirs and copies files (destination: source) into the FAT
+// image img, without mounting it.
+func mtools(img string, files map[string]string, dirs ...string) error {
+	for _, d := range dirs {
+		if o, err := exec.Command("mmd", "-i", img, "::"+d).CombinedOutput(); err != nil {
+			return fmt.Errorf("mmd %s: %v: %s", d, err, o)
+		}
+	}
+	names := make([]string, 0, len(files))
+	for dst := range files {
+		names = append(names, dst)
+	}
+	sort.Strings(names)
+	for _, dst := range names {
+		if o, err := exec.Command("mcopy", "-i", img, files[dst], "::"+dst).CombinedOutput(); err != nil {
+			return fmt.Errorf("mcopy %s: %v: %s", dst, err, o)
 		}
 	}
 	return nil
 }
 
-// writeStream writes CoreOS stream metadata for the image, so the catalog
-// reads it the way it reads Fedora CoreOS and RHCOS streams.
-func writeStream(dir, version, iso, disk string) error {
+// streamPart is the target's piece of the stream metadata, written next to
+// its artifacts in the cache; link joins the pieces into stream.json.
+const streamPart = "stream-arch.json"
+
+// writeStreamPart writes the target's CoreOS stream architecture entry.
+func (b *builder) writeStreamPart(dir, version, iso, disk string) error {
 	isoSum, err := fileSHA256(iso)
 	if err != nil {
 		return err
@@ -557,32 +588,65 @@ func writeStream(dir, version, iso, disk string) error {
 	if err != nil {
 		return err
 	}
-	stream := map[string]any{
-		"stream":   "agentboot-dev",
-		"metadata": map[string]any{"last-modified": time.Now().UTC().Format(time.RFC3339), "generator": "agentboot test/devimage/build " + builderVersion},
-		"architectures": map[string]any{
-			"x86_64": map[string]any{
-				"artifacts": map[string]any{
-					"metal": map[string]any{
-						"release": version,
-						"formats": map[string]any{
-							"iso": map[string]any{
-								"disk": map[string]any{"location": isoName, "sha256": isoSum},
-							},
-							"raw": map[string]any{
-								"disk": map[string]any{"location": diskName, "sha256": diskSum},
-							},
-						},
+	part := map[string]any{
+		"artifacts": map[string]any{
+			"metal": map[string]any{
+				"release": version,
+				"formats": map[string]any{
+					"iso": map[string]any{
+						"disk": map[string]any{"location": filepath.Base(iso), "sha256": isoSum},
+					},
+					"raw": map[string]any{
+						"disk": map[string]any{"location": filepath.Base(disk), "sha256": diskSum},
 					},
 				},
 			},
 		},
 	}
+	data, err := json.MarshalIndent(map[string]any{b.t.name: part}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, streamPart), append(data, '\n'), 0o644)
+}
+
+// writeStream writes CoreOS stream metadata for the built architectures, so
+// the catalog reads it the way it reads Fedora CoreOS and RHCOS streams.
+func writeStream(out string, dirs []string) error {
+	arches := map[string]json.RawMessage{}
+	// The newest part's time, so that an unchanged image keeps its metadata.
+	var modified time.Time
+	for _, dir := range dirs {
+		p := filepath.Join(dir, streamPart)
+		st, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if st.ModTime().After(modified) {
+			modified = st.ModTime()
+		}
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		var part map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &part); err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(dir, streamPart), err)
+		}
+		for k, v := range part {
+			arches[k] = v
+		}
+	}
+	stream := map[string]any{
+		"stream":        "agentboot-dev",
+		"metadata":      map[string]any{"last-modified": modified.UTC().Format(time.RFC3339), "generator": "agentboot test/devimage/build " + builderVersion},
+		"architectures": arches,
+	}
 	data, err := json.MarshalIndent(stream, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "stream.json"), append(data, '\n'), 0o644)
+	return os.WriteFile(filepath.Join(out, "stream.json"), append(data, '\n'), 0o644)
 }
 
 func fileSHA256(path string) (string, error) {
@@ -598,25 +662,34 @@ func fileSHA256(path string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// link hard-links the cached files into the output directory.
-func (b *builder) link(dir string) error {
+// link hard-links the cached files of every target into the output
+// directory and writes the stream metadata listing them.
+func (b *builder) link(dirs []string) error {
 	if err := os.RemoveAll(b.out); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(b.out, 0o755); err != nil {
 		return err
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		src, dst := filepath.Join(dir, e.Name()), filepath.Join(b.out, e.Name())
-		if err := os.Link(src, dst); err != nil {
-			if err := copyFile(src, dst); err != nil {
-				return err
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if e.Name() == streamPart {
+				continue
+			}
+			src, dst := filepath.Join(dir, e.Name()), filepath.Join(b.out, e.Name())
+			if err := os.Link(src, dst); err != nil {
+				if err := copyFile(src, dst); err != nil {
+					return err
+				}
 			}
 		}
+	}
+	if err := writeStream(b.out, dirs); err != nil {
+		return err
 	}
 	b.logf("image in %s", b.out)
 	return nil
@@ -639,8 +712,11 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-// Disk image layout: an MBR with syslinux's boot code and one bootable FAT32
-// partition labelled "boot" from 1 MiB, as an installer writes it to a disk.
+// Disk image layout: an MBR and one bootable FAT32 partition labelled "boot"
+// from 1 MiB, as an installer writes it to a disk. On x86_64 the MBR holds
+// syslinux's boot code and the partition syslinux (BIOS); on aarch64 the
+// partition is an EFI system partition with GRUB at the removable-media
+// path UEFI firmware starts (EFI/BOOT/BOOTAA64.EFI).
 const (
 	diskBootLabel   = "boot"
 	diskPartOffset  = 1 << 20
@@ -649,7 +725,7 @@ const (
 )
 
 // makeDisk builds the raw disk image an installer writes: the dev OS boots
-// from its "boot" partition (syslinux, the kernel, the initramfs and the root
+// from its "boot" partition (the kernel, the initramfs and the root
 // filesystem), and devinit applies the Ignition config an installer put at
 // ignition/config.ign on that partition, where CoreOS's installer puts it.
 func (b *builder) makeDisk(out, root string, kernel, initrd, rootfs []byte) error {
@@ -663,37 +739,53 @@ func (b *builder) makeDisk(out, root string, kernel, initrd, rootfs []byte) erro
 	if out, err := exec.Command("mkfs.vfat", "-F", "32", "-n", diskBootLabel, part).CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs.vfat: %v: %s", err, out)
 	}
-	cfg := "SERIAL 0 115200\nDEFAULT dev\nPROMPT 0\nTIMEOUT 0\nLABEL dev\n  KERNEL /vmlinuz\n  INITRD /initrd.img\n" +
-		"  APPEND console=tty0 console=ttyS0,115200n8 agentboot.disk=" + diskBootLabel + "\n"
-	files := map[string][]byte{"vmlinuz": kernel, "initrd.img": initramfs.Pad4(initrd), "rootfs.img": rootfs, "syslinux.cfg": []byte(cfg)}
+	args := "console=tty0 console=" + b.t.console + ",115200n8 agentboot.disk=" + diskBootLabel
+	files := map[string][]byte{"vmlinuz": kernel, "initrd.img": initramfs.Pad4(initrd), "rootfs.img": rootfs}
+	dirs := []string{"ignition"}
+	var partType byte = 0x0c // FAT32 with LBA
+	if b.t.bios {
+		files["syslinux.cfg"] = []byte("SERIAL 0 115200\nDEFAULT dev\nPROMPT 0\nTIMEOUT 0\nLABEL dev\n  KERNEL /vmlinuz\n  INITRD /initrd.img\n  APPEND " + args + "\n")
+	} else {
+		efi, err := b.grubEFI(root, diskBootLabel)
+		if err != nil {
+			return err
+		}
+		if files["EFI/BOOT/"+b.t.efiName], err = os.ReadFile(efi); err != nil {
+			return err
+		}
+		files["EFI/agentboot/grub.cfg"] = []byte("set timeout=0\nmenuentry 'agentboot dev OS' {\n\tlinux /vmlinuz " + args + "\n\tinitrd /initrd.img\n}\n")
+		dirs = append(dirs, "EFI", "EFI/BOOT", "EFI/agentboot")
+		partType = 0xef // EFI system partition
+	}
+	copies := map[string]string{}
 	for name, data := range files {
-		src := filepath.Join(b.work, "disk-"+name)
+		src := filepath.Join(b.work, "disk-"+strings.ReplaceAll(name, "/", "-"))
 		if err := os.WriteFile(src, data, 0o644); err != nil {
 			return err
 		}
-		if out, err := exec.Command("mcopy", "-i", part, src, "::"+name).CombinedOutput(); err != nil {
-			return fmt.Errorf("mcopy %s: %v: %s", name, err, out)
-		}
+		copies[name] = src
 	}
-	if out, err := exec.Command("mmd", "-i", part, "::ignition").CombinedOutput(); err != nil {
-		return fmt.Errorf("mmd: %v: %s", err, out)
-	}
-	// Debian's syslinux installs through mtools: no mount, no root.
-	if out, err := exec.Command(filepath.Join(root, "usr/bin/syslinux"), "--install", part).CombinedOutput(); err != nil {
-		return fmt.Errorf("syslinux --install: %v: %s", err, out)
-	}
-	mbr, err := os.ReadFile(filepath.Join(root, "usr/lib/syslinux/mbr/mbr.bin"))
-	if err != nil {
+	if err := mtools(part, copies, dirs...); err != nil {
 		return err
 	}
-	if len(mbr) > 440 {
-		return fmt.Errorf("mbr.bin is %d bytes, want at most 440", len(mbr))
-	}
 	header := make([]byte, diskPartOffset)
-	copy(header, mbr)
+	if b.t.bios {
+		// Debian's syslinux installs through mtools: no mount, no root.
+		if out, err := exec.Command(filepath.Join(root, "usr/bin/syslinux"), "--install", part).CombinedOutput(); err != nil {
+			return fmt.Errorf("syslinux --install: %v: %s", err, out)
+		}
+		mbr, err := os.ReadFile(filepath.Join(root, "usr/lib/syslinux/mbr/mbr.bin"))
+		if err != nil {
+			return err
+		}
+		if len(mbr) > 440 {
+			return fmt.Errorf("mbr.bin is %d bytes, want at most 440", len(mbr))
+		}
+		copy(header, mbr)
+	}
 	entry := header[446:462]
 	entry[0] = 0x80 // bootable
-	entry[4] = 0x0c // FAT32 with LBA
+	entry[4] = partType
 	binary.LittleEndian.PutUint32(entry[8:], diskPartOffset/diskSectorBytes)
 	binary.LittleEndian.PutUint32(entry[12:], diskPartSize/diskSectorBytes)
 	// CHS fields say "use LBA".
