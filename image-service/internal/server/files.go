@@ -10,12 +10,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
@@ -24,6 +22,7 @@ import (
 	"github.com/agentboot/agentboot/internal/initramfs"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/macindex"
+	"github.com/agentboot/agentboot/internal/nmstate"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/overlay"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -93,11 +92,11 @@ func (h *Handler) render(ctx context.Context, ie *v1beta1.InfraEnv, key signing.
 	if st.State != osimage.Ready {
 		return nil, nil, errNotReady{msg: fmt.Sprintf("OS image %s is not ready yet", k)}
 	}
-	nm, fingerprint, err := h.nmStateConfigs(ctx, ie)
+	nm, err := nmstate.Select(ctx, h.opts.Reader, ie)
 	if err != nil {
 		return nil, nil, err
 	}
-	cacheKey := strings.Join([]string{string(ie.UID), fmt.Sprint(ie.Generation), ie.Annotations[signing.RotateAnnotation], fingerprint, st.Image.ID, key.Token(signing.PurposeImage, "render-cache", "")}, "|")
+	cacheKey := strings.Join([]string{string(ie.UID), fmt.Sprint(ie.Generation), ie.Annotations[signing.RotateAnnotation], nmstate.Fingerprint(nm), st.Image.ID, key.Token(signing.PurposeImage, "render-cache", "")}, "|")
 	if e, ok := h.renders.get(cacheKey); ok {
 		return e.out, e.img, nil
 	}
@@ -122,28 +121,6 @@ func (h *Handler) withBootProof(out *discovery.Output, img *osimage.Image, p age
 	}
 	h.renders.put(key, renderEntry{out: proved, img: img})
 	return proved, nil
-}
-
-// nmStateConfigs selects as the controller does and fingerprints the result.
-func (h *Handler) nmStateConfigs(ctx context.Context, ie *v1beta1.InfraEnv) ([]v1beta1.NMStateConfig, string, error) {
-	sel := ie.Spec.NMStateConfigLabelSelector
-	if len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0 {
-		return nil, "", nil
-	}
-	selector, err := metav1.LabelSelectorAsSelector(&sel)
-	if err != nil {
-		return nil, "", nil
-	}
-	var list v1beta1.NMStateConfigList
-	if err := h.opts.Reader.List(ctx, &list, client.InNamespace(ie.Namespace), client.MatchingLabelsSelector{Selector: selector}); err != nil {
-		return nil, "", err
-	}
-	var fp []string
-	for _, c := range list.Items {
-		fp = append(fp, c.Name+"@"+c.ResourceVersion)
-	}
-	sort.Strings(fp)
-	return list.Items, strings.Join(fp, ","), nil
 }
 
 // serveFile sends one file of the rendered content.

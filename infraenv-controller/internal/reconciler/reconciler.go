@@ -26,6 +26,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/nmstate"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -150,7 +151,7 @@ func (r *Reconciler) observe(ctx context.Context, ie *v1beta1.InfraEnv, key sign
 	if img == nil {
 		return obs, nil
 	}
-	nm, err := r.nmStateConfigs(ctx, ie)
+	nm, err := nmstate.Select(ctx, r.Client, ie)
 	if err != nil {
 		return observation{}, err
 	}
@@ -222,24 +223,6 @@ func (r *Reconciler) image(ie *v1beta1.InfraEnv) (*osimage.Image, osimage.Key, o
 		}
 		return nil, k, failed(ImageDownloadingReason, imageRecheck, "downloading OS image %s: %s", k, progress)
 	}
-}
-
-// nmStateConfigs lists what the InfraEnv's selector picks; an empty selector
-// picks nothing.
-func (r *Reconciler) nmStateConfigs(ctx context.Context, ie *v1beta1.InfraEnv) ([]v1beta1.NMStateConfig, error) {
-	sel := ie.Spec.NMStateConfigLabelSelector
-	if len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0 {
-		return nil, nil
-	}
-	selector, err := metav1.LabelSelectorAsSelector(&sel)
-	if err != nil {
-		return nil, nil // the apiserver validated it; nothing matches a broken one
-	}
-	var list v1beta1.NMStateConfigList
-	if err := r.Client.List(ctx, &list, client.InNamespace(ie.Namespace), client.MatchingLabelsSelector{Selector: selector}); err != nil {
-		return nil, err
-	}
-	return list.Items, nil
 }
 
 // patchStatus derives the status from the observation and writes it when it
