@@ -228,10 +228,6 @@ func (s *session) power(ctx context.Context, state string) error {
 		// it is done, and only the power state can tell.
 		return nil
 	}
-	var rf *common.Error
-	if err != nil && errors.As(err, &rf) && rf.HTTPReturnedStatusCode == http.StatusConflict {
-		return fmt.Errorf("%w: set power %s: %s", ErrBusy, state, Scrub(err.Error(), s.secret))
-	}
 	if err != nil && unsupported(err) {
 		return fmt.Errorf("%w: set power %s: %s", ErrUnsupported, state, Scrub(err.Error(), s.secret))
 	}
@@ -330,6 +326,17 @@ func (s *session) result(op string, ok bool, err error) error {
 	return nil
 }
 
+// busy tells a request the BMC refused because it is in a transition,
+// having done nothing: Redfish 409 Conflict, or IPMI completion code 0xC0 as
+// ipmitool prints it.
+func busy(err error) bool {
+	var rf *common.Error
+	if errors.As(err, &rf) && rf.HTTPReturnedStatusCode == http.StatusConflict {
+		return true
+	}
+	return strings.Contains(err.Error(), "Node busy")
+}
+
 // fail flattens bmclib's multi-line provider errors into one line and
 // removes the password wherever a provider echoed it.
 func (s *session) fail(op string, err error) error {
@@ -337,8 +344,7 @@ func (s *session) fail(op string, err error) error {
 	switch {
 	case strings.Contains(msg, "401") || strings.Contains(strings.ToLower(msg), "unauthorized"):
 		return fmt.Errorf("%s: the BMC rejected the username or password: %s", op, msg)
-	case strings.Contains(msg, "Node busy"):
-		// IPMI completion code 0xC0, as ipmitool prints it: nothing done.
+	case busy(err):
 		return fmt.Errorf("%w: %s: %s", ErrBusy, op, msg)
 	case strings.Contains(msg, "Unable to establish IPMI v2"):
 		// ipmitool says the same for a wrong password and for silence.

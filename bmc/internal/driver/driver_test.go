@@ -60,3 +60,26 @@ func TestUnsupported(t *testing.T) {
 		}
 	}
 }
+
+// "Busy" is one decision for Redfish and IPMI, for every operation: the BMC
+// did nothing and the request may be asked again; anything else is not.
+func TestBusy(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("provider: gofish: %w", &common.Error{HTTPReturnedStatusCode: 409, Code: "Base.1.8.ActionParameterValueConflict"}), true},
+		{errors.New("Set Chassis Power Control to Up/On failed: Node busy"), true},
+		{&common.Error{HTTPReturnedStatusCode: 400}, false},
+		{&common.Error{HTTPReturnedStatusCode: 503}, false},
+		{errors.New("context deadline exceeded"), false},
+	} {
+		if got := busy(tc.err); got != tc.want {
+			t.Errorf("busy(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+	s := &session{secret: "pw"}
+	if err := s.fail("set boot device", errors.New("Node busy")); !errors.Is(err, ErrBusy) {
+		t.Errorf("an IPMI busy answer to another operation is not ErrBusy: %v", err)
+	}
+}
