@@ -40,17 +40,8 @@ var buildAgentboot = sync.OnceValues(func() (string, error) {
 
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	var ports []int
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
-	}
+	ports, err := testenv.FreePorts(n)
+	require.NoError(t, err)
 	return ports
 }
 

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,6 +178,29 @@ func DevImageFor(arch string) (string, error) {
 		return "", fmt.Errorf("%s missing: run `make dev-image` (make test does it first)", p)
 	}
 	return p, nil
+}
+
+// FreePorts returns n distinct loopback TCP ports that were free a moment
+// ago: each is held open until all are chosen, so none repeats. Another
+// process may still take one before the caller listens; callers that can
+// should listen on :0 instead.
+func FreePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }
 
 // Tool returns the path of a tool `make tools` links into bin/.

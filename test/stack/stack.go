@@ -218,7 +218,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	pool.AppendCertsFromPEM(caPEM)
 	s.HTTP = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DialContext: opts.Dial}}
 
-	ports, err := freePorts(3)
+	ports, err := testenv.FreePorts(3)
 	if err != nil {
 		return fail(err)
 	}
@@ -384,25 +384,6 @@ func sharedImageCache(stream string) (string, error) {
 	sum := sha256.Sum256(data)
 	dir := filepath.Join(os.TempDir(), "agentboot-test-images-"+hex.EncodeToString(sum[:8]))
 	return dir, os.MkdirAll(dir, 0o755)
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func waitListening(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, timeout time.Duration) error {

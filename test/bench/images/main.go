@@ -14,7 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -107,15 +106,6 @@ func (p *proc) rss() int64 {
 	return 0
 }
 
-func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func run(clientList string, duration time.Duration, repeats int) (err error) {
 	root := testenv.RepoRoot()
 	bin := filepath.Join(root, "bin")
@@ -144,7 +134,11 @@ func run(clientList string, duration time.Duration, repeats int) (err error) {
 	if err != nil {
 		return err
 	}
-	imgHTTPS, imgHTTP, baseHTTPS, baseHTTP := freePort(), freePort(), freePort(), freePort()
+	ports, err := testenv.FreePorts(5)
+	if err != nil {
+		return err
+	}
+	imgHTTPS, imgHTTP, baseHTTPS, baseHTTP, agentAPI := ports[0], ports[1], ports[2], ports[3], ports[4]
 	common := []string{
 		"--kubeconfig", env.Kubeconfig, "--log-format", "text", "--leader-elect=false",
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
@@ -160,7 +154,7 @@ func run(clientList string, duration time.Duration, repeats int) (err error) {
 		return err
 	}
 	mgr, err := start("manager", dir, append([]string{filepath.Join(bin, "agentboot"), "manager", "--image-cache-dir", filepath.Join(dir, "cache-manager"),
-		"--agent-api-addr", fmt.Sprintf("127.0.0.1:%d", freePort()), "--agent-api-tls-cert-file", cert, "--agent-api-tls-key-file", key}, common...)...)
+		"--agent-api-addr", fmt.Sprintf("127.0.0.1:%d", agentAPI), "--agent-api-tls-cert-file", cert, "--agent-api-tls-key-file", key}, common...)...)
 	if err != nil {
 		return err
 	}
