@@ -135,10 +135,21 @@ func TestStreamMetadata(t *testing.T) {
 	require.Equal(t, hex.EncodeToString(want[:]), disk.Image.SHA256)
 	require.Equal(t, []byte{0x55, 0xaa}, raw[510:512], "an MBR disk")
 	require.Nil(t, disk.Image.Layout)
-	// arm64 is the same architecture as aarch64, which this stream lacks.
-	_, err = c.Resolve("arm64", "")
+	// arm64 is the same architecture as aarch64, whose own live ISO the
+	// stream lists (and whose digest was checked).
+	arm, err := c.Resolve("arm64", "")
+	require.NoError(t, err)
+	require.Equal(t, Key{"aarch64", k.Version}, arm)
+	armISO, err := testenv.DevImageFor("aarch64")
+	require.NoError(t, err)
+	raw, err = os.ReadFile(armISO)
+	require.NoError(t, err)
+	want = sha256.Sum256(raw)
+	require.Equal(t, hex.EncodeToString(want[:]), waitState(t, c, arm, Ready).Image.SHA256)
+	// An architecture the stream lacks is refused, naming what exists.
+	_, err = c.Resolve("ppc64le", "")
 	require.ErrorIs(t, err, ErrUnknownImage)
-	require.ErrorContains(t, err, "aarch64")
+	require.ErrorContains(t, err, "aarch64/"+k.Version)
 	require.ErrorContains(t, err, "x86_64/"+k.Version)
 }
 
