@@ -30,6 +30,7 @@ import (
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/macindex"
 	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 
@@ -151,39 +152,24 @@ func (s *Service) Start(ctx context.Context) error {
 		{Addr: s.cfg.HTTPSAddr, Handler: s.handler.HTTPS(), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}},
 		{Addr: s.cfg.HTTPAddr, Handler: s.handler.HTTP()},
 	}
-	errs := make(chan error, len(servers))
-	for i, srv := range servers {
+	var tasks []serve.Task
+	for _, srv := range servers {
 		srv.ReadHeaderTimeout = 10 * time.Second
 		srv.IdleTimeout = 2 * time.Minute
 		// Connection-level noise (probes, aborted handshakes) is debug output.
 		srv.ErrorLog = stdlog.New(logWriter{s.cfg.Log.V(1)}, "", 0)
 		l, err := s.cfg.Listen("tcp", srv.Addr)
 		if err != nil {
-			for _, started := range servers[:i] {
-				_ = started.Close()
-			}
+			serve.StopAll(tasks)
 			return fmt.Errorf("image-service: listen %s: %w", srv.Addr, err)
 		}
 		secure := srv.TLSConfig != nil
 		s.cfg.Log.Info("image service listening", "addr", l.Addr().String(), "tls", secure)
-		go func() {
-			if secure {
-				l = tls.NewListener(l, srv.TLSConfig)
-			}
-			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errs <- err
-			}
-		}()
+		name := "image service HTTP " + srv.Addr
+		if secure {
+			l, name = tls.NewListener(l, srv.TLSConfig), "image service HTTPS "+srv.Addr
+		}
+		tasks = append(tasks, serve.HTTP(name, srv, l))
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-errs:
-		return err
-	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, srv := range servers {
-		_ = srv.Shutdown(shutdown)
-	}
-	return nil
+	return serve.Run(ctx, 10*time.Second, tasks...)
 }

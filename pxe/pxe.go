@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/ipv4"
 
+	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/pxe/internal/dhcp"
 	"github.com/agentboot/agentboot/pxe/internal/leases"
 	"github.com/agentboot/agentboot/pxe/internal/tftpd"
@@ -282,45 +283,33 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.cfg.Mode == ProxyDHCP {
 		ports = append(ports, 4011)
 	}
-	var closers []func()
-	defer func() {
-		for _, c := range closers {
-			c()
-		}
-	}()
-	errs := make(chan error, 4)
+	// Listen on everything first: a port that is taken fails Start before
+	// anything is served.
+	var tasks []serve.Task
 	for _, p := range ports {
 		conn, err := s.cfg.ListenDHCP(s.cfg.Interface, p)
 		if err != nil {
+			serve.StopAll(tasks)
 			return fmt.Errorf("DHCP: listen on %s port %d: %w (the PXE service needs root, or CAP_NET_BIND_SERVICE and CAP_NET_RAW)", s.cfg.Interface, p, err)
 		}
-		closers = append(closers, func() { conn.Close() })
-		go func() { errs <- s.serveDHCP(conn, p) }()
+		tasks = append(tasks, serve.Task{Name: fmt.Sprintf("DHCP port %d", p), Serve: func() error { return s.serveDHCP(conn, p) }, Stop: func(context.Context) { conn.Close() }})
 	}
 	tconn, err := s.cfg.ListenPacket("udp4", s.cfg.TFTPAddr)
 	if err != nil {
+		serve.StopAll(tasks)
 		return fmt.Errorf("TFTP: listen %s: %w", s.cfg.TFTPAddr, err)
 	}
-	closers = append(closers, func() { s.tftp.Shutdown(); tconn.Close() })
-	go func() { errs <- s.tftp.Serve(tconn) }()
+	tasks = append(tasks, serve.Task{Name: "TFTP", Serve: func() error { return s.tftp.Serve(tconn) }, Stop: func(context.Context) { s.tftp.Shutdown(); tconn.Close() }})
 	hl, err := s.cfg.Listen("tcp", s.cfg.HTTPAddr)
 	if err != nil {
+		serve.StopAll(tasks)
 		return fmt.Errorf("HTTP: listen %s: %w", s.cfg.HTTPAddr, err)
 	}
 	hs := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
-	closers = append(closers, func() { _ = hs.Close() })
-	go func() { errs <- hs.Serve(hl) }()
+	tasks = append(tasks, serve.HTTP("HTTP", hs, hl))
 	s.cfg.Log.Info("PXE service running", "mode", string(s.cfg.Mode), "interface", s.cfg.Interface, "serverIP", s.cfg.ServerIP.String(),
 		"tftp", s.cfg.TFTPAddr, "http", s.cfg.HTTPAddr, "bootScript", s.cfg.BootScriptURL)
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-errs:
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
+	return serve.Run(ctx, 5*time.Second, tasks...)
 }
 
 // batch is how many packets one system call reads or writes under load.

@@ -29,6 +29,7 @@ import (
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 
@@ -186,16 +187,7 @@ func (s *server) Start(ctx context.Context) error {
 		ErrorLog:          stdlog.New(logWriter{s.cfg.Log.V(1)}, "", 0),
 	}
 	s.cfg.Log.Info("agent API listening", "addr", l.Addr().String())
-	errs := make(chan error, 1)
-	go func() { errs <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
-	select {
-	case <-ctx.Done():
-		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		return srv.Shutdown(shutdown)
-	case err := <-errs:
-		return err
-	}
+	return serve.Run(ctx, 10*time.Second, serve.HTTP("agent API", srv, tls.NewListener(l, srv.TLSConfig)))
 }
 
 type logWriter struct{ log logr.Logger }
