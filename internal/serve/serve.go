@@ -1,7 +1,7 @@
 // Package serve runs a component's network servers as one: each serves on
 // its own goroutine of an errgroup; the first that fails stops the others,
-// and the end of the context stops them all (HTTP servers gracefully, within
-// a grace period). Start methods of the image service, the agent API and the
+// and the end of the context stops them all, at once (HTTP servers finish
+// their requests within a grace period, then are closed). Start methods of the image service, the agent API and the
 // PXE service share it instead of each wiring goroutines and channels.
 package serve
 
@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,7 +32,11 @@ func HTTP(name string, srv *http.Server, l net.Listener) Task {
 		Name:  name,
 		Serve: func() error { return srv.Serve(l) },
 		Stop: func(ctx context.Context) {
-			_ = srv.Shutdown(ctx)
+			if srv.Shutdown(ctx) != nil {
+				// The grace period ended with requests still running
+				// (a long download): cut them.
+				_ = srv.Close()
+			}
 			_ = l.Close()
 		},
 	}
@@ -68,9 +73,12 @@ func Run(ctx context.Context, grace time.Duration, tasks ...Task) error {
 		stopping.Store(true)
 		sctx, cancel := context.WithTimeout(context.Background(), grace)
 		defer cancel()
+		// All at once: each gets the whole grace period.
+		var stops sync.WaitGroup
 		for _, t := range tasks {
-			t.Stop(sctx)
+			stops.Go(func() { t.Stop(sctx) })
 		}
+		stops.Wait()
 		return nil
 	})
 	return g.Wait()

@@ -66,6 +66,41 @@ func TestRunStopsAllWithTheContext(t *testing.T) {
 	}
 }
 
+// A request still running when the grace period ends is cut, and Run
+// returns.
+func TestRunCutsWhatOutlastsTheGracePeriod(t *testing.T) {
+	l := listen(t)
+	started, cut := make(chan struct{}), make(chan struct{})
+	srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done() // a download that never ends by itself
+		close(cut)
+	})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, 200*time.Millisecond, HTTP("slow", srv, l)) }()
+	go func() {
+		if resp, err := http.Get("http://" + l.Addr().String()); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-started
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run waited for a request past the grace period")
+	}
+	select {
+	case <-cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request outlived Run: its connection was not closed")
+	}
+}
+
 // One server failing stops the others and is reported by name; one that
 // returns by itself has failed too.
 func TestRunStopsAllWhenOneFails(t *testing.T) {
@@ -77,7 +112,12 @@ func TestRunStopsAllWhenOneFails(t *testing.T) {
 		{func() error { return nil }, "dhcp: stopped unexpectedly"},
 	} {
 		a, urlA := httpTask(t, "a")
-		failing := Task{Name: "dhcp", Serve: func() error { waitServing(t, urlA); return tc.serve() }, Stop: func(context.Context) {}}
+		failing := Task{Name: "dhcp", Serve: func() error {
+			for deadline := time.Now().Add(10 * time.Second); !serving(urlA) && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return tc.serve()
+		}, Stop: func(context.Context) {}}
 		err := Run(context.Background(), time.Second, a, failing)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("Run = %v, want %q", err, tc.want)
