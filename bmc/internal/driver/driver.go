@@ -84,9 +84,10 @@ func (p Power) IsOn() bool { return p == On || p == PoweringOff }
 // Settled is true when no transition is reported.
 func (p Power) Settled() bool { return p == On || p == Off }
 
-// ErrBusy is a request the BMC refused because it is busy with a power
-// transition (Redfish 409 Conflict): nothing was done, ask again later.
-var ErrBusy = errors.New("the BMC is busy with a power transition")
+// ErrBusy is a request the BMC refused because it is busy, mostly with a
+// power transition (Redfish 409 Conflict, IPMI "Node busy"): nothing was
+// done, ask again later.
+var ErrBusy = errors.New("the BMC is busy (it did nothing; ask again later)")
 
 // ErrUnsupported is a request the BMC does not offer (a Redfish reset type
 // missing from its allowable values, 400/405/501; an IPMI command it
