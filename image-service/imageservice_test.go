@@ -156,6 +156,9 @@ func TestServedISOCarriesIgnitionAndKargs(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, entries)
 	for _, p := range entries {
+		if strings.HasPrefix(filepath.Base(p), ".") {
+			continue // a catalog's minimal ISO being written (the cache is shared)
+		}
 		require.Contains(t, []string{"live.iso", "minimal.iso"}, filepath.Base(p), "the full and minimal base ISOs, nothing else")
 		f, err := os.Open(p)
 		require.NoError(t, err)

@@ -175,7 +175,7 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 		args = append(args, "-no-reboot")
 	}
 	if arm {
-		// Emulated on any other host; "max" has every feature TCG
+		// Always emulated (TCG), also on an Arm host; "max" has every feature TCG
 		// implements (VHE, nested virtualization at EL2).
 		args = append(args, "-M", "virt,virtualization=on,gic-version=3", "-accel", "tcg")
 		if o.CPU == "" {

@@ -37,7 +37,7 @@ import (
 
 // builderVersion changes whenever the image layout changes, to invalidate
 // cached images.
-const builderVersion = "5"
+const builderVersion = "6"
 
 type builder struct {
 	out, cache, repo string
@@ -460,7 +460,13 @@ func kargArea() string { return "\n" + strings.Repeat("#", 1023) + kargMarker }
 func (b *builder) makeISO(out, root, volID string, kernel, initrd, rootfs []byte) error {
 	tree := filepath.Join(b.work, "iso")
 	kargs := "console=tty0 console=" + b.t.console + ",115200n8 coreos.liveiso=" + volID + " ignition.firstboot ignition.platform.id=metal"
-	grub := "set timeout=1\nserial --unit=0 --speed=115200\nterminal_input console serial\nterminal_output console serial\n" +
+	// x86 GRUB drives the PC's UART itself; arm64-efi GRUB has no such
+	// port, and the firmware's console already reaches the serial line.
+	console := ""
+	if b.t.bios {
+		console = "serial --unit=0 --speed=115200\nterminal_input console serial\nterminal_output console serial\n"
+	}
+	grub := "set timeout=1\n" + console +
 		"menuentry 'agentboot dev OS (live)' {\n\tlinux /images/pxeboot/vmlinuz " + kargs + kargArea() + "\tinitrd /images/pxeboot/initrd.img /images/ignition.img\n}\n"
 	files := map[string][]byte{
 		"images/pxeboot/vmlinuz":    kernel,

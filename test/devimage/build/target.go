@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // target is one architecture the dev image is built for: which Debian
@@ -38,7 +39,7 @@ var commonInitrdModules = []string{
 	"virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi", "virtio_rng",
 	"ahci", "sd_mod", "sr_mod", "nvme", "isofs", "loop",
 	"vfat", "nls_cp437", "nls_ascii", "nls_iso8859-1", "ext4",
-	"igb", "ixgbe", "i40e", "tg3", "bnxt_en", "r8169",
+	"igb", "ixgbe", "i40e", "tg3", "bnx2", "bnxt_en", "r8169",
 }
 
 var targets = map[string]target{
@@ -91,6 +92,8 @@ func parseTargets(list string) ([]target, error) {
 type apt struct {
 	t    target
 	opts []string
+	// dir holds the private apt state; empty for the host's architecture.
+	dir string
 }
 
 func (b *builder) aptFor(t target) (*apt, error) {
@@ -121,16 +124,41 @@ func (b *builder) aptFor(t target) (*apt, error) {
 		"-o", "APT::Architectures::=" + t.deb,
 		"-o", "Debug::NoLocking=1",
 	}}
-	// The lists are fetched once; later builds work offline from them (and
-	// from the downloaded packages), as the host architecture's do.
+	a.dir = dir
+	// The lists are fetched when missing and refreshed when a week old, so
+	// the kernel follows Debian's updates as the host's does after its own
+	// `apt-get update`; offline, a refresh that fails leaves the cached
+	// lists (and the downloaded packages) in use.
 	lists, _ := filepath.Glob(filepath.Join(dir, "state", "lists", "*_Packages*"))
-	if len(lists) == 0 {
-		b.logf("%s: fetching Debian's %s package lists into %s", t.name, t.deb, dir)
-		if out, err := exec.Command("apt-get", append(a.opts, "-q", "update")...).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("apt-get update for %s: %v: %s", t.deb, err, out)
+	var newest time.Time
+	for _, l := range lists {
+		if st, err := os.Stat(l); err == nil && st.ModTime().After(newest) {
+			newest = st.ModTime()
 		}
 	}
+	if len(lists) > 0 && time.Since(newest) < listsMaxAge {
+		return a, nil
+	}
+	b.logf("%s: fetching Debian's %s package lists into %s", t.name, t.deb, dir)
+	out, err = exec.Command("apt-get", append(a.opts, "-q", "update")...).CombinedOutput()
+	switch {
+	case err != nil && len(lists) == 0:
+		return nil, fmt.Errorf("apt-get update for %s: %v: %s", t.deb, err, out)
+	case err != nil:
+		b.logf("%s: refreshing the package lists failed (%v); using the ones from %s", t.name, err, newest.Format(time.DateOnly))
+	}
 	return a, nil
+}
+
+// listsMaxAge is when another architecture's package lists are refreshed.
+const listsMaxAge = 7 * 24 * time.Hour
+
+// updateHint says how to refresh the lists apt reads for this target.
+func (a *apt) updateHint() string {
+	if a.dir == "" {
+		return "run `apt-get update`"
+	}
+	return "remove " + filepath.Join(a.dir, "state", "lists") + " to fetch them again"
 }
 
 func (a *apt) cache(args ...string) ([]byte, error) {
@@ -151,7 +179,7 @@ func (a *apt) kernelPackage() (string, error) {
 	meta := "linux-image-" + a.t.deb
 	out, err := a.cache("show", meta)
 	if err != nil || len(out) == 0 {
-		return "", fmt.Errorf("apt-cache knows no %s: run `apt-get update` first", meta)
+		return "", fmt.Errorf("apt-cache knows no %s: %s", meta, a.updateHint())
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		if strings.HasPrefix(line, "Depends:") {
@@ -174,5 +202,5 @@ func (a *apt) candidate(pkg string) (string, error) {
 			return f[1], nil
 		}
 	}
-	return "", fmt.Errorf("no %s candidate version of %s: run `apt-get update`", a.t.deb, pkg)
+	return "", fmt.Errorf("no %s candidate version of %s: %s", a.t.deb, pkg, a.updateHint())
 }
