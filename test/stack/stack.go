@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -375,15 +376,35 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 // (across test processes too: the catalog's downloads rename into place and
 // its minimal ISOs are made under a file lock). It is keyed by the stream
 // metadata, which names each image's sha256, so a rebuilt dev image gets a
-// new one.
+// new one. It lives in the user's own cache ($AGENTBOOT_CACHE, else
+// ~/.cache/agentboot), mode 0700: the catalog trusts a cached image's
+// recorded digest, so nobody else may write there.
 func sharedImageCache(stream string) (string, error) {
 	data, err := os.ReadFile(stream)
 	if err != nil {
 		return "", err
 	}
+	base := os.Getenv("AGENTBOOT_CACHE")
+	if base == "" {
+		user, err := os.UserCacheDir()
+		if err != nil {
+			return "", err
+		}
+		base = filepath.Join(user, "agentboot")
+	}
 	sum := sha256.Sum256(data)
-	dir := filepath.Join(os.TempDir(), "agentboot-test-images-"+hex.EncodeToString(sum[:8]))
-	return dir, os.MkdirAll(dir, 0o755)
+	dir := filepath.Join(base, "test-images", hex.EncodeToString(sum[:8]))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	st, err := os.Stat(filepath.Dir(dir))
+	if err != nil {
+		return "", err
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Getuid() {
+		return "", fmt.Errorf("OS image cache %s belongs to another user (uid %d): set AGENTBOOT_CACHE to a directory of your own", filepath.Dir(dir), sys.Uid)
+	}
+	return dir, nil
 }
 
 func waitListening(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, timeout time.Duration) error {
