@@ -79,8 +79,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, nil
 	}
 	waiting, err := r.unboundMachines(ctx, ControlPlaneNamespace(hc), np.Name)
-	if err != nil || waiting == 0 {
+	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if waiting == 0 {
+		if np.Spec.Replicas != nil && np.Status.Replicas < *np.Spec.Replicas {
+			// Fewer nodes than wanted and no machine waiting yet: Cluster
+			// API may still be creating them, and AgentMachines are not
+			// watched here, so look again.
+			return ctrl.Result{RequeueAfter: r.RetryAfter}, nil
+		}
+		return ctrl.Result{}, nil
 	}
 	why, err := r.explain(ctx, np, hc.Spec.Platform.Agent.AgentNamespace)
 	if err != nil {
