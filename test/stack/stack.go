@@ -252,6 +252,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		}
 	}
 
+	var streams []string
 	if len(opts.Images) == 0 {
 		stream, err := testenv.DevStream()
 		if err != nil {
@@ -260,12 +261,9 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		if s.ImageCache, err = sharedImageCache(stream); err != nil {
 			return fail(err)
 		}
+		streams = []string{stream}
 	}
-	catCfg := osimage.Config{CacheDir: s.ImageCache, Images: opts.Images, Log: log.WithName("osimage"), RetryMin: 200 * time.Millisecond, RetryMax: time.Second}
-	if len(catCfg.Images) == 0 {
-		stream, _ := testenv.DevStream()
-		catCfg.Streams = []string{stream}
-	}
+	catCfg := osimage.Config{CacheDir: s.ImageCache, Images: opts.Images, Streams: streams, Log: log.WithName("osimage"), RetryMin: 200 * time.Millisecond, RetryMax: time.Second}
 	if s.Catalog, err = osimage.New(catCfg); err != nil {
 		return fail(err)
 	}
