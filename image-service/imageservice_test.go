@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -517,10 +518,12 @@ func TestAgentBinary(t *testing.T) {
 // Each InfraEnv's Ignition names the agent of its architecture, and the
 // image service serves exactly that binary, with the kernel of the dev OS
 // image built for it (the dev stream lists both architectures).
-func TestAgentPerArchitecture(t *testing.T) {
+func TestArchitectures(t *testing.T) {
 	s := stack.Start(t, stack.Options{AgentArm64: true})
+	envs := map[string]*v1beta1.InfraEnv{}
 	for arch, machine := range map[string]elf.Machine{"x86_64": elf.EM_X86_64, "aarch64": elf.EM_AARCH64} {
 		ie := s.CreateInfraEnv(t, "arch", strings.ReplaceAll(arch, "_", "-"), func(ie *v1beta1.InfraEnv) { ie.Spec.CPUArchitecture = arch })
+		envs[arch] = ie
 		var ign struct {
 			Storage struct {
 				Files []struct {
@@ -549,6 +552,78 @@ func TestAgentPerArchitecture(t *testing.T) {
 		require.Equal(t, http.StatusOK, kernel.code)
 		require.Equal(t, arch, kernelArch(kernel.body), "the kernel an %s InfraEnv publishes", arch)
 	}
+	t.Run("grub", func(t *testing.T) { testGRUBBootScript(t, s, envs) })
+}
+
+// testGRUBBootScript walks /boot.grub?mac=&arch=, what agentboot's netboot
+// GRUB asks the PXE service for: the discovery boot of the host's InfraEnv
+// with files named relative to the image service, and refusals when the
+// host's architecture is not the InfraEnv's.
+func testGRUBBootScript(t *testing.T, s *stack.Stack, envs map[string]*v1beta1.InfraEnv) {
+	ctx := context.Background()
+	grub := func(query string) response {
+		t.Helper()
+		return get(t, s, s.Settings.ImageServiceHTTPURL+"/boot.grub?"+query, nil)
+	}
+	for _, bad := range []string{"", "mac=52:54:00:00:00:01", "arch=arm64", "mac=52:54:00:00:00:01&arch=arm64&arch=x86_64",
+		"mac=52:54:00:00:00:01&arch=arm64&x=1", "mac=zz&arch=arm64"} {
+		r := grub(bad)
+		require.Equal(t, http.StatusBadRequest, r.code, bad)
+	}
+	bmc := metal3.BMCDetails{Address: "ipmi://198.18.0.9", CredentialsName: "bmc-secret"}
+	for arch, mac := range map[string]string{"aarch64": "52:54:00:ab:00:01", "x86_64": "52:54:00:ab:00:02"} {
+		ie := envs[arch]
+		h := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "host-" + strings.ReplaceAll(arch, "_", "-"),
+			Annotations: map[string]string{"baremetalhost.metal3.io/detached": ""}, Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name}},
+			Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: bmc}}
+		require.NoError(t, s.Client.Create(ctx, h))
+	}
+	var script string
+	require.Eventually(t, func() bool {
+		r := grub("mac=52:54:00:ab:00:01&arch=arm64")
+		script = string(r.body)
+		return r.code == http.StatusOK && strings.Contains(script, "\nboot\n")
+	}, 10*time.Second, 100*time.Millisecond, "the aarch64 host's discovery boot: %s", script)
+	lines := strings.Split(strings.TrimSuffix(script, "\n"), "\n")
+	require.Len(t, lines, 5, script)
+	kernelLine := regexp.MustCompile(`^linux "\$agentboot_root/(\S+)" (.*)$`).FindStringSubmatch(lines[1])
+	require.NotNil(t, kernelLine, script)
+	require.Contains(t, kernelLine[2], "'BOOTIF=01-52-54-00-ab-00-01'", "the kernel learns the MAC it booted from")
+	require.Contains(t, kernelLine[2], "'ignition.firstboot'")
+	require.NotContains(t, kernelLine[2], "initrd=", "iPXE's initrd name would send the EFI stub looking for a file")
+	initrdLine := regexp.MustCompile(`^initrd "\$agentboot_root/(\S+)"$`).FindStringSubmatch(lines[3])
+	require.NotNil(t, initrdLine, script)
+	// The PXE service fetches these paths from the image service's HTTP root.
+	kernel := get(t, s, s.Settings.ImageServiceHTTPURL+"/"+kernelLine[1], nil)
+	require.Equal(t, http.StatusOK, kernel.code)
+	require.Equal(t, "aarch64", kernelArch(kernel.body))
+	initrd := get(t, s, s.Settings.ImageServiceHTTPURL+"/"+initrdLine[1], nil)
+	require.Equal(t, http.StatusOK, initrd.code)
+	require.Equal(t, string(get(t, s, envs["aarch64"].Status.BootArtifacts.InitrdURL, nil).body), string(initrd.body))
+
+	// A host of the other architecture is told why and boots on.
+	for query, why := range map[string]string{
+		"mac=52:54:00:ab:00:01&arch=x86_64":  "boots aarch64 hosts and this host is x86_64",
+		"mac=52:54:00:ab:00:02&arch=arm64":   "boots x86_64 hosts and this host is aarch64",
+		"mac=52:54:00:ab:00:02&arch=riscv64": "runs on \"riscv64\", which agentboot does not boot",
+	} {
+		r := grub(query)
+		require.Equal(t, http.StatusOK, r.code)
+		require.Contains(t, string(r.body), why, query)
+		require.True(t, strings.HasSuffix(string(r.body), "\nexit\n"), string(r.body))
+		require.NotContains(t, string(r.body), "linux ")
+	}
+	r := grub("mac=52:54:00:ab:00:02&arch=x86_64")
+	require.Contains(t, string(r.body), "linux \"$agentboot_root/boot-artifacts/x86_64/", "an x86_64 GRUB boots its own InfraEnv")
+
+	// A kernel argument GRUB would change on its way is refused, by name.
+	ie := envs["aarch64"]
+	patch := client.MergeFrom(ie.DeepCopy())
+	ie.Spec.KernelArguments = []v1beta1.KernelArgument{{Operation: "append", Value: `agentboot.note="two words"`}}
+	require.NoError(t, s.Client.Patch(ctx, ie, patch))
+	require.Eventually(t, func() bool {
+		return strings.Contains(string(grub("mac=52:54:00:ab:00:01&arch=arm64").body), "cannot be passed through GRUB unchanged")
+	}, 10*time.Second, 100*time.Millisecond)
 }
 
 // kernelArch tells an x86 bzImage (its setup header's "HdrS") from an arm64

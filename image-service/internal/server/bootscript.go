@@ -16,6 +16,7 @@ import (
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/macindex"
+	"github.com/agentboot/agentboot/internal/osimage"
 )
 
 // Outcomes of a boot script request, for the metric and the tests.
@@ -26,6 +27,7 @@ const (
 	BootAmbiguous = "ambiguous"   // more than one claim: exit, fix the objects
 	BootNotReady  = "not-ready"   // the InfraEnv's image is not ready: wait, ask again
 	BootBadMAC    = "bad-request" // no or malformed mac
+	BootWrongArch = "wrong-arch"  // the host's architecture is not its InfraEnv's
 )
 
 var bootScripts = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -37,17 +39,66 @@ var bootScripts = prometheus.NewCounterVec(prometheus.CounterOpts{
 // InfraEnv is not ready.
 const retrySeconds = 30
 
+// A boot script's dialect: iPXE's, or GRUB's for agentboot's netboot GRUB
+// (arm64 UEFI hosts booted by the PXE service).
+type dialect struct {
+	route string
+	// arch: the request names the host's CPU architecture.
+	arch bool
+	// exit says why and hands the host back to its firmware; retry says
+	// why and has the host ask again later.
+	exit  func(why string) string
+	retry func(why, mac string, r *http.Request) string
+	// boot is the discovery script.
+	boot func(h *Handler, out *discovery.Output, mac string) (string, error)
+	// disk sends an installed host to its disk.
+	disk string
+}
+
+var (
+	ipxeDialect = dialect{route: "/boot.ipxe?mac=${net0/mac}", exit: exitScript, retry: retryScript,
+		boot: func(_ *Handler, out *discovery.Output, _ string) (string, error) { return out.IPXEScript(), nil },
+		disk: discovery.IPXEExitScript}
+	grubDialect = dialect{route: "/boot.grub?mac=<mac>&arch=<grub_cpu>", arch: true, exit: discovery.GRUBExitScript,
+		retry: func(why, _ string, _ *http.Request) string { return discovery.GRUBRetryScript(why, retrySeconds) },
+		boot: func(h *Handler, out *discovery.Output, mac string) (string, error) {
+			return out.GRUBScript(h.opts.Settings, mac)
+		},
+		disk: "echo 'agentboot: this host is installed; booting from disk'\nexit\n"}
+)
+
 // serveBootScript answers /boot.ipxe?mac=: iPXE, sent here by the PXE
 // service or by a site's PXE server, learns what this host boots. The MAC
 // maps to an InfraEnv through the BareMetalHost that names it as its boot
 // MAC, else to the InfraEnv labelled as the PXE default. Anything else gets
 // a script that says why and exits, so the firmware moves on to the disk.
 func (h *Handler) serveBootScript(w http.ResponseWriter, r *http.Request) {
+	h.serveBootDecision(w, r, ipxeDialect)
+}
+
+// serveGRUBScript answers /boot.grub?mac=&arch=, the same decision for
+// agentboot's netboot GRUB, which the PXE service hands arm64 UEFI hosts.
+// arch is GRUB's CPU (arm64, x86_64): a host is never booted into an
+// InfraEnv of another architecture.
+func (h *Handler) serveGRUBScript(w http.ResponseWriter, r *http.Request) {
+	h.serveBootDecision(w, r, grubDialect)
+}
+
+func (h *Handler) serveBootDecision(w http.ResponseWriter, r *http.Request, d dialect) {
 	q := r.URL.Query()
 	macs, ok := q["mac"]
-	if !ok || len(macs) != 1 || len(q) != 1 {
+	arch, archOK := "", true
+	params := 1
+	if d.arch {
+		archs := q["arch"]
+		params++
+		if archOK = len(archs) == 1; archOK {
+			arch = archs[0]
+		}
+	}
+	if !ok || len(macs) != 1 || !archOK || len(q) != params {
 		bootScripts.WithLabelValues(BootBadMAC).Inc()
-		http.Error(w, "want exactly one query parameter, mac, e.g. /boot.ipxe?mac=${net0/mac}", http.StatusBadRequest)
+		http.Error(w, "want exactly these query parameters: "+d.route, http.StatusBadRequest)
 		return
 	}
 	mac := strings.ToLower(strings.ReplaceAll(macs[0], "-", ":"))
@@ -56,7 +107,7 @@ func (h *Handler) serveBootScript(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("malformed mac %q: want six hexadecimal bytes separated by colons", macs[0]), http.StatusBadRequest)
 		return
 	}
-	outcome, script, err := h.bootScriptFor(r.Context(), mac, r)
+	outcome, script, err := h.bootScriptFor(r.Context(), mac, arch, d, r)
 	if err != nil {
 		h.fail(w, err)
 		return
@@ -70,37 +121,61 @@ func (h *Handler) serveBootScript(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(script))
 }
 
-func (h *Handler) bootScriptFor(ctx context.Context, mac string, r *http.Request) (string, string, error) {
+// grubArch is the catalog's name of GRUB's $grub_cpu.
+func grubArch(cpu string) (string, bool) {
+	switch cpu {
+	case "arm64":
+		return v1beta1.CPUArchitectureAarch64, true
+	case "x86_64":
+		return v1beta1.CPUArchitectureX86_64, true
+	}
+	return "", false
+}
+
+func (h *Handler) bootScriptFor(ctx context.Context, mac, cpu string, d dialect, r *http.Request) (string, string, error) {
 	ie, outcome, why, err := h.infraEnvForMAC(ctx, mac)
 	if err != nil || ie == nil {
-		return outcome, exitScript(why), err
+		return outcome, d.exit(why), err
+	}
+	name := ie.Namespace + "/" + ie.Name
+	if cpu != "" {
+		arch, ok := grubArch(cpu)
+		if !ok {
+			return BootWrongArch, d.exit(fmt.Sprintf("this host's boot loader runs on %q, which agentboot does not boot", cpu)), nil
+		}
+		if want := osimage.NormalizeArch(ie.Spec.CPUArchitecture); want != arch {
+			return BootWrongArch, d.exit(fmt.Sprintf("InfraEnv %s boots %s hosts and this host is %s: give its BareMetalHost an InfraEnv with cpuArchitecture %s", name, want, arch, arch)), nil
+		}
 	}
 	// Any of the namespace's Agents with this MAC: the host may have been
 	// installed from another InfraEnv than the one its MAC now names.
 	if disk, err := h.bootsFromDisk(ctx, ie.Namespace, mac, ""); err != nil {
 		return "", "", err
 	} else if disk {
-		return BootDisk, discovery.IPXEExitScript, nil
+		return BootDisk, d.disk, nil
 	}
-	name := ie.Namespace + "/" + ie.Name
 	if c := conditions.Find(ie.Status.Conditions, v1beta1.ImageCreatedCondition); c == nil || c.Status != "True" {
 		msg := "its image is being prepared"
 		if c != nil && c.Message != "" {
 			msg = c.Message
 		}
-		return BootNotReady, retryScript(fmt.Sprintf("InfraEnv %s is not ready: %s", name, msg), mac, r), nil
+		return BootNotReady, d.retry(fmt.Sprintf("InfraEnv %s is not ready: %s", name, msg), mac, r), nil
 	}
 	key, err := h.opts.Keys.Key()
 	if err != nil {
-		return BootNotReady, retryScript("the image service is starting", mac, r), nil
+		return BootNotReady, d.retry("the image service is starting", mac, r), nil
 	}
 	out, _, err := h.render(ctx, ie, key)
 	if err != nil {
 		// An OS image still downloading, or an InfraEnv the operator
 		// still has to fix: either way the host waits and asks again.
-		return BootNotReady, retryScript(fmt.Sprintf("InfraEnv %s: %s", name, err), mac, r), nil
+		return BootNotReady, d.retry(fmt.Sprintf("InfraEnv %s: %s", name, err), mac, r), nil
 	}
-	return BootDiscovery, out.IPXEScript(), nil
+	script, err := d.boot(h, out, mac)
+	if err != nil {
+		return BootUnknown, d.exit(fmt.Sprintf("InfraEnv %s: %s", name, err)), nil
+	}
+	return BootDiscovery, script, nil
 }
 
 // infraEnvForMAC finds the InfraEnv mac boots into. With none, it returns

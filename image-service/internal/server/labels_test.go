@@ -10,7 +10,7 @@ import (
 // names only: made-up paths (every 404 an attacker sends) share one label.
 func TestFileLabelFromRoutes(t *testing.T) {
 	mux := http.NewServeMux()
-	for _, p := range []string{routeImage, routeArtifact, routeBootMAC, routeAgent, routeHealth} {
+	for _, p := range []string{routeImage, routeArtifact, routeBootMAC, routeBootGRUB, routeAgent, routeHealth} {
 		mux.HandleFunc(p, func(http.ResponseWriter, *http.Request) {})
 	}
 	mux.HandleFunc("/", http.NotFound)
@@ -21,6 +21,7 @@ func TestFileLabelFromRoutes(t *testing.T) {
 		"/boot-artifacts/x86_64/4.19/rootfs.img":    "rootfs.img",
 		"/boot-artifacts/x86_64/4.19/../../etc/pwd": "other",
 		"/boot.ipxe":      "boot.ipxe-by-mac",
+		"/boot.grub":      "boot.grub-by-mac",
 		"/agent/0123abcd": "agent",
 		"/healthz":        "healthz",
 		"/random/9a8b7c":  "other",

@@ -172,6 +172,7 @@ const (
 	routeImage    = "GET /images/{uid}/{version}/{file}"
 	routeArtifact = "GET /boot-artifacts/{arch}/{version}/{file}"
 	routeBootMAC  = "GET /boot.ipxe"
+	routeBootGRUB = "GET /boot.grub"
 	routeAgent    = "GET /agent/{sha256}"
 	routeHealth   = "GET /healthz"
 )
@@ -181,6 +182,7 @@ func (h *Handler) routes(secure bool) http.Handler {
 	mux.HandleFunc(routeImage, h.serveImage(secure))
 	mux.HandleFunc(routeArtifact, h.serveArtifact)
 	mux.HandleFunc(routeBootMAC, h.serveBootScript)
+	mux.HandleFunc(routeBootGRUB, h.serveGRUBScript)
 	if secure {
 		mux.HandleFunc(routeAgent, h.serveAgent)
 	}
@@ -220,6 +222,8 @@ func fileLabel(r *http.Request) string {
 		return "unknown-file"
 	case routeBootMAC:
 		return "boot.ipxe-by-mac"
+	case routeBootGRUB:
+		return "boot.grub-by-mac"
 	case routeAgent:
 		return "agent"
 	case routeHealth:
