@@ -1,6 +1,7 @@
 package tftpd
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -56,6 +57,13 @@ type loop struct {
 	byPeer map[netip.AddrPort]*xfer
 	perIP  map[netip.Addr]int
 
+	// Requests waiting for the Source, by client; their results arrive on
+	// fetched, and the wake-up event says so.
+	fetching    map[netip.AddrPort]*pending
+	fetched     chan *pending
+	ctx         context.Context
+	cancelFetch context.CancelFunc
+
 	tick        time.Duration // how often deadlines are checked
 	nextScan    time.Time
 	deadlineSet time.Time
@@ -65,6 +73,17 @@ type loop struct {
 	queue []*xfer
 	tx    txBatch
 	etx   txBatch // an error answer, sent at once
+}
+
+// pending is a request whose content the Source is getting.
+type pending struct {
+	r       request
+	peer    netip.AddrPort
+	dst     netip.Addr
+	name    string
+	started time.Time
+	data    []byte
+	err     error
 }
 
 // xfer is a transfer and where it runs.
@@ -97,7 +116,9 @@ func newLoop(s *Server, conn net.PacketConn) (_ *loop, err error) {
 	}
 	l := &loop{s: s, cfg: s.cfg, listen: -1, ep: -1, wakeFD: -1, events: make([]unix.EpollEvent, batchSize),
 		byFD: map[int32]*xfer{}, byPeer: map[netip.AddrPort]*xfer{}, perIP: map[netip.Addr]int{},
+		fetching: map[netip.AddrPort]*pending{}, fetched: make(chan *pending, max(s.cfg.MaxTransfers, 1)),
 		buf: make([]byte, packetSize)}
+	l.ctx, l.cancelFetch = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
 			l.close()
@@ -149,7 +170,7 @@ func newLoop(s *Server, conn net.PacketConn) (_ *loop, err error) {
 	return l, nil
 }
 
-// wakeUp makes the loop notice Shutdown.
+// wakeUp makes the loop look at Shutdown and at finished fetches.
 func (l *loop) wakeUp() {
 	l.wakeMu.Lock()
 	defer l.wakeMu.Unlock()
@@ -172,7 +193,12 @@ func (l *loop) run() error {
 		for _, ev := range l.events[:n] {
 			switch ev.Fd {
 			case int32(l.wakeFD):
-				stop = true
+				var count [8]byte
+				_, _ = unix.Read(l.wakeFD, count[:])
+				stop = l.s.isStopping()
+				if !stop {
+					l.takeFetched(now)
+				}
 			case int32(l.listen):
 				l.readListener(now)
 			default:
@@ -288,6 +314,11 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		log.V(1).Info("TFTP: malformed request", "client", peer.String(), "err", err.Error())
 		return
 	}
+	if f := l.fetching[peer]; f != nil {
+		// Its content is on the way; a new request waits for it.
+		l.s.m.dropped.WithLabelValues("duplicate-request").Inc()
+		return
+	}
 	if x := l.byPeer[peer]; x != nil {
 		if !x.underway() && x.requested == r.filename {
 			// The client asked again before our first answer reached
@@ -310,8 +341,8 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		refuse(resultRefused, errAccess, "read-only server")
 		return
 	}
-	name, ok := l.s.Allowed(r.filename)
-	if !ok {
+	name, static := l.s.Allowed(r.filename)
+	if !static && l.cfg.Source == nil {
 		refuse(resultNotFound, errNotFound, "file not found")
 		return
 	}
@@ -319,7 +350,7 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		refuse(resultRefused, errIllegalOp, "transfer mode "+sanitize(r.mode)+" not supported: use octet")
 		return
 	}
-	if len(l.byPeer) >= l.cfg.MaxTransfers {
+	if len(l.byPeer)+len(l.fetching) >= l.cfg.MaxTransfers {
 		l.s.m.dropped.WithLabelValues("busy").Inc()
 		return
 	}
@@ -327,13 +358,75 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		l.s.m.dropped.WithLabelValues("client-busy").Inc()
 		return
 	}
+	l.perIP[peer.Addr()]++
+	if !static {
+		l.startFetch(&pending{r: r, peer: peer, dst: dst, name: name, started: now})
+		return
+	}
 	data, err := l.s.content(name, r.mode == "netascii", now)
 	if err != nil {
+		l.unclaim(peer.Addr())
 		log.Error(err, "TFTP: reading a served file")
 		l.s.m.transfers.WithLabelValues(resultError).Inc()
 		l.sendError(peer, dst, errUndefined, "cannot read "+name)
 		return
 	}
+	l.start(r, peer, dst, name, data, now)
+}
+
+// unclaim gives back a client's claim on a transfer.
+func (l *loop) unclaim(a netip.Addr) {
+	if l.perIP[a]--; l.perIP[a] <= 0 {
+		delete(l.perIP, a)
+	}
+}
+
+// startFetch asks the Source for f's content in a goroutine; takeFetched
+// starts the transfer.
+func (l *loop) startFetch(f *pending) {
+	l.fetching[f.peer] = f
+	go func() {
+		f.data, f.err = l.cfg.Source(l.ctx, f.name, f.peer.Addr())
+		l.fetched <- f // never blocks: at most MaxTransfers are fetching
+		l.wakeUp()
+	}()
+}
+
+// takeFetched starts the transfers whose content arrived, or tells their
+// clients why not.
+func (l *loop) takeFetched(now time.Time) {
+	for {
+		var f *pending
+		select {
+		case f = <-l.fetched:
+		default:
+			return
+		}
+		delete(l.fetching, f.peer)
+		if f.err != nil {
+			l.unclaim(f.peer.Addr())
+			code, result, msg := uint16(errUndefined), resultError, sanitize(f.err.Error())
+			if errors.Is(f.err, ErrNotFound) {
+				code, result, msg = errNotFound, resultNotFound, "file not found"
+			}
+			l.s.m.transfers.WithLabelValues(result).Inc()
+			l.s.cfg.Log.V(1).Info("TFTP request refused", "client", f.peer.String(), "file", sanitize(f.name), "why", f.err.Error(),
+				"waited", now.Sub(f.started).String())
+			l.sendError(f.peer, f.dst, code, msg)
+			continue
+		}
+		data := f.data
+		if f.r.mode == "netascii" {
+			data = toNetascii(data)
+		}
+		l.start(f.r, f.peer, f.dst, f.name, data, now)
+	}
+}
+
+// start begins the transfer of data to peer; the client's claim is counted.
+func (l *loop) start(r request, peer netip.AddrPort, dst netip.Addr, name string, data []byte, now time.Time) {
+	log := l.s.cfg.Log
+	var err error
 	neg := negotiate(r, l.cfg.MaxBlockSize, maxWindow)
 	timeout := l.cfg.Timeout
 	if neg.timeoutSeconds > 0 {
@@ -349,6 +442,7 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 	if l.cfg.SinglePort {
 		x.control = pktinfo(dst)
 	} else if x.fd, err = l.openTransferSocket(dst, peer); err != nil {
+		l.unclaim(peer.Addr())
 		log.Error(err, "TFTP: open a transfer's socket", "client", peer.String())
 		l.s.m.transfers.WithLabelValues(resultError).Inc()
 		l.sendError(peer, dst, errUndefined, "server error")
@@ -357,7 +451,6 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		l.byFD[int32(x.fd)] = x
 	}
 	l.byPeer[peer] = x
-	l.perIP[peer.Addr()]++
 	l.s.m.active.Inc()
 	if l.nextScan.Before(now) {
 		l.nextScan = now.Add(l.tick)
@@ -450,9 +543,7 @@ func (l *loop) finish(x *xfer, result, msg string) {
 		rawClose(x.fd) // also leaves the epoll set
 	}
 	delete(l.byPeer, x.peer)
-	if l.perIP[x.peer.Addr()]--; l.perIP[x.peer.Addr()] <= 0 {
-		delete(l.perIP, x.peer.Addr())
-	}
+	l.unclaim(x.peer.Addr())
 	l.s.m.active.Dec()
 	l.s.m.transfers.WithLabelValues(result).Inc()
 	l.s.cfg.Log.V(1).Info("TFTP transfer ended", "client", x.peer.String(), "file", x.file, "result", result,
@@ -567,6 +658,7 @@ func clientGone(err error) bool {
 }
 
 func (l *loop) close() {
+	l.cancelFetch()
 	for _, x := range l.byPeer {
 		if x.fd >= 0 {
 			unix.Close(x.fd)

@@ -1,9 +1,11 @@
 package tftpd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,14 +39,24 @@ type Config struct {
 	// MaxTransfersPerClient those of one client address (64); requests
 	// beyond them are dropped, so the client asks again later.
 	MaxTransfers, MaxTransfersPerClient int
-	Log                                 logr.Logger
-	Registerer                          prometheus.Registerer
+	// Source serves names that are not among Files, or nil. It runs in a
+	// goroutine of its own (it may fetch over the network), gets the name
+	// as requested without a leading slash and the client's address, and
+	// returns the whole content. An error wrapping ErrNotFound answers
+	// "file not found"; any other error answers with its message. The
+	// context ends when the server shuts down.
+	Source     func(ctx context.Context, name string, client netip.Addr) ([]byte, error)
+	Log        logr.Logger
+	Registerer prometheus.Registerer
 }
 
 // maxWindow caps the negotiated windowsize: 64 blocks of 1468 bytes fit a
 // socket's default send buffer, and the loop sends a window with one
 // system call.
 const maxWindow = 64
+
+// ErrNotFound is what a Source returns for a name it does not have.
+var ErrNotFound = errors.New("file not found")
 
 // Server is a TFTP server.
 type Server struct {
@@ -215,6 +227,13 @@ func (s *Server) Serve(conn net.PacketConn) error {
 	s.stopMu.Unlock()
 	defer close(s.done)
 	return l.run()
+}
+
+// isStopping tells whether Shutdown was called.
+func (s *Server) isStopping() bool {
+	s.stopMu.Lock()
+	defer s.stopMu.Unlock()
+	return s.stopping
 }
 
 // Shutdown ends Serve: transfers in progress get an error packet. It
