@@ -24,6 +24,10 @@ build: ## bin/agentboot (server components), bin/agent and bin/agent-arm64 (stat
 	CGO_ENABLED=0 GOARCH=amd64 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agent ./cmd/agent
 	CGO_ENABLED=0 GOARCH=arm64 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agent-arm64 ./cmd/agent
 
+.PHONY: pxe-grub
+pxe-grub: ## bin/pxe/grubnetaa64.efi: agentboot's netboot GRUB for arm64 UEFI PXE clients (agentboot pxe --arm64-binary), from Debian's grub-efi-arm64-bin
+	go run ./test/devimage/build --pxe-grub $(BIN)/pxe/grubnetaa64.efi --cache $(AGENTBOOT_CACHE)
+
 .PHONY: testbin
 testbin: ## etcd, kube-apiserver and kubectl, built from the Go module proxy (cached)
 	@bash test/testbin/build.sh $(TESTBIN)
@@ -102,7 +106,7 @@ bench-pxe: build ## DHCP offers/s and TFTP throughput vs dnsmasq in network name
 	go run ./test/bench/pxe $(ARGS)
 
 .PHONY: e2e
-e2e: testbin tools dev-image build ## the VM lab: real VMs in a network namespace (root)
+e2e: testbin tools dev-image build pxe-grub ## the VM lab: real VMs in a network namespace (root)
 	@[ "$$(id -u)" = 0 ] || { echo "make e2e needs root (network namespaces, taps)"; exit 1; }
 	go test -tags e2e -count=1 -timeout 60m $(GO_TEST_FLAGS) ./test/e2e/...
 

@@ -1,15 +1,18 @@
 // Package pxe is agentboot's network boot service: DHCP (ProxyDHCP next to a
 // site's DHCP server, or authoritative on an isolated network) that points
-// each firmware at the right iPXE binary, TFTP and HTTP that serve those
-// binaries, and, for iPXE itself, the image service's boot script URL with
-// the client's MAC. It needs no Kubernetes access: which InfraEnv a MAC boots
-// is decided by the image service's /boot.ipxe.
+// each firmware at the right boot loader (iPXE on x86, agentboot's netboot
+// GRUB on arm64), TFTP and HTTP that serve them, and, for iPXE itself, the
+// image service's boot script URL with the client's MAC. GRUB fetches its
+// boot decision and files from the image service through this service's
+// TFTP server. It needs no Kubernetes access: which InfraEnv a MAC boots is
+// decided by the image service's /boot.ipxe and /boot.grub.
 //
 // It runs on the host network of the boot segment (ports 67, 4011, 69) and
 // owns only its sockets and, in authoritative mode, its lease file.
 package pxe
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +21,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/ipv4"
 
+	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/pxe/internal/dhcp"
 	"github.com/agentboot/agentboot/pxe/internal/leases"
@@ -63,8 +68,13 @@ type Config struct {
 	// HTTPAddr serves the iPXE binaries for UEFI HTTP boot, /metrics and
 	// /healthz (":8070").
 	HTTPAddr string
-	// Binaries per firmware.
-	BIOSBinary, EFIBinary, ARM64Binary string
+	// iPXE binaries for BIOS and x86-64 UEFI firmware, in TFTPDir.
+	BIOSBinary, EFIBinary string
+	// ARM64Binary is agentboot's netboot GRUB for arm64 UEFI firmware
+	// (make pxe-grub), a path or a name in TFTPDir; empty: arm64 clients
+	// are not answered. It fetches the boot decision, kernel and initrd
+	// from the image service through this service's TFTP server.
+	ARM64Binary string
 
 	// Authoritative mode: the pool, its options, reservations by MAC and the
 	// lease file.
@@ -96,7 +106,20 @@ type Server struct {
 	handler *dhcp.Handler
 	tftp    *tftpd.Server
 	reg     *prometheus.Registry
+	// grub is the arm64 boot loader with this server's address, served
+	// as grubName; images fetches what it asks for.
+	grub     []byte
+	grubName string
+	images   *imageProxy
 }
+
+// Limits of the files proxied to GRUB: one file, and all files kept for
+// hosts booting together. A CoreOS initrd with its Ignition is about
+// 100 MiB, its kernel 12–50 MiB.
+const (
+	maxProxiedFile  = 512 << 20
+	maxProxiedCache = 1 << 30
+)
 
 // New checks the configuration and opens the lease file.
 func New(cfg Config) (*Server, error) {
@@ -127,20 +150,34 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("pxe: server IP %s is not an IPv4 address", cfg.ServerIP)
 	}
 	s := &Server{cfg: cfg, reg: prometheus.NewRegistry()}
-	files := []string{cfg.BIOSBinary, cfg.EFIBinary, cfg.ARM64Binary}
+	files := []string{cfg.BIOSBinary, cfg.EFIBinary}
 	ifi, err := net.InterfaceByName(cfg.Interface)
 	if err != nil {
 		return nil, fmt.Errorf("pxe: interface %s: %w", cfg.Interface, err)
 	}
 	tcfg := tftpd.Config{Dir: cfg.TFTPDir, Files: files, SinglePort: cfg.TFTPSinglePort, MaxBlockSize: maxBlockSize(ifi.MTU),
 		Log: cfg.Log.WithName("tftp"), Registerer: s.reg}
+	if cfg.ARM64Binary != "" {
+		file := cfg.ARM64Binary
+		if !filepath.IsAbs(file) {
+			file = filepath.Join(cfg.TFTPDir, file)
+		}
+		if s.grub, err = loadGRUB(file, cfg.ServerIP); err != nil {
+			return nil, err
+		}
+		s.grubName = arm64Name(file)
+		if s.images, err = newImageProxy(cfg.BootScriptURL, maxProxiedFile, maxProxiedCache, cfg.Log.WithName("grub-files")); err != nil {
+			return nil, err
+		}
+		tcfg.Source = s.source
+	}
 	if s.tftp, err = tftpd.New(tcfg); err != nil {
 		return nil, err
 	}
 	dcfg := dhcp.Config{
 		Mode: cfg.Mode, ServerIP: cfg.ServerIP, BootScriptURL: cfg.BootScriptURL,
 		HTTPBase:   "http://" + net.JoinHostPort(cfg.ServerIP.String(), port(cfg.HTTPAddr)),
-		BIOSBinary: cfg.BIOSBinary, EFIBinary: cfg.EFIBinary, ARM64Binary: cfg.ARM64Binary,
+		BIOSBinary: cfg.BIOSBinary, EFIBinary: cfg.EFIBinary, ARM64Binary: s.grubName,
 		Router: cfg.Router, DNS: cfg.DNS, LeaseTime: cfg.LeaseTime, Log: cfg.Log.WithName("dhcp"),
 	}
 	// The boot network, so that replies go nowhere else: the prefix
@@ -378,10 +415,27 @@ func (s *Server) Handle(packet []byte, port int) *Reply {
 	return &Reply{req: req, resp: resp}
 }
 
-// httpHandler serves the iPXE binaries (UEFI HTTP boot), metrics and health.
+// source serves TFTP names outside the iPXE binaries: the arm64 GRUB and,
+// below discovery.GRUBPathPrefix, the image service's files it asks for.
+func (s *Server) source(ctx context.Context, name string, _ netip.Addr) ([]byte, error) {
+	if name == s.grubName {
+		return s.grub, nil
+	}
+	if rel, ok := strings.CutPrefix(name, discovery.GRUBPathPrefix+"/"); ok {
+		return s.images.get(ctx, rel)
+	}
+	return nil, tftpd.ErrNotFound
+}
+
+// httpHandler serves the boot loaders (UEFI HTTP boot), metrics and health.
 func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ipxe/{file}", func(w http.ResponseWriter, r *http.Request) {
+		if s.grub != nil && r.PathValue("file") == s.grubName {
+			w.Header().Set("Content-Type", "application/efi")
+			http.ServeContent(w, r, s.grubName, time.Time{}, bytes.NewReader(s.grub))
+			return
+		}
 		name, ok := s.tftp.Allowed(r.PathValue("file"))
 		if !ok {
 			http.Error(w, "not found", http.StatusNotFound)

@@ -197,7 +197,7 @@ func TestConfigErrors(t *testing.T) {
 		"bad mode":       {func(c *Config) { c.Mode = "rogue" }, `mode "rogue"`},
 		"no boot script": {func(c *Config) { c.BootScriptURL = "" }, "boot script URL is required"},
 		"missing binary": {func(c *Config) { c.EFIBinary = "snponly.efi" }, "snponly.efi"},
-		"path as binary": {func(c *Config) { c.ARM64Binary = "../x.efi" }, "not a plain file name"},
+		"path as binary": {func(c *Config) { c.EFIBinary = "../x.efi" }, "not a plain file name"},
 		"no pool":        {func(c *Config) { c.Mode = Authoritative }, "needs an address pool"},
 		"no lease file": {func(c *Config) {
 			authoritative(c, "198.18.0.2", "198.18.0.9")

@@ -43,7 +43,7 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&p.httpAddr, prefix+"http-addr", ":8070", "HTTP listen address: iPXE binaries for UEFI HTTP boot under /ipxe/, /metrics, /healthz")
 	fs.StringVar(&p.biosBinary, prefix+"bios-binary", "undionly.kpxe", "iPXE binary for BIOS PXE clients")
 	fs.StringVar(&p.efiBinary, prefix+"efi-binary", "ipxe.efi", "iPXE binary for x86-64 UEFI clients (ipxe.efi, or snponly.efi to use the firmware's network driver)")
-	fs.StringVar(&p.arm64Binary, prefix+"arm64-binary", "", "iPXE binary for arm64 UEFI clients, in the TFTP directory (empty: arm64 clients are not answered)")
+	fs.StringVar(&p.arm64Binary, prefix+"arm64-binary", "", "agentboot's netboot GRUB for arm64 UEFI clients (make pxe-grub builds bin/pxe/grubnetaa64.efi), a path or a name in the TFTP directory (empty: arm64 clients are not answered)")
 	fs.StringVar(&p.pool, prefix+"pool", "", "authoritative mode: the address range handed out, first-last, e.g. 198.18.0.100-198.18.0.200")
 	fs.IntVar(&p.prefixLen, prefix+"prefix-length", 0, "authoritative mode: the boot network's prefix length (default: the interface address's)")
 	fs.StringVar(&p.router, prefix+"router", "", "authoritative mode: default gateway given to clients")

@@ -23,8 +23,9 @@ import (
 const GRUBRootVariable = "agentboot_root"
 
 // GRUBPathPrefix is the TFTP directory of the PXE service that stands for
-// the image service's HTTP root.
-const GRUBPathPrefix = "agentboot/"
+// the image service's HTTP root; GRUBRootVariable names it without the
+// slash.
+const GRUBPathPrefix = "agentboot"
 
 // GRUBScript boots the discovery image from agentboot's netboot GRUB on the
 // host with mac (six colon-separated bytes). It fails when a URL is not on

@@ -73,7 +73,7 @@ func runMain(m *testing.M) int {
 
 	// BMC retries capped at 20s: an outage test should not wait minutes.
 	s, stop, err = stack.StartMain(stack.Options{AdvertiseHost: lab.HostIP, Listen: theLab.Listen, Dial: theLab.Dial,
-		BMC: bmc.Config{BackoffCap: 20 * time.Second}})
+		BMC: bmc.Config{BackoffCap: 20 * time.Second}, AgentArm64: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "stack:", err)
 		return 1

@@ -19,6 +19,7 @@ import (
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/e2e/lab"
+	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/vm"
 )
 
@@ -263,4 +264,63 @@ func TestLabPXEAuthoritative(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(data), `{"op":"ack","lease":{"mac":"`+mac+`","ip":"`+reserved+`"`)
 	require.Contains(t, theLab.Log("pxe-authoritative.out"), "type=ACK mac="+mac)
+}
+
+// (e) arm64 UEFI firmware (AAVMF's own PXE, DHCP architecture 11) next to
+// the site's DHCP server gets agentboot's netboot GRUB from the PXE
+// service. GRUB asks the image service, through the PXE service's TFTP
+// server, what its MAC boots, loads the aarch64 kernel and initrd the same
+// way, and the host registers as aarch64. In the same namespace an x86_64
+// host boots through iPXE: the cpu-architecture label selects each. An
+// Arm host whose BareMetalHost names the x86_64 InfraEnv is told why and
+// not booted.
+func TestLabPXEArm64(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	grub := filepath.Join(testenv.RepoRoot(), "bin", "pxe", "grubnetaa64.efi")
+	_, err := os.Stat(grub)
+	require.NoError(t, err, "make pxe-grub builds it (make e2e does)")
+	seg, err := theLab.Segment(4)
+	require.NoError(t, err)
+	require.NoError(t, theLab.Dnsmasq("arm-dnsmasq", seg.Bridge, seg.HostIP, seg.Prefix))
+	startPXE(t, "pxe-arm64", seg.Bridge, seg.HostIP, "--arm64-binary", grub)
+
+	ns := s.Namespace(t, "lab-mixed")
+	envs := map[string]*v1beta1.InfraEnv{}
+	for _, arch := range []string{"aarch64", "x86_64"} {
+		ie := stack.NewInfraEnv(ns, strings.ReplaceAll(arch, "_", "-"))
+		ie.Spec.CPUArchitecture = arch
+		require.NoError(t, s.Client.Create(ctx, ie))
+		envs[arch] = s.WaitImage(t, client.ObjectKeyFromObject(ie))
+	}
+	const armMAC, wrongMAC, x86MAC = "52:54:00:2d:00:01", "52:54:00:2d:00:02", "52:54:00:2d:00:03"
+	for mac, arch := range map[string]string{armMAC: "aarch64", wrongMAC: "x86_64", x86MAC: "x86_64"} {
+		h := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "host-" + strings.ReplaceAll(mac, ":", ""),
+			Labels:      map[string]string{v1beta1.InfraEnvNameLabel: envs[arch].Name},
+			Annotations: map[string]string{"baremetalhost.metal3.io/detached": ""}},
+			Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: metal3.BMCDetails{Address: "ipmi://198.18.4.9", CredentialsName: "none"}}}
+		require.NoError(t, s.Client.Create(ctx, h))
+	}
+
+	arm := bootVMOn(t, seg.Bridge, vm.Options{Name: "pxe-arm64", Arch: "aarch64", Boot: "n", MAC: armMAC, MemoryMB: 1536})
+	wrong := bootVMOn(t, seg.Bridge, vm.Options{Name: "pxe-arm64-wrong", Arch: "aarch64", Boot: "n", MAC: wrongMAC, MemoryMB: 1024})
+	x86 := bootVMOn(t, seg.Bridge, vm.Options{Name: "pxe-x86-mixed", UEFI: true, NoNICROM: true, Boot: "n", MAC: x86MAC, MemoryMB: 1536})
+
+	_, err = wrong.WaitFor(ctx, regexp.MustCompile(`boots x86_64 hosts and this host is aarch64`), bootTimeout)
+	require.NoError(t, err, "serial log:\n%s", wrong.Tail(40))
+	requireSerial(t, wrong, "NBP filename is grubnetaa64.efi", "not booting discovery; trying the next boot device")
+	wrong.Kill()
+
+	a := agentWithMAC(t, ns, armMAC, arm)
+	requireSerial(t, arm, "NBP filename is grubnetaa64.efi", "agentboot: network boot through "+seg.HostIP, "agentboot: loading the discovery kernel")
+	require.Equal(t, "aarch64", a.Status.Inventory.CPU.Architecture)
+	agentWithMAC(t, ns, x86MAC, x86)
+	for arch, mac := range map[string]string{"aarch64": armMAC, "x86_64": x86MAC} {
+		var list v1beta1.AgentList
+		require.NoError(t, s.Client.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{"inventory.agent-install.openshift.io/cpu-architecture": arch}))
+		require.Len(t, list.Items, 1, arch)
+		require.Equal(t, mac, list.Items[0].Status.Inventory.Interfaces[0].MacAddress, arch)
+	}
+	require.Regexp(t, `msg="TFTP transfer ended" logger=pxe/tftp client=\S+ file=agentboot/boot-artifacts/aarch64/\S+/vmlinuz result=ok`,
+		theLab.Log("pxe-arm64.out"), "the kernel came through the PXE service's TFTP")
 }

@@ -334,7 +334,7 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 	}
 	refuse := func(result string, code uint16, msg string) {
 		l.s.m.transfers.WithLabelValues(result).Inc()
-		log.V(1).Info("TFTP request refused", "client", peer.String(), "file", sanitize(r.filename), "why", msg)
+		log.V(1).Info("TFTP request refused", "client", peer.String(), "file", logName(r.filename), "why", msg)
 		l.sendError(peer, dst, code, msg)
 	}
 	if r.write {
@@ -410,7 +410,7 @@ func (l *loop) takeFetched(now time.Time) {
 				code, result, msg = errNotFound, resultNotFound, "file not found"
 			}
 			l.s.m.transfers.WithLabelValues(result).Inc()
-			l.s.cfg.Log.V(1).Info("TFTP request refused", "client", f.peer.String(), "file", sanitize(f.name), "why", f.err.Error(),
+			l.s.cfg.Log.V(1).Info("TFTP request refused", "client", f.peer.String(), "file", logName(f.name), "why", f.err.Error(),
 				"waited", now.Sub(f.started).String())
 			l.sendError(f.peer, f.dst, code, msg)
 			continue
@@ -437,7 +437,7 @@ func (l *loop) start(r request, peer netip.AddrPort, dst netip.Addr, name string
 		oack = nil
 	}
 	x := &xfer{transfer: newTransfer(data, neg.blksize, neg.windowsize, timeout, l.cfg.Retries, oack),
-		fd: -1, peer: peer, peerSA: rawSockaddr(peer), file: name, requested: r.filename, started: now}
+		fd: -1, peer: peer, peerSA: rawSockaddr(peer), file: logName(name), requested: r.filename, started: now}
 	x.probe = l.cfg.Timeout
 	if l.cfg.SinglePort {
 		x.control = pktinfo(dst)

@@ -121,3 +121,9 @@ func TestShutdownEndsSource(t *testing.T) {
 		t.Fatal("the Source's context did not end with the server")
 	}
 }
+
+// Logged names lose their query: the image service's URLs carry tokens.
+func TestLogNameDropsQuery(t *testing.T) {
+	require.Equal(t, "agentboot/images/u/v/initrd.img?…", logName("agentboot/images/u/v/initrd.img?token=secret"))
+	require.Equal(t, "ipxe.efi", logName("ipxe.efi"))
+}

@@ -197,6 +197,15 @@ func (s *Server) content(name string, netascii bool, now time.Time) ([]byte, err
 	return c.data, nil
 }
 
+// logName is a requested name for the log: without its query, which may
+// carry a credential (the image service's tokens), printable and short.
+func logName(s string) string {
+	if i := strings.IndexByte(s, '?'); i >= 0 {
+		s = s[:i] + "?…"
+	}
+	return sanitize(s)
+}
+
 // sanitize keeps logged names printable and short.
 func sanitize(s string) string {
 	if len(s) > 64 {

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/agentboot/agentboot/internal/initramfs"
+	"github.com/agentboot/agentboot/pxe"
 )
 
 // builderVersion changes whenever the image layout changes, to invalidate
@@ -52,16 +53,22 @@ type builder struct {
 
 func main() {
 	var b builder
-	var arch string
+	var arch, pxeGRUB string
 	flag.StringVar(&b.out, "out", "dist/dev-image", "directory the image files are linked into")
+	flag.StringVar(&pxeGRUB, "pxe-grub", "", "build only agentboot's netboot GRUB for arm64 UEFI PXE clients, into this file")
 	flag.StringVar(&b.cache, "cache", filepath.Join(os.Getenv("HOME"), ".cache", "agentboot"), "cache directory for packages and built images")
 	flag.StringVar(&b.repo, "repo", ".", "agentboot checkout (to build devinit)")
 	flag.StringVar(&arch, "arch", "x86_64,aarch64", "architectures to build, comma-separated (x86_64, aarch64)")
 	flag.Parse()
 	b.log = os.Stderr
 	var err error
-	if b.targets, err = parseTargets(arch); err == nil {
-		err = b.run()
+	switch {
+	case pxeGRUB != "":
+		err = b.pxeGRUB(pxeGRUB)
+	default:
+		if b.targets, err = parseTargets(arch); err == nil {
+			err = b.run()
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "dev-image: %v\n", err)
@@ -123,12 +130,17 @@ func (b *builder) download() ([]string, error) {
 	if b.kernelPkg, err = a.kernelPackage(); err != nil {
 		return nil, err
 	}
+	return b.fetch(a, append([]string{b.kernelPkg}, b.t.packages...))
+}
+
+// fetch downloads packages of the target once into the cache.
+func (b *builder) fetch(a *apt, packages []string) ([]string, error) {
 	debDir := filepath.Join(b.cache, "debs")
 	if err := os.MkdirAll(debDir, 0o755); err != nil {
 		return nil, err
 	}
 	var debs []string
-	for _, pkg := range append([]string{b.kernelPkg}, b.t.packages...) {
+	for _, pkg := range packages {
 		candidate, err := a.candidate(pkg)
 		if err != nil {
 			return nil, err
@@ -557,6 +569,52 @@ func (b *builder) grubEFI(root, label string) (string, error) {
 		return "", fmt.Errorf("grub-mkimage: %v: %s", err, o)
 	}
 	return efi, nil
+}
+
+// pxeGRUB builds agentboot's netboot GRUB for arm64 UEFI PXE clients from
+// Debian's grub-efi-arm64-bin into out: a standalone GRUB whose embedded
+// config (pxe.GRUBEarlyConfig) asks the PXE service what to boot.
+func (b *builder) pxeGRUB(out string) error {
+	for _, tool := range []string{"apt-get", "apt-cache", "dpkg-deb", "grub-mkimage"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s not found: install the Debian packages listed in .ci/packages", tool)
+		}
+	}
+	b.t = targets["aarch64"]
+	a, err := b.aptFor(b.t)
+	if err != nil {
+		return err
+	}
+	debs, err := b.fetch(a, []string{"grub-efi-arm64-bin"})
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "pxe-grub-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	root := filepath.Join(tmp, "debs")
+	if o, err := exec.Command("dpkg-deb", "-x", debs[0], root).CombinedOutput(); err != nil {
+		return fmt.Errorf("dpkg-deb -x %s: %v: %s", debs[0], err, o)
+	}
+	early := filepath.Join(tmp, "early.cfg")
+	if err := os.WriteFile(early, []byte(pxe.GRUBEarlyConfig), 0o644); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	efi := filepath.Join(tmp, filepath.Base(out))
+	args := append([]string{"-O", "arm64-efi", "-d", filepath.Join(root, "usr/lib/grub/arm64-efi"), "-c", early, "-p", "/agentboot", "-o", efi}, pxe.GRUBModules()...)
+	if o, err := exec.Command("grub-mkimage", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("grub-mkimage: %v: %s", err, o)
+	}
+	if err := copyFile(efi, out); err != nil {
+		return err
+	}
+	b.logf("built %s from %s", out, filepath.Base(debs[0]))
+	return nil
 }
 
 // mtools makes dirs and copies files (destination: source) into the FAT

@@ -1,0 +1,240 @@
+package pxe
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/pxe/internal/tftpd"
+)
+
+// GRUBServerPlaceholder stands in agentboot's netboot GRUB (its embedded
+// config, stored uncompressed in the EFI image) where the PXE service's
+// address goes: the service writes its own address over it, padded with
+// spaces, when it loads the image. A proxyDHCP offer's next-server does not
+// reach GRUB 2.06 (it reads the firmware's DHCP ACK, which came from the
+// site's DHCP server), so GRUB is told where to come back to.
+const GRUBServerPlaceholder = "AGENTBOOT_PXE_SERVER_ADDRESS"
+
+// GRUBEarlyConfig is the embedded config of agentboot's netboot GRUB
+// (`make pxe-grub` builds it with grub-mkimage). GRUB configures its
+// network from the firmware's PXE state, asks for the boot decision of
+// its MAC through this service, and asks again every 30 s when nothing
+// answers. Each boot decision script ends in `boot` or `exit`, or returns
+// after a wait.
+const GRUBEarlyConfig = `set agentboot_server=` + GRUBServerPlaceholder + `
+set ` + discovery.GRUBRootVariable + `="(tftp,$agentboot_server)/` + discovery.GRUBPathPrefix + `"
+echo "agentboot: network boot through $agentboot_server, MAC $net_default_mac"
+while true; do
+  source "$` + discovery.GRUBRootVariable + `/boot.grub?mac=$net_default_mac&arch=$grub_cpu"
+  echo "agentboot: no boot decision from $agentboot_server yet; asking again in 30 seconds"
+  sleep 30
+done
+`
+
+// grubModules are what GRUBEarlyConfig and the boot scripts use.
+var grubModules = []string{"efinet", "tftp", "net", "linux", "echo", "test", "true", "sleep", "minicmd", "normal", "gzio"}
+
+// GRUBModules lists the grub-mkimage modules agentboot's netboot GRUB needs.
+func GRUBModules() []string { return append([]string(nil), grubModules...) }
+
+// loadGRUB reads agentboot's netboot GRUB and writes server over its
+// placeholder.
+func loadGRUB(file string, server netip.Addr) ([]byte, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("pxe: the arm64 boot loader: %w (build it with make pxe-grub)", err)
+	}
+	if n := bytes.Count(data, []byte(GRUBServerPlaceholder)); n != 1 {
+		return nil, fmt.Errorf("pxe: %s is not agentboot's netboot GRUB: it has %d server address placeholders, want 1 (build it with make pxe-grub; a stock GRUB cannot find this service behind a proxyDHCP offer)", file, n)
+	}
+	addr := []byte(server.String())
+	if len(addr) > len(GRUBServerPlaceholder) {
+		return nil, fmt.Errorf("pxe: server address %s does not fit the GRUB's placeholder", server)
+	}
+	return bytes.Replace(data, []byte(GRUBServerPlaceholder), append(addr, bytes.Repeat([]byte(" "), len(GRUBServerPlaceholder)-len(addr))...), 1), nil
+}
+
+// imageProxy serves the image service's files over TFTP to agentboot's
+// netboot GRUB: Debian 12's GRUB 2.06 speaks HTTP only on port 80. Only the
+// image service's boot files are reachable, by their path and query
+// relative to the boot script URL's directory; files shared by many hosts
+// (kernels, an InfraEnv's initrd) are kept for a minute so that a rack
+// booting at once fetches each once.
+type imageProxy struct {
+	log    logr.Logger
+	base   *url.URL
+	client *http.Client
+	// maxBytes bounds one file, cacheBytes all files kept.
+	maxBytes, cacheBytes int64
+
+	group singleflight.Group
+	mu    sync.Mutex
+	cache map[string]cachedFile
+	held  int64
+	now   func() time.Time
+}
+
+type cachedFile struct {
+	data    []byte
+	expires time.Time
+}
+
+// proxyTTL is how long a fetched file is served again without asking.
+const proxyTTL = time.Minute
+
+// proxiedPaths are the image service's paths GRUB may fetch: its boot
+// decision, an InfraEnv's files and the OS images' boot artifacts.
+var proxiedPaths = []string{"boot.grub", "images/", "boot-artifacts/"}
+
+func newImageProxy(bootScriptURL string, maxBytes, cacheBytes int64, log logr.Logger) (*imageProxy, error) {
+	u, err := url.Parse(bootScriptURL)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return nil, fmt.Errorf("pxe: boot script URL %q is not a plain http:// URL", bootScriptURL)
+	}
+	base := &url.URL{Scheme: u.Scheme, Host: u.Host, Path: path.Dir(u.Path)}
+	if !strings.HasSuffix(base.Path, "/") {
+		base.Path += "/"
+	}
+	return &imageProxy{log: log, base: base, maxBytes: maxBytes, cacheBytes: cacheBytes, cache: map[string]cachedFile{}, now: time.Now,
+		client: &http.Client{Timeout: 5 * time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}, nil
+}
+
+// relative checks a requested name (below discovery.GRUBPathPrefix) and
+// returns the URL it stands for.
+func (p *imageProxy) relative(rel string) (string, error) {
+	allowed := false
+	for _, pre := range proxiedPaths {
+		allowed = allowed || strings.HasPrefix(rel, pre)
+	}
+	if !allowed {
+		return "", tftpd.ErrNotFound
+	}
+	pathPart, query, _ := strings.Cut(rel, "?")
+	if pathPart != path.Clean(pathPart) || strings.Contains(pathPart, "..") {
+		return "", tftpd.ErrNotFound
+	}
+	for _, c := range rel {
+		if c <= ' ' || c > '~' || c == '#' || c == '\\' {
+			return "", tftpd.ErrNotFound
+		}
+	}
+	if _, err := url.ParseQuery(query); err != nil {
+		return "", tftpd.ErrNotFound
+	}
+	return p.base.String() + rel, nil
+}
+
+// get returns the file at rel, from the cache or the image service.
+func (p *imageProxy) get(ctx context.Context, rel string) ([]byte, error) {
+	u, err := p.relative(rel)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	if c, ok := p.cache[u]; ok && p.now().Before(c.expires) {
+		p.mu.Unlock()
+		return c.data, nil
+	}
+	p.mu.Unlock()
+	// Hosts asking at once share one fetch; it is not cancelled when the
+	// first of them goes away.
+	ch := p.group.DoChan(u, func() (any, error) {
+		return p.fetch(context.WithoutCancel(ctx), u)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.([]byte), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (p *imageProxy) fetch(ctx context.Context, u string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		// The client sees no addresses; the log has them, but not the
+		// query, which carries the InfraEnv's token.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		p.log.Error(err, "fetching a file for GRUB", "path", req.URL.Path)
+		return nil, errors.New("image service unreachable")
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, tftpd.ErrNotFound
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("image service: %s", resp.Status)
+	case resp.ContentLength > p.maxBytes:
+		return nil, fmt.Errorf("image service: a file of %s, more than the %s this service proxies", size(resp.ContentLength), size(p.maxBytes))
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, p.maxBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("image service: %w", err)
+	}
+	if int64(len(data)) > p.maxBytes {
+		return nil, fmt.Errorf("image service: a file of more than the %s this service proxies", size(p.maxBytes))
+	}
+	if !strings.Contains(resp.Header.Get("Cache-Control"), "no-store") {
+		p.keep(u, data)
+	}
+	return data, nil
+}
+
+// keep caches data for proxyTTL while the cache has room.
+func (p *imageProxy) keep(u string, data []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	for k, c := range p.cache {
+		if !now.Before(c.expires) {
+			p.held -= int64(len(c.data))
+			delete(p.cache, k)
+		}
+	}
+	if old, ok := p.cache[u]; ok {
+		p.held -= int64(len(old.data))
+	}
+	if p.held+int64(len(data)) > p.cacheBytes {
+		delete(p.cache, u)
+		return
+	}
+	p.cache[u] = cachedFile{data: data, expires: now.Add(proxyTTL)}
+	p.held += int64(len(data))
+}
+
+// size says n bytes in MiB when it is that large.
+func size(n int64) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// arm64Name is the name clients fetch the netboot GRUB by.
+func arm64Name(file string) string { return filepath.Base(file) }

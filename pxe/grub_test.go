@@ -1,0 +1,193 @@
+package pxe
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
+	"github.com/pin/tftp/v3"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeGRUB is a file shaped like agentboot's netboot GRUB: binary bytes
+// around the embedded config with its placeholder.
+func fakeGRUB(t *testing.T, config string) string {
+	p := filepath.Join(t.TempDir(), "grubnetaa64.efi")
+	data := append(append([]byte("MZ\x00\x01binary"), config...), bytes.Repeat([]byte{0, 0xff}, 5000)...)
+	require.NoError(t, os.WriteFile(p, data, 0o644))
+	return p
+}
+
+// imageService plays the image service's HTTP listener: it records the
+// requests it gets.
+type imageService struct {
+	*httptest.Server
+	mu   sync.Mutex
+	hits map[string]int
+}
+
+func newImageService(t *testing.T, files map[string]string) *imageService {
+	is := &imageService{hits: map[string]int{}}
+	is.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		is.mu.Lock()
+		is.hits[r.URL.RequestURI()]++
+		is.mu.Unlock()
+		if r.URL.Path == "/boot.grub" {
+			w.Header().Set("Cache-Control", "no-store")
+			_, _ = io.WriteString(w, "echo 'script for "+r.URL.RawQuery+"'\n")
+			return
+		}
+		if r.URL.Path == "/broken" || r.URL.Path == "/images/broken" {
+			http.Error(w, "oops", http.StatusInternalServerError)
+			return
+		}
+		body, ok := files[r.URL.RequestURI()]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, body)
+	}))
+	t.Cleanup(is.Close)
+	return is
+}
+
+func (is *imageService) hit(uri string) int {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	return is.hits[uri]
+}
+
+func tftpGet(t *testing.T, addr, name string) ([]byte, error) {
+	t.Helper()
+	c, err := tftp.NewClient(addr)
+	require.NoError(t, err)
+	c.SetBlockSize(1468)
+	wt, err := c.Receive(name, "octet")
+	if err != nil {
+		return nil, err
+	}
+	var got bytes.Buffer
+	_, err = wt.WriteTo(&got)
+	return got.Bytes(), err
+}
+
+// arm64 UEFI clients get agentboot's netboot GRUB with this server's
+// address in it, over TFTP (arch 11) and HTTP (arch 19); it fetches its
+// boot decision and the files it names from the image service through the
+// TFTP server, and nothing else.
+func TestGRUBNetboot(t *testing.T) {
+	kernel := strings.Repeat("K", 200_000)
+	is := newImageService(t, map[string]string{
+		"/boot-artifacts/aarch64/v1/vmlinuz":              kernel,
+		"/images/uid-1/v2/initrd.img?token=abc&expires=9": "initrd bytes",
+		"/secret": "never served through TFTP",
+	})
+	grubFile := fakeGRUB(t, "set agentboot_server="+GRUBServerPlaceholder+"\nsource x\n")
+	original, err := os.ReadFile(grubFile)
+	require.NoError(t, err)
+	s, tftpAddr, httpAddr := startServer(t, ProxyDHCP, func(c *Config) {
+		c.ARM64Binary = grubFile
+		c.BootScriptURL = is.URL + "/boot.ipxe"
+	})
+
+	want := bytes.Replace(original, []byte(GRUBServerPlaceholder), []byte("127.0.0.1"+strings.Repeat(" ", len(GRUBServerPlaceholder)-9)), 1)
+	got, err := tftpGet(t, tftpAddr, "grubnetaa64.efi")
+	require.NoError(t, err)
+	require.Equal(t, want, got, "the GRUB carries this server's address, its length unchanged")
+	resp, err := http.Get("http://" + httpAddr + "/ipxe/grubnetaa64.efi")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, want, body, "UEFI HTTP boot gets the same GRUB")
+
+	script, err := tftpGet(t, tftpAddr, "/agentboot/boot.grub?mac=52:54:00:aa:00:01&arch=arm64")
+	require.NoError(t, err)
+	require.Equal(t, "echo 'script for mac=52:54:00:aa:00:01&arch=arm64'\n", string(script))
+	for range 3 {
+		got, err := tftpGet(t, tftpAddr, "agentboot/boot-artifacts/aarch64/v1/vmlinuz")
+		require.NoError(t, err)
+		require.Equal(t, kernel, string(got))
+	}
+	require.Equal(t, 1, is.hit("/boot-artifacts/aarch64/v1/vmlinuz"), "hosts booting together share one fetch")
+	got, err = tftpGet(t, tftpAddr, "agentboot/images/uid-1/v2/initrd.img?token=abc&expires=9")
+	require.NoError(t, err)
+	require.Equal(t, "initrd bytes", string(got))
+	_, _ = tftpGet(t, tftpAddr, "agentboot/boot.grub?mac=52:54:00:aa:00:01&arch=arm64")
+	require.Equal(t, 2, is.hit("/boot.grub?mac=52:54:00:aa:00:01&arch=arm64"), "boot decisions are never kept")
+
+	for name, why := range map[string]string{
+		"agentboot/secret":                        "file not found",
+		"agentboot/images/../secret":              "file not found",
+		"agentboot/boot-artifacts/../../secret":   "file not found",
+		"agentboot/images/a b":                    "file not found",
+		"agentboot/images/missing":                "file not found",
+		"agentboot/images/broken":                 "image service: 500 Internal Server Error",
+		"agentboot":                               "file not found",
+		"grubnetaa64.efi/../secret":               "file not found",
+		"agentboot/boot.grub?mac=%zz":             "file not found",
+		"agentboot/http://198.18.0.9/boot.grub":   "file not found",
+		"agentboot//boot-artifacts/aarch64/v1/vm": "file not found",
+	} {
+		_, err := tftpGet(t, tftpAddr, name)
+		require.ErrorContains(t, err, why, name)
+	}
+	require.Zero(t, is.hit("/secret"), "only the image service's boot files are reachable")
+
+	// DHCP: arm64 firmware is sent to the GRUB, over TFTP or HTTP.
+	reply := s.Handle(discover(t, "52:54:00:aa:00:01", iana.EFI_ARM64, "PXEClient:Arch:00011:UNDI:003000"), 67)
+	require.NotNil(t, reply)
+	require.Equal(t, "grubnetaa64.efi", reply.Response().BootFileName)
+	reply = s.Handle(discover(t, "52:54:00:aa:00:02", iana.EFI_ARM64_HTTP, "HTTPClient:Arch:00019:UNDI:003000"), 67)
+	require.NotNil(t, reply)
+	require.Equal(t, "http://127.0.0.1:"+port(httpAddr)+"/ipxe/grubnetaa64.efi", string(reply.Response().GetOneOption(dhcpv4.OptionBootfileName)))
+}
+
+// The arm64 boot loader must be agentboot's netboot GRUB: a stock GRUB
+// would not find this service behind a proxyDHCP offer.
+func TestGRUBRefusedWithoutPlaceholder(t *testing.T) {
+	dir, _ := binaries(t)
+	base := Config{Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), BootScriptURL: "http://x/boot.ipxe", TFTPDir: dir}
+	for file, want := range map[string]string{
+		fakeGRUB(t, "set prefix=(tftp)/grub\n"):                  "is not agentboot's netboot GRUB: it has 0 server address placeholders",
+		fakeGRUB(t, GRUBServerPlaceholder+GRUBServerPlaceholder): "it has 2 server address placeholders",
+		"grubnetaa64.efi": "build it with make pxe-grub",
+	} {
+		c := base
+		c.ARM64Binary = file
+		_, err := New(c)
+		require.ErrorContains(t, err, want, file)
+	}
+}
+
+// A file larger than the proxy's limit is refused, whether the image
+// service announces its length or not.
+func TestProxyLimit(t *testing.T) {
+	is := newImageService(t, map[string]string{"/images/big": strings.Repeat("x", 2000)})
+	p, err := newImageProxy(is.URL+"/boot.ipxe", 1000, 10_000, testr.New(t))
+	require.NoError(t, err)
+	_, err = p.get(context.Background(), "images/big")
+	require.ErrorContains(t, err, "more than the 1000 bytes this service proxies")
+	chunked := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		for range 20 {
+			_, _ = w.Write(bytes.Repeat([]byte("y"), 100))
+			w.(http.Flusher).Flush()
+		}
+	}))
+	defer chunked.Close()
+	p, err = newImageProxy(chunked.URL+"/boot.ipxe", 1000, 10_000, testr.New(t))
+	require.NoError(t, err)
+	_, err = p.get(context.Background(), "images/big")
+	require.ErrorContains(t, err, "more than the 1000 bytes")
+}
