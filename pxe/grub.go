@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -32,23 +33,32 @@ import (
 const GRUBServerPlaceholder = "AGENTBOOT_PXE_SERVER_ADDRESS"
 
 // GRUBEarlyConfig is the embedded config of agentboot's netboot GRUB
-// (`make pxe-grub` builds it with grub-mkimage). GRUB configures its
-// network from the firmware's PXE state, asks for the boot decision of
-// its MAC through this service, and asks again every 30 s when nothing
-// answers. Each boot decision script ends in `boot` or `exit`, or returns
-// after a wait.
+// (`make pxe-grub` builds it with grub-mkimage). GRUB has configured its
+// network from the firmware's PXE state; the config points it at this
+// service and enters normal mode, which reads GRUBConfig from here. It runs
+// in GRUB's rescue parser (no loops), so it does no more.
 const GRUBEarlyConfig = `set agentboot_server=` + GRUBServerPlaceholder + `
-set ` + discovery.GRUBRootVariable + `="(tftp,$agentboot_server)/` + discovery.GRUBPathPrefix + `"
+set ` + discovery.GRUBRootVariable + `=(tftp,$agentboot_server)/` + discovery.GRUBPathPrefix + `
+set prefix=$` + discovery.GRUBRootVariable + `
 echo "agentboot: network boot through $agentboot_server, MAC $net_default_mac"
-while true; do
+normal
+`
+
+// GRUBConfig is what the PXE service answers for
+// $agentboot_root/grub.cfg: ask the image service, through this service,
+// what the host's MAC boots, and ask again every 30 s while nothing
+// answers. Each boot decision script ends in boot or exit, or returns
+// after a wait.
+const GRUBConfig = `while true; do
   source "$` + discovery.GRUBRootVariable + `/boot.grub?mac=$net_default_mac&arch=$grub_cpu"
   echo "agentboot: no boot decision from $agentboot_server yet; asking again in 30 seconds"
   sleep 30
 done
 `
 
-// grubModules are what GRUBEarlyConfig and the boot scripts use.
-var grubModules = []string{"efinet", "tftp", "net", "linux", "echo", "test", "true", "sleep", "minicmd", "normal", "gzio"}
+// grubModules are what GRUBEarlyConfig, GRUBConfig and the boot scripts
+// use.
+var grubModules = []string{"efinet", "tftp", "net", "normal", "configfile", "linux", "echo", "test", "true", "sleep", "minicmd", "gzio"}
 
 // GRUBModules lists the grub-mkimage modules agentboot's netboot GRUB needs.
 func GRUBModules() []string { return append([]string(nil), grubModules...) }
@@ -98,9 +108,18 @@ type cachedFile struct {
 // proxyTTL is how long a fetched file is served again without asking.
 const proxyTTL = time.Minute
 
-// proxiedPaths are the image service's paths GRUB may fetch: its boot
-// decision, an InfraEnv's files and the OS images' boot artifacts.
-var proxiedPaths = []string{"boot.grub", "images/", "boot-artifacts/"}
+// proxiedPaths are the image service's paths GRUB may fetch, each with the
+// query parameters it takes: its boot decision, an InfraEnv's files (by
+// token) and the OS images' boot artifacts (public, no query). A fixed
+// set keeps one file from being fetched, and held, under many names.
+var proxiedPaths = []struct {
+	prefix string
+	query  []string
+}{
+	{"boot.grub", []string{"arch", "mac"}},
+	{"images/", []string{"token"}},
+	{"boot-artifacts/", nil},
+}
 
 func newImageProxy(bootScriptURL string, maxBytes, cacheBytes int64, log logr.Logger) (*imageProxy, error) {
 	u, err := url.Parse(bootScriptURL)
@@ -118,26 +137,37 @@ func newImageProxy(bootScriptURL string, maxBytes, cacheBytes int64, log logr.Lo
 // relative checks a requested name (below discovery.GRUBPathPrefix) and
 // returns the URL it stands for.
 func (p *imageProxy) relative(rel string) (string, error) {
-	allowed := false
-	for _, pre := range proxiedPaths {
-		allowed = allowed || strings.HasPrefix(rel, pre)
-	}
-	if !allowed {
-		return "", tftpd.ErrNotFound
-	}
-	pathPart, query, _ := strings.Cut(rel, "?")
-	if pathPart != path.Clean(pathPart) || strings.Contains(pathPart, "..") {
-		return "", tftpd.ErrNotFound
-	}
 	for _, c := range rel {
 		if c <= ' ' || c > '~' || c == '#' || c == '\\' {
 			return "", tftpd.ErrNotFound
 		}
 	}
-	if _, err := url.ParseQuery(query); err != nil {
+	pathPart, rawQuery, _ := strings.Cut(rel, "?")
+	if pathPart != path.Clean(pathPart) || strings.Contains(pathPart, "..") {
 		return "", tftpd.ErrNotFound
 	}
-	return p.base.String() + rel, nil
+	query, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return "", tftpd.ErrNotFound
+	}
+	for _, allowed := range proxiedPaths {
+		if !strings.HasPrefix(pathPart, allowed.prefix) || (allowed.prefix == "boot.grub" && pathPart != allowed.prefix) {
+			continue
+		}
+		var names []string
+		for k, v := range query {
+			if len(v) != 1 {
+				return "", tftpd.ErrNotFound
+			}
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		if !slices.Equal(names, allowed.query) {
+			return "", tftpd.ErrNotFound
+		}
+		return p.base.String() + rel, nil
+	}
+	return "", tftpd.ErrNotFound
 }
 
 // get returns the file at rel, from the cache or the image service.
@@ -152,10 +182,10 @@ func (p *imageProxy) get(ctx context.Context, rel string) ([]byte, error) {
 		return c.data, nil
 	}
 	p.mu.Unlock()
-	// Hosts asking at once share one fetch; it is not cancelled when the
-	// first of them goes away.
+	// Hosts asking at once share one fetch. ctx is the TFTP server's: it
+	// ends only at shutdown.
 	ch := p.group.DoChan(u, func() (any, error) {
-		return p.fetch(context.WithoutCancel(ctx), u)
+		return p.fetch(ctx, u)
 	})
 	select {
 	case r := <-ch:

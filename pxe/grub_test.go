@@ -90,9 +90,9 @@ func tftpGet(t *testing.T, addr, name string) ([]byte, error) {
 func TestGRUBNetboot(t *testing.T) {
 	kernel := strings.Repeat("K", 200_000)
 	is := newImageService(t, map[string]string{
-		"/boot-artifacts/aarch64/v1/vmlinuz":              kernel,
-		"/images/uid-1/v2/initrd.img?token=abc&expires=9": "initrd bytes",
-		"/secret": "never served through TFTP",
+		"/boot-artifacts/aarch64/v1/vmlinuz":    kernel,
+		"/images/uid-1/v2/initrd.img?token=abc": "initrd bytes",
+		"/secret":                               "never served through TFTP",
 	})
 	grubFile := fakeGRUB(t, "set agentboot_server="+GRUBServerPlaceholder+"\nsource x\n")
 	original, err := os.ReadFile(grubFile)
@@ -112,6 +112,9 @@ func TestGRUBNetboot(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, want, body, "UEFI HTTP boot gets the same GRUB")
 
+	cfg, err := tftpGet(t, tftpAddr, "/agentboot/grub.cfg")
+	require.NoError(t, err)
+	require.Equal(t, GRUBConfig, string(cfg), "normal mode's config comes from this service")
 	script, err := tftpGet(t, tftpAddr, "/agentboot/boot.grub?mac=52:54:00:aa:00:01&arch=arm64")
 	require.NoError(t, err)
 	require.Equal(t, "echo 'script for mac=52:54:00:aa:00:01&arch=arm64'\n", string(script))
@@ -121,24 +124,29 @@ func TestGRUBNetboot(t *testing.T) {
 		require.Equal(t, kernel, string(got))
 	}
 	require.Equal(t, 1, is.hit("/boot-artifacts/aarch64/v1/vmlinuz"), "hosts booting together share one fetch")
-	got, err = tftpGet(t, tftpAddr, "agentboot/images/uid-1/v2/initrd.img?token=abc&expires=9")
+	got, err = tftpGet(t, tftpAddr, "agentboot/images/uid-1/v2/initrd.img?token=abc")
 	require.NoError(t, err)
 	require.Equal(t, "initrd bytes", string(got))
 	_, _ = tftpGet(t, tftpAddr, "agentboot/boot.grub?mac=52:54:00:aa:00:01&arch=arm64")
 	require.Equal(t, 2, is.hit("/boot.grub?mac=52:54:00:aa:00:01&arch=arm64"), "boot decisions are never kept")
 
 	for name, why := range map[string]string{
-		"agentboot/secret":                        "file not found",
-		"agentboot/images/../secret":              "file not found",
-		"agentboot/boot-artifacts/../../secret":   "file not found",
-		"agentboot/images/a b":                    "file not found",
-		"agentboot/images/missing":                "file not found",
-		"agentboot/images/broken":                 "image service: 500 Internal Server Error",
-		"agentboot":                               "file not found",
-		"grubnetaa64.efi/../secret":               "file not found",
-		"agentboot/boot.grub?mac=%zz":             "file not found",
-		"agentboot/http://198.18.0.9/boot.grub":   "file not found",
-		"agentboot//boot-artifacts/aarch64/v1/vm": "file not found",
+		"agentboot/secret":                                         "file not found",
+		"agentboot/images/../secret":                               "file not found",
+		"agentboot/boot-artifacts/../../secret":                    "file not found",
+		"agentboot/images/a b":                                     "file not found",
+		"agentboot/images/missing?token=t":                         "file not found",
+		"agentboot/images/broken?token=t":                          "image service: 500 Internal Server Error",
+		"agentboot":                                                "file not found",
+		"grubnetaa64.efi/../secret":                                "file not found",
+		"agentboot/boot.grub?mac=%zz":                              "file not found",
+		"agentboot/http://198.18.0.9/boot.grub":                    "file not found",
+		"agentboot//boot-artifacts/aarch64/v1/vm":                  "file not found",
+		"agentboot/boot-artifacts/aarch64/v1/vmlinuz?again=1":      "file not found",
+		"agentboot/images/uid-1/v2/initrd.img?token=abc&token=abc": "file not found",
+		"agentboot/images/uid-1/v2/initrd.img?token=abc&other=1":   "file not found",
+		"agentboot/boot.grub.bak?mac=52:54:00:aa:00:01&arch=arm64": "file not found",
+		"agentboot/boot.grub?mac=52:54:00:aa:00:01":                "file not found",
 	} {
 		_, err := tftpGet(t, tftpAddr, name)
 		require.ErrorContains(t, err, why, name)
@@ -174,10 +182,10 @@ func TestGRUBRefusedWithoutPlaceholder(t *testing.T) {
 // A file larger than the proxy's limit is refused, whether the image
 // service announces its length or not.
 func TestProxyLimit(t *testing.T) {
-	is := newImageService(t, map[string]string{"/images/big": strings.Repeat("x", 2000)})
+	is := newImageService(t, map[string]string{"/images/big?token=t": strings.Repeat("x", 2000)})
 	p, err := newImageProxy(is.URL+"/boot.ipxe", 1000, 10_000, testr.New(t))
 	require.NoError(t, err)
-	_, err = p.get(context.Background(), "images/big")
+	_, err = p.get(context.Background(), "images/big?token=t")
 	require.ErrorContains(t, err, "more than the 1000 bytes this service proxies")
 	chunked := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		for range 20 {
@@ -188,6 +196,6 @@ func TestProxyLimit(t *testing.T) {
 	defer chunked.Close()
 	p, err = newImageProxy(chunked.URL+"/boot.ipxe", 1000, 10_000, testr.New(t))
 	require.NoError(t, err)
-	_, err = p.get(context.Background(), "images/big")
+	_, err = p.get(context.Background(), "images/big?token=t")
 	require.ErrorContains(t, err, "more than the 1000 bytes")
 }

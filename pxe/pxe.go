@@ -418,8 +418,11 @@ func (s *Server) Handle(packet []byte, port int) *Reply {
 // source serves TFTP names outside the iPXE binaries: the arm64 GRUB and,
 // below discovery.GRUBPathPrefix, the image service's files it asks for.
 func (s *Server) source(ctx context.Context, name string, _ netip.Addr) ([]byte, error) {
-	if name == s.grubName {
+	switch name {
+	case s.grubName:
 		return s.grub, nil
+	case discovery.GRUBPathPrefix + "/grub.cfg":
+		return []byte(GRUBConfig), nil
 	}
 	if rel, ok := strings.CutPrefix(name, discovery.GRUBPathPrefix+"/"); ok {
 		return s.images.get(ctx, rel)

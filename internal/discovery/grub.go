@@ -94,7 +94,15 @@ func GRUBRetryScript(why string, seconds int) string {
 
 // GRUBText keeps text from objects inside a single-quoted GRUB word: no
 // quotes, no line breaks, bounded length.
-func GRUBText(s string) string {
+func GRUBText(s string) string { return scriptText(s, `'\`) }
+
+// IPXEText keeps text from objects out of iPXE's syntax: no settings
+// expansion (${...}), no line breaks, bounded length.
+func IPXEText(s string) string { return scriptText(s, `${}\"'`) }
+
+// scriptText is s for a boot script's echo: each of special becomes '_',
+// control and non-ASCII characters a space, and it ends after 300 bytes.
+func scriptText(s, special string) string {
 	var b strings.Builder
 	for _, c := range s {
 		if b.Len() >= 300 {
@@ -102,7 +110,7 @@ func GRUBText(s string) string {
 			break
 		}
 		switch {
-		case c == '\'' || c == '\\':
+		case strings.ContainsRune(special, c):
 			b.WriteByte('_')
 		case c < 0x20 || c > 0x7e:
 			b.WriteByte(' ')

@@ -306,9 +306,11 @@ func TestLabPXEArm64(t *testing.T) {
 	wrong := bootVMOn(t, seg.Bridge, vm.Options{Name: "pxe-arm64-wrong", Arch: "aarch64", Boot: "n", MAC: wrongMAC, MemoryMB: 1024})
 	x86 := bootVMOn(t, seg.Bridge, vm.Options{Name: "pxe-x86-mixed", UEFI: true, NoNICROM: true, Boot: "n", MAC: x86MAC, MemoryMB: 1536})
 
-	_, err = wrong.WaitFor(ctx, regexp.MustCompile(`boots x86_64 hosts and this host is aarch64`), bootTimeout)
+	// GRUB wraps its 80-column console: the reason may span lines.
+	_, err = wrong.WaitFor(ctx, regexp.MustCompile(`not booting discovery; trying the next boot device`), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", wrong.Tail(40))
-	requireSerial(t, wrong, "NBP filename is grubnetaa64.efi", "not booting discovery; trying the next boot device")
+	require.Regexp(t, `boots x86_64 hosts and this host is\s+aarch64`, wrong.Log())
+	requireSerial(t, wrong, "NBP filename is grubnetaa64.efi")
 	wrong.Kill()
 
 	a := agentWithMAC(t, ns, armMAC, arm)

@@ -260,7 +260,7 @@ func designated[T any, P interface {
 // exitScript says why and gives the host back to its firmware's next boot
 // device.
 func exitScript(why string) string {
-	return "#!ipxe\necho agentboot: " + ipxeText(why) + "\necho agentboot: not booting discovery; trying the next boot device\nexit\n"
+	return "#!ipxe\necho agentboot: " + discovery.IPXEText(why) + "\necho agentboot: not booting discovery; trying the next boot device\nexit\n"
 }
 
 // retryScript says why, waits, and asks again.
@@ -271,26 +271,5 @@ func retryScript(why, mac string, r *http.Request) string {
 	}
 	self := scheme + "://" + r.Host + r.URL.Path + "?mac=" + mac
 	return fmt.Sprintf("#!ipxe\necho agentboot: %s\necho agentboot: asking again in %d seconds\nsleep %d\nchain --replace --autofree %s\n",
-		ipxeText(why), retrySeconds, retrySeconds, ipxeText(self))
-}
-
-// ipxeText keeps text from objects out of iPXE's syntax: no settings
-// expansion (${...}), no line breaks, bounded length.
-func ipxeText(s string) string {
-	var b strings.Builder
-	for _, c := range s {
-		if b.Len() >= 300 {
-			b.WriteString("...")
-			break
-		}
-		switch {
-		case c == '$' || c == '{' || c == '}' || c == '\\' || c == '"' || c == '\'':
-			b.WriteByte('_')
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte(' ')
-		default:
-			b.WriteRune(c)
-		}
-	}
-	return b.String()
+		discovery.IPXEText(why), retrySeconds, retrySeconds, discovery.IPXEText(self))
 }
