@@ -624,6 +624,23 @@ func testGRUBBootScript(t *testing.T, s *stack.Stack, envs map[string]*v1beta1.I
 	require.Eventually(t, func() bool {
 		return strings.Contains(string(grub("mac=52:54:00:ab:00:01&arch=arm64").body), "cannot be passed through GRUB unchanged")
 	}, 10*time.Second, 100*time.Millisecond)
+
+	// An installed host chainloads its disk's boot loader: EDK2 firmware
+	// would stop at its menu after a plain exit.
+	agent := &v1beta1.Agent{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "d9a4d1e0-0000-4000-8000-0000000000a1", Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name}},
+		Spec:       v1beta1.AgentSpec{Role: v1beta1.AgentRoleWorker, Approved: true, ClusterDeploymentName: &v1beta1.ClusterReference{Name: "c1", Namespace: "clusters-c1"}},
+	}
+	require.NoError(t, s.Client.Create(ctx, agent))
+	apatch := client.MergeFrom(agent.DeepCopy())
+	agent.Status.Inventory.Interfaces = []v1beta1.HostInterface{{Name: "eth0", MacAddress: "52:54:00:ab:00:01", IPV4Addresses: []string{}, IPV6Addresses: []string{}, Flags: []string{}}}
+	agent.Status.Progress.CurrentStage = v1beta1.StageDone
+	require.NoError(t, s.Client.Status().Patch(ctx, agent, apatch))
+	require.Eventually(t, func() bool {
+		body := string(grub("mac=52:54:00:ab:00:01&arch=arm64").body)
+		return strings.Contains(body, "search --no-floppy --file --set=agentboot_disk /EFI/BOOT/BOOTAA64.EFI\n") &&
+			strings.Contains(body, "  chainloader /EFI/BOOT/BOOTAA64.EFI\n  boot\n") && strings.HasSuffix(body, "\nexit\n")
+	}, 10*time.Second, 100*time.Millisecond, "the installed aarch64 host boots its disk")
 }
 
 // kernelArch tells an x86 bzImage (its setup header's "HdrS") from an arm64

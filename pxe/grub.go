@@ -58,7 +58,8 @@ done
 
 // grubModules are what GRUBEarlyConfig, GRUBConfig and the boot scripts
 // use.
-var grubModules = []string{"efinet", "tftp", "net", "normal", "configfile", "linux", "echo", "test", "true", "sleep", "minicmd", "gzio"}
+var grubModules = []string{"efinet", "tftp", "net", "normal", "configfile", "linux", "echo", "test", "true", "sleep", "minicmd", "gzio",
+	"search", "search_fs_file", "chain", "part_gpt", "part_msdos", "fat"}
 
 // GRUBModules lists the grub-mkimage modules agentboot's netboot GRUB needs.
 func GRUBModules() []string { return append([]string(nil), grubModules...) }

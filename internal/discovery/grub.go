@@ -81,6 +81,30 @@ func grubPath(s Settings, url string) (string, error) {
 	return rel, nil
 }
 
+// GRUBDiskScript boots an installed host from its disk: it chainloads the
+// removable-media boot loader of the first local EFI system partition that
+// has one (/EFI/BOOT/BOOTAA64.EFI on aarch64, BOOTX64.EFI on x86_64), as
+// CoreOS installs it. Returning to the firmware is not enough: EDK2-based
+// firmware stops at its boot menu when a boot loader returns successfully,
+// and GRUB 2.06 always returns success. Without such a partition it says
+// so and exits.
+func GRUBDiskScript(arch string) string {
+	loader := "/EFI/BOOT/BOOTAA64.EFI"
+	if arch == "x86_64" {
+		loader = "/EFI/BOOT/BOOTX64.EFI"
+	}
+	return "echo 'agentboot: this host is installed; booting from disk'\n" +
+		"search --no-floppy --file --set=agentboot_disk " + loader + "\n" +
+		"if [ -n \"$agentboot_disk\" ]; then\n" +
+		"  echo \"agentboot: starting " + loader + " on $agentboot_disk\"\n" +
+		"  set root=$agentboot_disk\n" +
+		"  chainloader " + loader + "\n" +
+		"  boot\n" +
+		"fi\n" +
+		"echo 'agentboot: no local EFI system partition has " + loader + "; trying the next boot device'\n" +
+		"exit\n"
+}
+
 // GRUBExitScript says why and gives the host back to its firmware, which
 // tries its next boot device.
 func GRUBExitScript(why string) string {

@@ -218,9 +218,18 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	case o.CDROM != "":
 		args = append(args, "-cdrom", o.CDROM)
 	}
+	// OVMF follows bootindex, not -boot, to boot from the network first.
+	netFirst := o.UEFI && strings.HasPrefix(o.Boot, "n")
 	for i, d := range o.Disks {
-		if arm {
-			args = append(args, "-drive", fmt.Sprintf("file=%s,if=none,id=disk%d,format=%s", d, i, diskFormat(d)), "-device", fmt.Sprintf("virtio-blk-pci,drive=disk%d", i))
+		if arm || netFirst {
+			dev := fmt.Sprintf("virtio-blk-pci,drive=disk%d", i)
+			if netFirst {
+				// UEFI firmware prunes the boot options of devices qemu's
+				// boot order leaves out: the disks come after the network,
+				// as on a server booting the network first.
+				dev += fmt.Sprintf(",bootindex=%d", i+2)
+			}
+			args = append(args, "-drive", fmt.Sprintf("file=%s,if=none,id=disk%d,format=%s", d, i, diskFormat(d)), "-device", dev)
 			continue
 		}
 		args = append(args, "-drive", fmt.Sprintf("file=%s,if=virtio,index=%d,format=%s", d, i, diskFormat(d)))
@@ -228,8 +237,6 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	if o.Kernel != "" {
 		args = append(args, "-kernel", o.Kernel, "-initrd", o.Initrd, "-append", o.Append)
 	}
-	// OVMF follows bootindex, not -boot, to boot from the network first.
-	netFirst := o.UEFI && strings.HasPrefix(o.Boot, "n")
 	switch {
 	case arm:
 		// UEFI boot order: bootindex, below.

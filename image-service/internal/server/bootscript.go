@@ -51,20 +51,20 @@ type dialect struct {
 	retry func(why, mac string, r *http.Request) string
 	// boot is the discovery script.
 	boot func(h *Handler, out *discovery.Output, mac string) (string, error)
-	// disk sends an installed host to its disk.
-	disk string
+	// disk sends an installed host of arch to its disk.
+	disk func(arch string) string
 }
 
 var (
 	ipxeDialect = dialect{route: "/boot.ipxe?mac=${net0/mac}", exit: exitScript, retry: retryScript,
 		boot: func(_ *Handler, out *discovery.Output, _ string) (string, error) { return out.IPXEScript(), nil },
-		disk: discovery.IPXEExitScript}
+		disk: func(string) string { return discovery.IPXEExitScript }}
 	grubDialect = dialect{route: "/boot.grub?mac=<mac>&arch=<grub_cpu>", arch: true, exit: discovery.GRUBExitScript,
 		retry: func(why, _ string, _ *http.Request) string { return discovery.GRUBRetryScript(why, retrySeconds) },
 		boot: func(h *Handler, out *discovery.Output, mac string) (string, error) {
 			return out.GRUBScript(h.opts.Settings, mac)
 		},
-		disk: "echo 'agentboot: this host is installed; booting from disk'\nexit\n"}
+		disk: discovery.GRUBDiskScript}
 )
 
 // serveBootScript answers /boot.ipxe?mac=: iPXE, sent here by the PXE
@@ -138,9 +138,10 @@ func (h *Handler) bootScriptFor(ctx context.Context, mac, cpu string, d dialect,
 		return outcome, d.exit(why), err
 	}
 	name := ie.Namespace + "/" + ie.Name
+	var arch string
 	if cpu != "" {
-		arch, ok := grubArch(cpu)
-		if !ok {
+		var ok bool
+		if arch, ok = grubArch(cpu); !ok {
 			return BootWrongArch, d.exit(fmt.Sprintf("this host's boot loader runs on %q, which agentboot does not boot", cpu)), nil
 		}
 		if want := osimage.NormalizeArch(ie.Spec.CPUArchitecture); want != arch {
@@ -152,7 +153,7 @@ func (h *Handler) bootScriptFor(ctx context.Context, mac, cpu string, d dialect,
 	if disk, err := h.bootsFromDisk(ctx, ie.Namespace, mac, ""); err != nil {
 		return "", "", err
 	} else if disk {
-		return BootDisk, d.disk, nil
+		return BootDisk, d.disk(arch), nil
 	}
 	if c := conditions.Find(ie.Status.Conditions, v1beta1.ImageCreatedCondition); c == nil || c.Status != "True" {
 		msg := "its image is being prepared"
