@@ -115,7 +115,7 @@ FUZZ_TIME ?= 10s
 .PHONY: fuzz
 fuzz: dev-image ## every fuzz target for FUZZ_TIME (10s) each
 	go test -run XXX -fuzz FuzzOpen -fuzztime $(FUZZ_TIME) ./internal/iso9660/
-	go test -run XXX -fuzz FuzzInventory -fuzztime $(FUZZ_TIME) ./agent/service/internal/api/
+	go test -run XXX -fuzz FuzzInventory -fuzztime $(FUZZ_TIME) ./agent/service/internal/hostapi/
 	go test -run XXX -fuzz FuzzIPXEScript -fuzztime $(FUZZ_TIME) ./internal/discovery/
 	go test -run XXX -fuzz FuzzGRUBScript -fuzztime $(FUZZ_TIME) ./internal/discovery/
 	go test -run XXX -fuzz FuzzDHCP -fuzztime $(FUZZ_TIME) ./pxe/

@@ -22,7 +22,7 @@ import (
 	"github.com/agentboot/agentboot/agent/internal/inventory"
 	"github.com/agentboot/agentboot/agent/internal/ntp"
 	"github.com/agentboot/agentboot/agent/internal/staticnet"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // Config configures the on-host agent.
@@ -51,7 +51,7 @@ var ErrInfraEnvGone = errors.New("the InfraEnv this host booted from was deleted
 // Agent is the on-host agent.
 type Agent struct {
 	cfg    Config
-	conf   agentapi.Config
+	conf   agentwire.Config
 	client *client.Client
 	log    *slog.Logger
 
@@ -88,7 +88,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent config: %w", err)
 	}
-	var conf agentapi.Config
+	var conf agentwire.Config
 	if err := json.Unmarshal(raw, &conf); err != nil {
 		return nil, fmt.Errorf("agent config %s: %w", cfg.ConfigPath, err)
 	}
@@ -129,7 +129,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			registered = false
 			a.forgetSession()
 			a.log.Info("registering again", "reason", err)
-		case client.IsCode(err, agentapi.CodeHostActive), client.IsCode(err, agentapi.CodeIdentityInDoubt):
+		case client.IsCode(err, agentwire.CodeHostActive), client.IsCode(err, agentwire.CodeIdentityInDoubt):
 			wait := a.backoff.Next()
 			a.log.Warn("registration refused; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
 			if client.Sleep(ctx, wait) != nil {
@@ -147,14 +147,14 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // bootProof reads the proof an ISO inserted through a BareMetalHost's BMC
 // carries; nil when this boot is not from such an ISO.
-func (a *Agent) bootProof() *agentapi.BootProof {
-	raw, err := os.ReadFile(filepath.Join(a.cfg.Root, agentapi.BootProofPath))
+func (a *Agent) bootProof() *agentwire.BootProof {
+	raw, err := os.ReadFile(filepath.Join(a.cfg.Root, agentwire.BootProofPath))
 	if err != nil {
 		return nil
 	}
-	var p agentapi.BootProof
+	var p agentwire.BootProof
 	if err := json.Unmarshal(raw, &p); err != nil || p.BareMetalHost == "" || p.Proof == "" {
-		a.log.Warn("ignoring an unreadable boot proof", "path", agentapi.BootProofPath, "err", err)
+		a.log.Warn("ignoring an unreadable boot proof", "path", agentwire.BootProofPath, "err", err)
 		return nil
 	}
 	return &p
@@ -165,8 +165,8 @@ func (a *Agent) bootProof() *agentapi.BootProof {
 // (which the service holds off while the session is alive), and a reboot
 // forgets it.
 type session struct {
-	InfraEnvUID string                    `json:"infraEnvUID"`
-	Response    agentapi.RegisterResponse `json:"response"`
+	InfraEnvUID string                     `json:"infraEnvUID"`
+	Response    agentwire.RegisterResponse `json:"response"`
 }
 
 // resumeSession continues the session a previous run of the agent in this
@@ -203,7 +203,7 @@ func (a *Agent) setToken(token string) {
 	}
 }
 
-func (a *Agent) saveSession(r agentapi.RegisterResponse) {
+func (a *Agent) saveSession(r agentwire.RegisterResponse) {
 	if a.cfg.SessionPath == "" {
 		return
 	}
@@ -231,7 +231,7 @@ func (a *Agent) register(ctx context.Context) error {
 	ident := identity.Read(a.cfg.Root)
 	hostID := identity.Primary(ident)
 	for attempt := 0; ; attempt++ {
-		resp, err := a.client.Register(ctx, a.conf.InfraEnv, a.conf.RegistrationToken, agentapi.RegisterRequest{
+		resp, err := a.client.Register(ctx, a.conf.InfraEnv, a.conf.RegistrationToken, agentwire.RegisterRequest{
 			InfraEnvUID: a.conf.InfraEnv.UID, HostID: hostID, Identity: ident, AgentVersion: a.cfg.Version,
 			BootProof: a.bootProof(), Session: a.session,
 		})
@@ -247,7 +247,7 @@ func (a *Agent) register(ctx context.Context) error {
 			a.log.Info("registered", "agent", a.ns+"/"+a.id)
 			a.saveSession(resp)
 			return nil
-		case client.IsCode(err, agentapi.CodeHostIDConflict) && hostID != identity.Derived(ident):
+		case client.IsCode(err, agentwire.CodeHostIDConflict) && hostID != identity.Derived(ident):
 			// Another host has this UUID (cloned VMs, lazy firmware).
 			hostID = identity.Derived(ident)
 			a.log.Info("host ID taken by another host; using the ID derived from MAC addresses", "hostID", hostID)
@@ -265,7 +265,7 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 		if err := a.uploadInventory(ctx); err != nil {
 			return err
 		}
-		instr, err := a.client.Instructions(ctx, a.ns, a.id, agentapi.InstructionsRequest{Time: time.Now().UTC(), NTPSources: ntp.Sources(ctx)})
+		instr, err := a.client.Instructions(ctx, a.ns, a.id, agentwire.InstructionsRequest{Time: time.Now().UTC(), NTPSources: ntp.Sources(ctx)})
 		if err := a.classify(err); err != nil {
 			return err
 		}
@@ -278,7 +278,7 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 			wait = a.poll
 		}
 		if wait <= 0 {
-			wait = agentapi.DefaultPollInterval
+			wait = agentwire.DefaultPollInterval
 		}
 		// ±10% so that hosts booted together do not stay in step.
 		wait = wait*9/10 + time.Duration(float64(wait)/5*randFloat())
@@ -335,14 +335,14 @@ func (a *Agent) uploadInventory(ctx context.Context) error {
 	return nil
 }
 
-func (a *Agent) runStep(ctx context.Context, s agentapi.Step) {
-	res := agentapi.StepResult{ExitCode: 1, Error: fmt.Sprintf("step kind %q is not supported by this agent (version %s)", s.Kind, a.cfg.Version)}
+func (a *Agent) runStep(ctx context.Context, s agentwire.Step) {
+	res := agentwire.StepResult{ExitCode: 1, Error: fmt.Sprintf("step kind %q is not supported by this agent (version %s)", s.Kind, a.cfg.Version)}
 	if run, ok := a.steps()[s.Kind]; ok {
 		res = run(ctx, s)
 	}
 	if err := a.client.StepResult(ctx, a.ns, a.id, s.ID, res); err != nil {
 		a.log.Error("report step result", "step", s.ID, "err", err)
-		if client.IsCode(err, agentapi.CodeReleased) && s.Install != nil {
+		if client.IsCode(err, agentwire.CodeReleased) && s.Install != nil {
 			// Unbound while installing: what was written must not boot.
 			a.reboot = false
 			if err := install.Void(s.Install.DiskPath); err != nil {
@@ -361,42 +361,42 @@ func (a *Agent) runStep(ctx context.Context, s agentapi.Step) {
 }
 
 // steps maps step kinds to their implementations.
-func (a *Agent) steps() map[string]func(context.Context, agentapi.Step) agentapi.StepResult {
-	return map[string]func(context.Context, agentapi.Step) agentapi.StepResult{
-		agentapi.StepInstall: a.install,
+func (a *Agent) steps() map[string]func(context.Context, agentwire.Step) agentwire.StepResult {
+	return map[string]func(context.Context, agentwire.Step) agentwire.StepResult{
+		agentwire.StepInstall: a.install,
 	}
 }
 
 // install writes the OS to disk, reporting each stage, then asks for a
 // reboot into it.
-func (a *Agent) install(ctx context.Context, s agentapi.Step) agentapi.StepResult {
+func (a *Agent) install(ctx context.Context, s agentwire.Step) agentwire.StepResult {
 	if s.Install == nil {
-		return agentapi.StepResult{ExitCode: 1, Error: "install step without its parameters"}
+		return agentwire.StepResult{ExitCode: 1, Error: "install step without its parameters"}
 	}
 	report := func(stage string, pct int, info string) {
 		if len(info) > 1000 {
 			info = info[:1000] + "…"
 		}
-		if err := a.client.Progress(ctx, a.ns, a.id, agentapi.Progress{Stage: stage, Percentage: pct, Info: info}); err != nil {
+		if err := a.client.Progress(ctx, a.ns, a.id, agentwire.Progress{Stage: stage, Percentage: pct, Info: info}); err != nil {
 			a.log.Error("report progress", "stage", stage, "err", err)
 		}
 	}
 	err := install.Run(ctx, *s.Install, install.Options{HTTP: a.client.HTTP(), Progress: report})
 	if err != nil {
 		report(install.StageFailed, 0, err.Error())
-		return agentapi.StepResult{ExitCode: 1, Error: err.Error()}
+		return agentwire.StepResult{ExitCode: 1, Error: err.Error()}
 	}
 	a.reboot = true
-	return agentapi.StepResult{Output: "installed to " + s.Install.DiskPath}
+	return agentwire.StepResult{Output: "installed to " + s.Install.DiskPath}
 }
 
 // Install writes an OS image to a disk, for `agent install`.
-func Install(ctx context.Context, step agentapi.InstallStep, progress func(stage string, pct int, info string)) error {
+func Install(ctx context.Context, step agentwire.InstallStep, progress func(stage string, pct int, info string)) error {
 	return install.Run(ctx, step, install.Options{Progress: progress})
 }
 
 // Inventory collects and returns the inventory, for `agent inventory`.
-func Inventory(ctx context.Context, root string) (*agentapi.Inventory, error) {
+func Inventory(ctx context.Context, root string) (*agentwire.Inventory, error) {
 	return inventory.Collect(ctx, inventory.Options{Root: root})
 }
 

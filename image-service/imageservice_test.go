@@ -31,7 +31,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/iso9660"
 	"github.com/agentboot/agentboot/internal/liveiso"
@@ -139,7 +139,7 @@ func TestServedISOCarriesIgnitionAndKargs(t *testing.T) {
 	require.NoError(t, err)
 	cfg, err = os.ReadFile(filepath.Join(unpackArchive(t, area), "config.ign"))
 	require.NoError(t, err)
-	require.Contains(t, string(cfg), `"path":"`+agentapi.BootProofPath+`"`)
+	require.Contains(t, string(cfg), `"path":"`+agentwire.BootProofPath+`"`)
 	want := base64.StdEncoding.EncodeToString([]byte(`{"bareMetalHost":"worker-7","proof":"` + proof + `"}`))
 	require.Contains(t, string(cfg), want)
 	for q, code := range map[string]int{

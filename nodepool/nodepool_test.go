@@ -26,7 +26,7 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hiveext "github.com/agentboot/agentboot/api/hiveext/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/testenv"
@@ -121,7 +121,7 @@ func (e *env) waitAgent(h *stack.Host, what string, ok func(a *v1beta1.Agent) bo
 
 // heartbeat heartbeats once, no faster than the agent API lets one host
 // (2 a second).
-func (e *env) heartbeat(h *stack.Host) agentapi.Instructions {
+func (e *env) heartbeat(h *stack.Host) agentwire.Instructions {
 	e.t.Helper()
 	time.Sleep(500 * time.Millisecond)
 	in, err := h.Heartbeat()
@@ -130,9 +130,9 @@ func (e *env) heartbeat(h *stack.Host) agentapi.Instructions {
 }
 
 // installStep heartbeats until the host is given its install step.
-func (e *env) installStep(h *stack.Host) agentapi.Step {
+func (e *env) installStep(h *stack.Host) agentwire.Step {
 	e.t.Helper()
-	var steps []agentapi.Step
+	var steps []agentwire.Step
 	require.Eventually(e.t, func() bool {
 		steps = e.heartbeat(h).Steps
 		return len(steps) > 0
@@ -168,7 +168,7 @@ func (e *env) install(h *stack.Host, hostname string) {
 	require.NoError(e.t, h.Progress("Starting installation", 0, "installing to /dev/vda"))
 	require.NoError(e.t, h.Progress("Writing image to disk", 50, "100 of 200 MiB"))
 	require.NoError(e.t, h.Progress("Rebooting", 100, ""))
-	require.NoError(e.t, h.StepResult("install", agentapi.StepResult{Output: "installed to /dev/vda"}))
+	require.NoError(e.t, h.StepResult("install", agentwire.StepResult{Output: "installed to /dev/vda"}))
 	kl := &hosted.Kubelet{T: e.t, C: e.hosted, Name: hostname}
 	kl.CSR(hostname+"-client", hosted.ClientSigner, hosted.Bootstrapper, hostname, nil, nil, hosted.ClientUsages...)
 	require.Eventually(e.t, func() bool { return kl.Approved(hostname + "-client") }, wait, 100*time.Millisecond)
@@ -218,7 +218,7 @@ func TestCAPIAgentInstallsAndReleases(t *testing.T) {
 
 	// The install step carries the day-2 pointer Ignition.
 	step := e.installStep(h1)
-	require.Equal(t, agentapi.StepInstall, step.Kind)
+	require.Equal(t, agentwire.StepInstall, step.Kind)
 	require.Equal(t, "/dev/vda", step.Install.DiskPath)
 	cfg, rpt, err := v3_2.Parse([]byte(step.Install.Ignition))
 	require.NoError(t, err, rpt.String())
@@ -582,9 +582,9 @@ func TestReleasedWhileInstalling(t *testing.T) {
 		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == lifecycle.StateUnbindingPendingUserAct
 	})
 	require.ErrorContains(t, h.Progress("Rebooting", 100, ""), "released from its cluster")
-	err := h.StepResult("install", agentapi.StepResult{Output: "installed to /dev/vda"})
+	err := h.StepResult("install", agentwire.StepResult{Output: "installed to /dev/vda"})
 	require.ErrorContains(t, err, "409")
-	require.ErrorContains(t, err, agentapi.CodeReleased)
+	require.ErrorContains(t, err, agentwire.CodeReleased)
 	e.waitAgent(h, "free again", func(a *v1beta1.Agent) bool {
 		return a.Status.DebugInfo.State == lifecycle.StateKnownUnbound && a.Status.Progress.CurrentStage == "" && a.Status.InstallationDiskID == ""
 	})
@@ -617,7 +617,7 @@ func TestManagerHandoverMidInstall(t *testing.T) {
 	}, wait, 500*time.Millisecond)
 	require.NoError(t, h.Progress("Writing image to disk", 60, ""))
 	require.NoError(t, h.Progress("Rebooting", 100, ""))
-	require.NoError(t, h.StepResult("install", agentapi.StepResult{Output: "installed to /dev/vda"}))
+	require.NoError(t, h.StepResult("install", agentwire.StepResult{Output: "installed to /dev/vda"}))
 	kl := &hosted.Kubelet{T: t, C: e.hosted, Name: "host-1"}
 	kl.CSR("client", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
 	require.Eventually(t, func() bool { return kl.Approved("client") }, wait, 100*time.Millisecond)

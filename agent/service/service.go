@@ -20,12 +20,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/agentboot/agentboot/agent/service/internal/api"
+	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	"github.com/agentboot/agentboot/agent/service/internal/reconciler"
 	"github.com/agentboot/agentboot/agent/service/internal/steps"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/osimage"
@@ -89,7 +89,7 @@ func (c *Config) defaults() {
 		c.MinDiskSizeBytes = d.MinDiskSizeBytes
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = agentapi.DefaultPollInterval
+		c.PollInterval = agentwire.DefaultPollInterval
 	}
 	if c.LeaseRenewInterval == 0 {
 		c.LeaseRenewInterval = 45 * time.Second
@@ -136,7 +136,7 @@ func SetupAPI(mgr manager.Manager, cfg Config) error {
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
 		return errors.New("agent service: the agent API is HTTPS only and needs a certificate and key")
 	}
-	var install api.Steps
+	var install hostapi.Steps
 	if cfg.Ignition != nil && cfg.Catalog != nil {
 		install = &steps.Steps{
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
@@ -144,7 +144,7 @@ func SetupAPI(mgr manager.Manager, cfg Config) error {
 			Events: eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")), Log: cfg.Log.WithName("steps"), Now: time.Now,
 		}
 	}
-	srv := api.New(api.Options{
+	srv := hostapi.New(hostapi.Options{
 		Client:             mgr.GetClient(),
 		APIReader:          mgr.GetAPIReader(),
 		Keys:               cfg.Keys,

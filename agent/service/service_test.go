@@ -26,7 +26,7 @@ import (
 	agentclient "github.com/agentboot/agentboot/agent/internal/client"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -54,7 +54,7 @@ func TestMain(m *testing.M) {
 
 type host struct {
 	token string
-	cfg   agentapi.Config
+	cfg   agentwire.Config
 	c     *agentclient.Client
 	ns    string
 	id    string
@@ -76,9 +76,9 @@ func register(t *testing.T, ie *v1beta1.InfraEnv, n int) *host {
 	cfg := s.AgentConfig(t, ie)
 	c, err := agentclient.New(cfg)
 	require.NoError(t, err)
-	resp, err := c.Register(context.Background(), cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{
+	resp, err := c.Register(context.Background(), cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{
 		InfraEnvUID: cfg.InfraEnv.UID, HostID: stack.HostID(n),
-		Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(n)}},
+		Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(n)}},
 	})
 	require.NoError(t, err)
 	require.Equal(t, stack.HostID(n), resp.HostID)
@@ -95,13 +95,13 @@ func reregister(t *testing.T, ie *v1beta1.InfraEnv, n int) *host {
 	cfg := s.AgentConfig(t, ie)
 	c, err := agentclient.New(cfg)
 	require.NoError(t, err)
-	var resp agentapi.RegisterResponse
+	var resp agentwire.RegisterResponse
 	require.Eventually(t, func() bool {
-		resp, err = c.Register(context.Background(), cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{
+		resp, err = c.Register(context.Background(), cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{
 			InfraEnvUID: cfg.InfraEnv.UID, HostID: stack.HostID(n),
-			Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(n)}},
+			Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(n)}},
 		})
-		return !agentclient.IsCode(err, agentapi.CodeHostActive)
+		return !agentclient.IsCode(err, agentwire.CodeHostActive)
 	}, 30*time.Second, 100*time.Millisecond)
 	require.NoError(t, err)
 	c.SetToken(resp.AgentToken)
@@ -117,7 +117,7 @@ func (h *host) agent(t *testing.T) *v1beta1.Agent {
 
 func (h *host) beat(t *testing.T) {
 	t.Helper()
-	_, err := h.c.Instructions(context.Background(), h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+	_, err := h.c.Instructions(context.Background(), h.ns, h.id, agentwire.InstructionsRequest{Time: time.Now()})
 	require.NoError(t, err)
 }
 
@@ -233,21 +233,21 @@ func TestValidationsFollowTheHardware(t *testing.T) {
 		ie.Spec.HostRequirements = &v1beta1.HostRequirements{CPUVirtualization: true, MinMemoryMiB: 4096}
 	})
 	cases := map[string]struct {
-		change func(*agentapi.Inventory)
+		change func(*agentwire.Inventory)
 		id     string
 		status string
 		msg    string
 	}{
-		"one core":         {func(i *agentapi.Inventory) { i.CPU.Count = 1 }, "has-min-cpu-cores", "failure", "has 1 CPU cores; the minimum is 2"},
-		"InfraEnv minimum": {func(i *agentapi.Inventory) { i.Memory.PhysicalBytes = 3 << 30 }, "has-min-memory", "failure", "3.0 GiB of memory; the minimum is 4.0 GiB"},
-		"small disk":       {func(i *agentapi.Inventory) { i.Disks[0].SizeBytes = 20e9 }, "has-min-valid-disks", "failure", "vda: 20.0 GB, the minimum is 100 GB"},
-		"ineligible disk": {func(i *agentapi.Inventory) {
-			i.Disks[0].InstallationEligibility = agentapi.InstallationEligibility{NotEligibleReasons: []string{"Disk is removable"}}
+		"one core":         {func(i *agentwire.Inventory) { i.CPU.Count = 1 }, "has-min-cpu-cores", "failure", "has 1 CPU cores; the minimum is 2"},
+		"InfraEnv minimum": {func(i *agentwire.Inventory) { i.Memory.PhysicalBytes = 3 << 30 }, "has-min-memory", "failure", "3.0 GiB of memory; the minimum is 4.0 GiB"},
+		"small disk":       {func(i *agentwire.Inventory) { i.Disks[0].SizeBytes = 20e9 }, "has-min-valid-disks", "failure", "vda: 20.0 GB, the minimum is 100 GB"},
+		"ineligible disk": {func(i *agentwire.Inventory) {
+			i.Disks[0].InstallationEligibility = agentwire.InstallationEligibility{NotEligibleReasons: []string{"Disk is removable"}}
 		}, "has-min-valid-disks", "failure", "vda: Disk is removable"},
-		"localhost":          {func(i *agentapi.Inventory) { i.Hostname = "localhost" }, "hostname-valid", "failure", "not allowed"},
-		"bad hostname":       {func(i *agentapi.Inventory) { i.Hostname = "Bad_Name" }, "hostname-valid", "failure", "not a valid DNS name"},
-		"no virtualization":  {func(i *agentapi.Inventory) { i.Virtualization.Verdict = agentapi.VirtNotSupportedByCPU }, "cnv-requirements-satisfied", "failure", "CPU does not have virtualization support"},
-		"VM without nesting": {func(i *agentapi.Inventory) { i.Virtualization.Verdict = agentapi.VirtVirtualMachineWithoutNested }, "cpu-virtualization", "failure", "virtual-machine-without-nesting"},
+		"localhost":          {func(i *agentwire.Inventory) { i.Hostname = "localhost" }, "hostname-valid", "failure", "not allowed"},
+		"bad hostname":       {func(i *agentwire.Inventory) { i.Hostname = "Bad_Name" }, "hostname-valid", "failure", "not a valid DNS name"},
+		"no virtualization":  {func(i *agentwire.Inventory) { i.Virtualization.Verdict = agentwire.VirtNotSupportedByCPU }, "cnv-requirements-satisfied", "failure", "CPU does not have virtualization support"},
+		"VM without nesting": {func(i *agentwire.Inventory) { i.Virtualization.Verdict = agentwire.VirtVirtualMachineWithoutNested }, "cpu-virtualization", "failure", "virtual-machine-without-nesting"},
 	}
 	n := 100
 	for name, tc := range cases {
@@ -295,7 +295,7 @@ func TestValidationsFollowTheHardware(t *testing.T) {
 	t.Run("clock far off", func(t *testing.T) {
 		h := register(t, ie, 203)
 		require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, stack.FakeInventory("clocky", stack.MAC(203))))
-		_, err := h.c.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now().Add(10 * time.Minute)})
+		_, err := h.c.Instructions(ctx, h.ns, h.id, agentwire.InstructionsRequest{Time: time.Now().Add(10 * time.Minute)})
 		require.NoError(t, err)
 		a := h.waitAgent(t, "saw the clock", func(x *v1beta1.Agent) bool { return validation(x, "ntp-synced").Status == "failure" })
 		require.Contains(t, validation(a, "ntp-synced").Message, "10m0s away")
@@ -305,7 +305,7 @@ func TestValidationsFollowTheHardware(t *testing.T) {
 		ie2 := infraEnv(t, nil)
 		h := register(t, ie2, 204)
 		inv := stack.FakeInventory("novirt", stack.MAC(204))
-		inv.Virtualization.Verdict = agentapi.VirtVirtualMachineWithoutNested
+		inv.Virtualization.Verdict = agentwire.VirtVirtualMachineWithoutNested
 		require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, inv))
 		h.beat(t)
 		a := h.waitAgent(t, "became known", func(x *v1beta1.Agent) bool { return x.Status.DebugInfo.State == "known-unbound" })
@@ -350,7 +350,7 @@ func TestHeartbeatsWriteRarely(t *testing.T) {
 			// The same inventory again: no write either.
 			require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, stack.FakeInventory("busy", stack.MAC(4))))
 		}
-		_, err := h.c.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+		_, err := h.c.Instructions(ctx, h.ns, h.id, agentwire.InstructionsRequest{Time: time.Now()})
 		require.NoError(t, err)
 		beats++
 		if s.Client.Get(ctx, leaseKey, &l) == nil {
@@ -370,7 +370,7 @@ func TestBadRequests(t *testing.T) {
 	h := register(t, ie, 5)
 	other := register(t, ie, 6)
 
-	raw := func(method, path, token string, body []byte) (int, agentapi.Error) {
+	raw := func(method, path, token string, body []byte) (int, agentwire.Error) {
 		pool := x509.NewCertPool()
 		pool.AppendCertsFromPEM([]byte(h.cfg.CABundle))
 		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
@@ -379,14 +379,14 @@ func TestBadRequests(t *testing.T) {
 		resp, err := hc.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
-		var e agentapi.Error
+		var e agentwire.Error
 		_ = json.NewDecoder(resp.Body).Decode(&e)
 		return resp.StatusCode, e
 	}
 	regPath := "/api/v1/infraenvs/" + ie.Namespace + "/" + ie.Name + "/hosts"
-	goodReg, _ := json.Marshal(agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: stack.HostID(7), Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(7)}}})
+	goodReg, _ := json.Marshal(agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: stack.HostID(7), Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(7)}}})
 	invPath := func(id string) string { return "/api/v1/namespaces/" + h.ns + "/agents/" + id + "/inventory" }
-	big := bytes.Repeat([]byte("x"), agentapi.MaxInventoryBytes+10)
+	big := bytes.Repeat([]byte("x"), agentwire.MaxInventoryBytes+10)
 	goodInv, _ := json.Marshal(stack.FakeInventory("x", stack.MAC(5)))
 	badMAC := stack.FakeInventory("x", stack.MAC(5))
 	badMAC.Interfaces[0].MacAddress = "not-a-mac"
@@ -404,12 +404,12 @@ func TestBadRequests(t *testing.T) {
 		"registration without token":    {"POST", regPath, "", goodReg, 401, "Unauthorized"},
 		"registration with wrong token": {"POST", regPath, hTok, goodReg, 401, "Unauthorized"},
 		"unknown InfraEnv":              {"POST", "/api/v1/infraenvs/" + ie.Namespace + "/nope/hosts", "x", goodReg, 401, "Unauthorized"},
-		"unknown InfraEnv, good token":  {"POST", "/api/v1/infraenvs/" + ie.Namespace + "/nope/hosts", h.cfg.RegistrationToken, goodReg, 410, agentapi.CodeInfraEnvGone},
+		"unknown InfraEnv, good token":  {"POST", "/api/v1/infraenvs/" + ie.Namespace + "/nope/hosts", h.cfg.RegistrationToken, goodReg, 410, agentwire.CodeInfraEnvGone},
 		"another session's token":       {"POST", "/api/v1/namespaces/" + h.ns + "/agents/" + h.id + "/instructions", otherSession, []byte(`{}`), 401, "Unauthorized"},
 		"malformed registration":        {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"hostID":`), 400, "BadRequest"},
 		"unknown registration field":    {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"hostID":"x","evil":1}`), 400, "BadRequest"},
 		"host ID not a UUID":            {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"infraEnvUID":"` + string(ie.UID) + `","hostID":"../etc","identity":{"macAddresses":[]}}`), 400, "BadRequest"},
-		"ID of another host":            {"POST", regPath, h.cfg.RegistrationToken, mustJSON(agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: h.id, Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(99)}}}), 409, agentapi.CodeHostIDConflict},
+		"ID of another host":            {"POST", regPath, h.cfg.RegistrationToken, mustJSON(agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: h.id, Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(99)}}}), 409, agentwire.CodeHostIDConflict},
 		"inventory with no token":       {"PUT", invPath(h.id), "", goodInv, 401, "Unauthorized"},
 		"another host's token":          {"PUT", invPath(other.id), hTok, goodInv, 401, "Unauthorized"},
 		"oversized inventory":           {"PUT", invPath(h.id), hTok, big, 400, "BadInventory"},
@@ -430,7 +430,7 @@ func TestBadRequests(t *testing.T) {
 	t.Run("rate limit", func(t *testing.T) {
 		limited := false
 		for i := 0; i < 60 && !limited; i++ {
-			_, err := h.c.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+			_, err := h.c.Instructions(ctx, h.ns, h.id, agentwire.InstructionsRequest{Time: time.Now()})
 			limited = agentclient.IsStatus(err, http.StatusTooManyRequests)
 		}
 		require.True(t, limited, "a host hammering the API is slowed down")
@@ -441,12 +441,12 @@ func TestBadRequests(t *testing.T) {
 		h2 := register(t, ie2, 8)
 		require.NoError(t, s.Client.Delete(ctx, ie2))
 		require.Eventually(t, func() bool {
-			_, err := h2.c.Instructions(ctx, h2.ns, h2.id, agentapi.InstructionsRequest{Time: time.Now()})
-			return agentclient.IsCode(err, agentapi.CodeInfraEnvGone) || agentclient.IsStatus(err, http.StatusNotFound)
+			_, err := h2.c.Instructions(ctx, h2.ns, h2.id, agentwire.InstructionsRequest{Time: time.Now()})
+			return agentclient.IsCode(err, agentwire.CodeInfraEnvGone) || agentclient.IsStatus(err, http.StatusNotFound)
 		}, 10*time.Second, 100*time.Millisecond)
-		_, err := h2.c.Register(ctx, h2.cfg.InfraEnv, h2.cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: h2.cfg.InfraEnv.UID, HostID: stack.HostID(9), Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(9)}}})
+		_, err := h2.c.Register(ctx, h2.cfg.InfraEnv, h2.cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: h2.cfg.InfraEnv.UID, HostID: stack.HostID(9), Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(9)}}})
 		require.True(t, agentclient.IsStatus(err, http.StatusGone), "%v", err)
-		require.True(t, agentclient.IsCode(err, agentapi.CodeInfraEnvGone))
+		require.True(t, agentclient.IsCode(err, agentwire.CodeInfraEnvGone))
 	})
 }
 
@@ -479,7 +479,7 @@ func TestAgentCapPerInfraEnv(t *testing.T) {
 		return err != nil
 	}, time.Minute, 200*time.Millisecond)
 	require.ErrorContains(t, err, "403")
-	require.ErrorContains(t, err, agentapi.CodeAgentCap)
+	require.ErrorContains(t, err, agentwire.CodeAgentCap)
 	require.ErrorContains(t, err, "has 2 Agents, its cap of 2")
 	h1.Reregister(t, ie, 1)
 	require.Eventually(t, func() bool {
@@ -507,11 +507,11 @@ func TestHostIdentity(t *testing.T) {
 	ie := infraEnv(t, nil)
 	cfg := s.AgentConfig(t, ie)
 	id := stack.HostID(21)
-	victim := agentapi.HostIdentity{SystemUUID: id, SerialNumber: "SN-VICTIM-21", MACAddresses: []string{stack.MAC(21), stack.MAC(22)}}
-	reg := func(ident agentapi.HostIdentity) (*host, error) {
+	victim := agentwire.HostIdentity{SystemUUID: id, SerialNumber: "SN-VICTIM-21", MACAddresses: []string{stack.MAC(21), stack.MAC(22)}}
+	reg := func(ident agentwire.HostIdentity) (*host, error) {
 		c, err := agentclient.New(cfg)
 		require.NoError(t, err)
-		resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: ident})
+		resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: ident})
 		if err != nil {
 			return nil, err
 		}
@@ -520,13 +520,13 @@ func TestHostIdentity(t *testing.T) {
 	}
 	// regAfterSilence registers once the service has seen the Agent's
 	// host fall silent.
-	regAfterSilence := func(ident agentapi.HostIdentity) (*host, error) {
+	regAfterSilence := func(ident agentwire.HostIdentity) (*host, error) {
 		s.Silence(t, ie.Namespace, id)
 		var h *host
 		var err error
 		require.Eventually(t, func() bool {
 			h, err = reg(ident)
-			return !agentclient.IsCode(err, agentapi.CodeHostActive)
+			return !agentclient.IsCode(err, agentwire.CodeHostActive)
 		}, 30*time.Second, 100*time.Millisecond)
 		return h, err
 	}
@@ -538,21 +538,21 @@ func TestHostIdentity(t *testing.T) {
 	// refused, say after the service's key changed) continues it.
 	c, err := agentclient.New(cfg)
 	require.NoError(t, err)
-	resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: realSession})
+	resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: realSession})
 	require.NoError(t, err)
 	require.Equal(t, real.token, resp.AgentToken, "the same session")
-	_, err = c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: strings.Repeat("0", 32)})
-	require.True(t, agentclient.IsCode(err, agentapi.CodeHostActive), "a made-up session continues nothing: %v", err)
+	_, err = c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: strings.Repeat("0", 32)})
+	require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "a made-up session continues nothing: %v", err)
 	a0 := real.agent(t)
 	p0 := client.MergeFrom(a0.DeepCopy())
 	delete(a0.Annotations, "agentboot.io/contested-at") // that attempt is not what this test disputes
 	require.NoError(t, s.Client.Patch(ctx, a0, p0))
 
 	// What a PXE request gives away (the UUID, one MAC) is not the host.
-	_, err = reg(agentapi.HostIdentity{SystemUUID: id, MACAddresses: []string{stack.MAC(21)}})
-	require.True(t, agentclient.IsCode(err, agentapi.CodeHostIDConflict), "%v", err)
-	_, err = reg(agentapi.HostIdentity{SystemUUID: id, SerialNumber: "SN-VICTIM-21", MACAddresses: []string{stack.MAC(21)}})
-	require.True(t, agentclient.IsCode(err, agentapi.CodeHostIDConflict), "a partial match: %v", err)
+	_, err = reg(agentwire.HostIdentity{SystemUUID: id, MACAddresses: []string{stack.MAC(21)}})
+	require.True(t, agentclient.IsCode(err, agentwire.CodeHostIDConflict), "%v", err)
+	_, err = reg(agentwire.HostIdentity{SystemUUID: id, SerialNumber: "SN-VICTIM-21", MACAddresses: []string{stack.MAC(21)}})
+	require.True(t, agentclient.IsCode(err, agentwire.CodeHostIDConflict), "a partial match: %v", err)
 
 	// The whole identity while the host is alive: held off, with no token;
 	// the real host heard from afterwards makes the Agent disputed.
@@ -561,7 +561,7 @@ func TestHostIdentity(t *testing.T) {
 	go func() {
 		defer close(beating)
 		for {
-			_, _ = real.c.Instructions(ctx, real.ns, real.id, agentapi.InstructionsRequest{Time: time.Now()})
+			_, _ = real.c.Instructions(ctx, real.ns, real.id, agentwire.InstructionsRequest{Time: time.Now()})
 			select {
 			case <-stop:
 				return
@@ -570,7 +570,7 @@ func TestHostIdentity(t *testing.T) {
 		}
 	}()
 	_, err = reg(victim)
-	require.True(t, agentclient.IsCode(err, agentapi.CodeHostActive), "%v", err)
+	require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "%v", err)
 	a := real.waitAgent(t, "was disputed", func(a *v1beta1.Agent) bool {
 		return validation(a, "identity-undisputed").Status == v1beta1.ValidationFailure
 	})
@@ -589,7 +589,7 @@ func TestHostIdentity(t *testing.T) {
 	again, err := regAfterSilence(victim)
 	require.NoError(t, err)
 	require.NotEqual(t, real.token, again.token)
-	_, err = real.c.Instructions(ctx, real.ns, real.id, agentapi.InstructionsRequest{Time: time.Now()})
+	_, err = real.c.Instructions(ctx, real.ns, real.id, agentwire.InstructionsRequest{Time: time.Now()})
 	require.ErrorContains(t, err, "401")
 	again.beat(t)
 	again.waitAgent(t, "was undisputed again", func(a *v1beta1.Agent) bool {
@@ -603,7 +603,7 @@ func TestHostIdentity(t *testing.T) {
 	a.Spec.ClusterDeploymentName = &v1beta1.ClusterReference{Namespace: ie.Namespace, Name: "some-cluster"}
 	require.NoError(t, s.Client.Patch(ctx, a, patch))
 	_, err = regAfterSilence(victim)
-	require.True(t, agentclient.IsCode(err, agentapi.CodeIdentityInDoubt), "%v", err)
+	require.True(t, agentclient.IsCode(err, agentwire.CodeIdentityInDoubt), "%v", err)
 	waitEvent(t, ie.Namespace, id, "IdentityInDoubt")
 	again.beat(t) // the bound session still works
 	require.Equal(t, again.agent(t).Annotations["agentboot.io/session"], a.Annotations["agentboot.io/session"])
@@ -624,8 +624,8 @@ func TestHostIdentity(t *testing.T) {
 	require.Eventually(t, func() bool { // the service sees the label and the BareMetalHost through its cache
 		c, err := agentclient.New(cfg)
 		require.NoError(t, err)
-		resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentapi.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim,
-			BootProof: &agentapi.BootProof{BareMetalHost: "vm21", Proof: key.BootProof(ie.Namespace, "vm21", string(bmh.UID))}})
+		resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim,
+			BootProof: &agentwire.BootProof{BareMetalHost: "vm21", Proof: key.BootProof(ie.Namespace, "vm21", string(bmh.UID))}})
 		if err != nil {
 			return false
 		}
@@ -658,12 +658,12 @@ func TestAgentTokenOfEarlierRelease(t *testing.T) {
 	require.NoError(t, err)
 	old.SetToken(base64.RawURLEncoding.EncodeToString(m.Sum(nil)))
 	require.Eventually(t, func() bool {
-		_, err := old.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+		_, err := old.Instructions(ctx, h.ns, h.id, agentwire.InstructionsRequest{Time: time.Now()})
 		return err == nil
 	}, 30*time.Second, 600*time.Millisecond, "the old token works for an Agent without a session")
 	// Once a session began, it does not.
 	again := reregister(t, ie, 61)
-	_, err = old.Instructions(ctx, h.ns, h.id, agentapi.InstructionsRequest{Time: time.Now()})
+	_, err = old.Instructions(ctx, h.ns, h.id, agentwire.InstructionsRequest{Time: time.Now()})
 	require.ErrorContains(t, err, "401")
 	again.beat(t)
 }
@@ -686,7 +686,7 @@ func TestRegistrationTokenRotation(t *testing.T) {
 
 	c, err := agentclient.New(oldCfg)
 	require.NoError(t, err)
-	req := agentapi.RegisterRequest{InfraEnvUID: oldCfg.InfraEnv.UID, HostID: stack.HostID(32), Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(32)}}}
+	req := agentwire.RegisterRequest{InfraEnvUID: oldCfg.InfraEnv.UID, HostID: stack.HostID(32), Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(32)}}}
 	_, err = c.Register(ctx, oldCfg.InfraEnv, oldCfg.RegistrationToken, req)
 	require.ErrorContains(t, err, "401", "a token of before the rotation")
 	_, err = c.Register(ctx, newCfg.InfraEnv, newCfg.RegistrationToken, req)

@@ -14,7 +14,7 @@ import (
 	"syscall"
 
 	"github.com/agentboot/agentboot/agent"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -67,7 +67,7 @@ func main() {
 
 func run(ctx context.Context, args []string, log *slog.Logger) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	cfgPath := fs.String("config", agentapi.ConfigPath, "agent config written by the discovery Ignition")
+	cfgPath := fs.String("config", agentwire.ConfigPath, "agent config written by the discovery Ignition")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func staticNetwork(args []string, log *slog.Logger) error {
 
 func install(ctx context.Context, args []string, log *slog.Logger) error {
 	fs := flag.NewFlagSet("install", flag.ContinueOnError)
-	var step agentapi.InstallStep
+	var step agentwire.InstallStep
 	fs.StringVar(&step.DiskPath, "disk", "", "the disk to install to (everything on it is replaced)")
 	fs.StringVar(&step.ImageURL, "image-url", "", "raw (or gzip-compressed raw) OS disk image")
 	fs.StringVar(&step.ImageSHA256, "image-sha256", "", "sha256 of the image as downloaded")

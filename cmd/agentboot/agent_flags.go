@@ -4,7 +4,7 @@ import (
 	"flag"
 
 	agentservice "github.com/agentboot/agentboot/agent/service"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // agentFlags are the agent API's and the Agent controller's settings.
@@ -23,7 +23,7 @@ func (a *agentFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&a.minMemMiB, "min-memory-mib", 8192, "least memory (MiB) a host needs, unless its InfraEnv's hostRequirements says otherwise")
 	fs.Int64Var(&a.minDiskGB, "min-disk-size-gb", 100, "smallest installation disk (GB), unless its InfraEnv's hostRequirements says otherwise")
 	fs.IntVar(&a.cfg.MaxAgentsPerInfraEnv, "max-agents-per-infraenv", agentservice.DefaultMaxAgentsPerInfraEnv, "most Agents the hosts of one InfraEnv may create; registrations past it are refused with 403 and an event on the InfraEnv")
-	fs.DurationVar(&a.cfg.PollInterval, "agent-poll-interval", 0, "how often hosts heartbeat (default "+agentapi.DefaultPollInterval.String()+")")
+	fs.DurationVar(&a.cfg.PollInterval, "agent-poll-interval", 0, "how often hosts heartbeat (default "+agentwire.DefaultPollInterval.String()+")")
 	fs.DurationVar(&a.cfg.DisconnectAfter, "agent-disconnect-after", 0, "how long a silent host stays Connected (default 3m)")
 }
 

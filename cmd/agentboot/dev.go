@@ -15,8 +15,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/agentboot/agentboot/cmd/agentboot/app"
 	"github.com/agentboot/agentboot/deploy"
-	"github.com/agentboot/agentboot/internal/app"
 	"github.com/agentboot/agentboot/internal/devcluster"
 	"github.com/agentboot/agentboot/internal/hostaddr"
 	"github.com/agentboot/agentboot/internal/kubeapply"

@@ -7,8 +7,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/agentboot/agentboot/cmd/agentboot/app"
 	imageservice "github.com/agentboot/agentboot/image-service"
-	"github.com/agentboot/agentboot/internal/app"
 )
 
 // imageServiceFlags are the image service's own settings.

@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/agentboot/agentboot/bmc"
-	"github.com/agentboot/agentboot/internal/app"
+	"github.com/agentboot/agentboot/cmd/agentboot/app"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/nodepool"
 )

@@ -25,7 +25,7 @@ import (
 	"github.com/coreos/ignition/v2/config/v3_2/types"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/initramfs"
 	"github.com/agentboot/agentboot/internal/liveiso"
 	"github.com/agentboot/agentboot/internal/osimage"
@@ -248,7 +248,7 @@ func Render(in Input, s Settings) (*Output, error) {
 // BareMetalHost's BMC: the same, with the proof in BootProofPath. Its
 // version and URLs are the InfraEnv's: the proof is a query parameter of
 // the URL the BMC controller inserts. area is the ISO's embed area.
-func (o *Output) WithBootProof(p agentapi.BootProof, area int64) (*Output, error) {
+func (o *Output) WithBootProof(p agentwire.BootProof, area int64) (*Output, error) {
 	raw, err := json.Marshal(p)
 	if err != nil {
 		return nil, err
@@ -256,7 +256,7 @@ func (o *Output) WithBootProof(p agentapi.BootProof, area int64) (*Output, error
 	var add types.Config
 	add.Ignition.Version = baseIgnitionVersion
 	add.Storage.Files = []types.File{{
-		Node:          types.Node{Path: agentapi.BootProofPath, Overwrite: ptr(true)},
+		Node:          types.Node{Path: agentwire.BootProofPath, Overwrite: ptr(true)},
 		FileEmbedded1: types.FileEmbedded1{Mode: ptr(0o600), Contents: types.Resource{Source: dataURL(raw)}},
 	}}
 	addJSON, err := json.Marshal(add)
@@ -342,15 +342,15 @@ func renderIgnition(in Input, s Settings) ([]byte, parts, error) {
 		"additionalTrustBundle":  len(ie.Spec.AdditionalTrustBundle),
 		"sshAuthorizedKey":       len(ie.Spec.SSHAuthorizedKey),
 	}
-	agentCfg := agentapi.Config{
+	agentCfg := agentwire.Config{
 		APIURL:            s.AgentAPIURL,
-		InfraEnv:          agentapi.InfraEnvRef{Namespace: ie.Namespace, Name: ie.Name, UID: string(ie.UID)},
+		InfraEnv:          agentwire.InfraEnvRef{Namespace: ie.Namespace, Name: ie.Name, UID: string(ie.UID)},
 		RegistrationToken: in.Key.RegistrationToken(string(ie.UID), signing.Epoch(ie.Annotations[signing.RotateAnnotation])),
 		CABundle:          s.CABundle,
 		NTPSources:        ie.Spec.AdditionalNTPSources,
 	}
 	if p := ie.Spec.Proxy; p != nil && (p.HTTPProxy != "" || p.HTTPSProxy != "") {
-		agentCfg.Proxy = &agentapi.Proxy{HTTPProxy: p.HTTPProxy, HTTPSProxy: p.HTTPSProxy, NoProxy: p.NoProxy}
+		agentCfg.Proxy = &agentwire.Proxy{HTTPProxy: p.HTTPProxy, HTTPSProxy: p.HTTPSProxy, NoProxy: p.NoProxy}
 	}
 	agentJSON, err := json.Marshal(agentCfg)
 	if err != nil {
@@ -398,7 +398,7 @@ func renderIgnition(in Input, s Settings) ([]byte, parts, error) {
 			Source:       ptr(agentURL),
 			Verification: types.Verification{Hash: ptr("sha512-" + agentBin.SHA512)},
 		}),
-		file(agentapi.ConfigPath, 0o600, types.Resource{Source: dataURL(agentJSON)}),
+		file(agentwire.ConfigPath, 0o600, types.Resource{Source: dataURL(agentJSON)}),
 	)
 	if tb := strings.TrimSpace(ie.Spec.AdditionalTrustBundle); tb != "" {
 		cfg.Storage.Files = append(cfg.Storage.Files, file(TrustBundlePath, 0o644, types.Resource{Source: dataURL([]byte(tb + "\n"))}))
@@ -473,7 +473,7 @@ func splitNoProxy(s string) []string {
 
 // proxyEnvironment is a systemd DefaultEnvironment value; systemd quotes each
 // assignment in double quotes.
-func proxyEnvironment(p *agentapi.Proxy) string {
+func proxyEnvironment(p *agentwire.Proxy) string {
 	var env []string
 	add := func(k, v string) {
 		if v != "" {
@@ -493,14 +493,14 @@ func proxyEnvironment(p *agentapi.Proxy) string {
 func staticNetworks(cfgs []v1beta1.NMStateConfig) ([]byte, error) {
 	sorted := append([]v1beta1.NMStateConfig(nil), cfgs...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
-	var nets []agentapi.StaticNetwork
+	var nets []agentwire.StaticNetwork
 	for _, c := range sorted {
-		n := agentapi.StaticNetwork{Name: c.Name}
+		n := agentwire.StaticNetwork{Name: c.Name}
 		for _, i := range c.Spec.Interfaces {
 			if i == nil {
 				continue
 			}
-			n.Interfaces = append(n.Interfaces, agentapi.StaticInterface{Name: i.Name, MACAddress: strings.ToLower(i.MacAddress)})
+			n.Interfaces = append(n.Interfaces, agentwire.StaticInterface{Name: i.Name, MACAddress: strings.ToLower(i.MacAddress)})
 		}
 		if len(c.Spec.NetConfig.Raw) > 0 {
 			if err := json.Unmarshal(c.Spec.NetConfig.Raw, &n.State); err != nil {

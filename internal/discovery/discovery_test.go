@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/liveiso"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -112,7 +112,7 @@ func TestRenderEverything(t *testing.T) {
 	for i, f := range cfg.Storage.Files {
 		files[f.Path] = i
 	}
-	for _, p := range []string{AgentBinaryPath, agentapi.ConfigPath, TrustBundlePath, ProxyEnvironmentPath, StaticNetworksPath, "/etc/motd"} {
+	for _, p := range []string{AgentBinaryPath, agentwire.ConfigPath, TrustBundlePath, ProxyEnvironmentPath, StaticNetworksPath, "/etc/motd"} {
 		require.Contains(t, files, p)
 	}
 	agent := cfg.Storage.Files[files[AgentBinaryPath]]
@@ -120,17 +120,17 @@ func TestRenderEverything(t *testing.T) {
 	require.Equal(t, "sha512-"+strings.Repeat("b", 128), *agent.Contents.Verification.Hash)
 	require.Equal(t, 0o755, *agent.Mode)
 
-	var ac agentapi.Config
-	require.NoError(t, json.Unmarshal(decodeData(t, cfg.Storage.Files[files[agentapi.ConfigPath]].Contents.Source), &ac))
+	var ac agentwire.Config
+	require.NoError(t, json.Unmarshal(decodeData(t, cfg.Storage.Files[files[agentwire.ConfigPath]].Contents.Source), &ac))
 	require.Equal(t, settings.AgentAPIURL, ac.APIURL)
-	require.Equal(t, agentapi.InfraEnvRef{Namespace: ie.Namespace, Name: ie.Name, UID: string(ie.UID)}, ac.InfraEnv)
+	require.Equal(t, agentwire.InfraEnvRef{Namespace: ie.Namespace, Name: ie.Name, UID: string(ie.UID)}, ac.InfraEnv)
 	require.True(t, key(t).Verify(ac.RegistrationToken, signing.PurposeRegister, string(ie.UID), ""))
 	require.Equal(t, settings.CABundle, ac.CABundle)
 	require.Equal(t, []string{"ntp1.example", "198.18.0.5"}, ac.NTPSources)
 	require.Equal(t, "198.18.0.0/15,.cluster.local", ac.Proxy.NoProxy)
-	require.Equal(t, 0o600, *cfg.Storage.Files[files[agentapi.ConfigPath]].Mode)
+	require.Equal(t, 0o600, *cfg.Storage.Files[files[agentwire.ConfigPath]].Mode)
 
-	var nets []agentapi.StaticNetwork
+	var nets []agentwire.StaticNetwork
 	require.NoError(t, json.Unmarshal(decodeData(t, cfg.Storage.Files[files[StaticNetworksPath]].Contents.Source), &nets))
 	require.Equal(t, "52:54:00:aa:bb:cc", nets[0].Interfaces[0].MACAddress)
 	require.Equal(t, "host-a", nets[0].Name)

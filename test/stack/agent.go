@@ -18,13 +18,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // AgentConfig is the agent config a host of ie gets, read out of the
 // discovery Ignition the image service serves, with the agent API URL
 // pointed at the loopback listener.
-func (s *Stack) AgentConfig(t testing.TB, ie *v1beta1.InfraEnv) agentapi.Config {
+func (s *Stack) AgentConfig(t testing.TB, ie *v1beta1.InfraEnv) agentwire.Config {
 	t.Helper()
 	resp, err := s.HTTP.Get(s.Local(ie.Status.BootArtifacts.DiscoveryIgnitionURL))
 	if err != nil {
@@ -49,38 +49,38 @@ func (s *Stack) AgentConfig(t testing.TB, ie *v1beta1.InfraEnv) agentapi.Config 
 		t.Fatal(err)
 	}
 	for _, f := range ign.Storage.Files {
-		if f.Path != agentapi.ConfigPath {
+		if f.Path != agentwire.ConfigPath {
 			continue
 		}
 		du, err := dataurl.DecodeString(f.Contents.Source)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var cfg agentapi.Config
+		var cfg agentwire.Config
 		if err := json.Unmarshal(du.Data, &cfg); err != nil {
 			t.Fatal(err)
 		}
 		cfg.APIURL = "https://" + s.AgentAPIAddr
 		return cfg
 	}
-	t.Fatalf("no %s in the discovery Ignition", agentapi.ConfigPath)
-	return agentapi.Config{}
+	t.Fatalf("no %s in the discovery Ignition", agentwire.ConfigPath)
+	return agentwire.Config{}
 }
 
 // FakeInventory is a host that meets the default requirements.
-func FakeInventory(hostname, mac string) *agentapi.Inventory {
+func FakeInventory(hostname, mac string) *agentwire.Inventory {
 	now := nowUTC()
-	return &agentapi.Inventory{
+	return &agentwire.Inventory{
 		ReportTime: &now,
 		Hostname:   hostname,
-		CPU:        agentapi.CPU{Count: 4, Architecture: "x86_64", ModelName: "Test CPU", ClockMegahertz: 2400, Flags: []string{"svm"}},
-		Memory:     agentapi.Memory{PhysicalBytes: 16 << 30, UsableBytes: 15 << 30},
-		Interfaces: []agentapi.Interface{{Name: "eth0", MacAddress: mac, IPV4Addresses: []string{"198.18.0.10/24"}, IPV6Addresses: []string{}, Flags: []string{"up"}, HasCarrier: true, Mtu: 1500}},
-		Disks: []agentapi.Disk{{ID: "/dev/disk/by-id/virtio-disk0", Name: "vda", Path: "/dev/vda", DriveType: "SSD", SizeBytes: 200_000_000_000,
-			InstallationEligibility: agentapi.InstallationEligibility{Eligible: true, NotEligibleReasons: []string{}}}},
-		SystemVendor:   agentapi.SystemVendor{Manufacturer: "QEMU", ProductName: "Standard PC (Q35 + ICH9, 2009)", Virtual: true},
-		Boot:           agentapi.Boot{CurrentBootMode: "bios"},
-		Virtualization: &agentapi.Virtualization{Verdict: agentapi.VirtSupported, Reason: "KVM runs guests", KVMDevicePresent: true, KVMUsable: true},
+		CPU:        agentwire.CPU{Count: 4, Architecture: "x86_64", ModelName: "Test CPU", ClockMegahertz: 2400, Flags: []string{"svm"}},
+		Memory:     agentwire.Memory{PhysicalBytes: 16 << 30, UsableBytes: 15 << 30},
+		Interfaces: []agentwire.Interface{{Name: "eth0", MacAddress: mac, IPV4Addresses: []string{"198.18.0.10/24"}, IPV6Addresses: []string{}, Flags: []string{"up"}, HasCarrier: true, Mtu: 1500}},
+		Disks: []agentwire.Disk{{ID: "/dev/disk/by-id/virtio-disk0", Name: "vda", Path: "/dev/vda", DriveType: "SSD", SizeBytes: 200_000_000_000,
+			InstallationEligibility: agentwire.InstallationEligibility{Eligible: true, NotEligibleReasons: []string{}}}},
+		SystemVendor:   agentwire.SystemVendor{Manufacturer: "QEMU", ProductName: "Standard PC (Q35 + ICH9, 2009)", Virtual: true},
+		Boot:           agentwire.Boot{CurrentBootMode: "bios"},
+		Virtualization: &agentwire.Virtualization{Verdict: agentwire.VirtSupported, Reason: "KVM runs guests", KVMDevicePresent: true, KVMUsable: true},
 	}
 }
 
@@ -98,7 +98,7 @@ func nowUTC() time.Time { return time.Now().UTC().Truncate(time.Second) }
 // outside the agent package.
 type Host struct {
 	s             *Stack
-	Cfg           agentapi.Config
+	Cfg           agentwire.Config
 	NS, ID, Token string
 }
 
@@ -155,7 +155,7 @@ func (s *Stack) RegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, mediaU
 func (s *Stack) TryRegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, mediaURL string) (*Host, error) {
 	t.Helper()
 	h := &Host{s: s, Cfg: s.AgentConfig(t, ie)}
-	req := agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentapi.HostIdentity{MACAddresses: []string{MAC(n)}}}
+	req := agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentwire.HostIdentity{MACAddresses: []string{MAC(n)}}}
 	if mediaURL != "" {
 		u, err := url.Parse(mediaURL)
 		if err != nil {
@@ -165,15 +165,15 @@ func (s *Stack) TryRegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, med
 		if q.Get("bmh") == "" || q.Get("proof") == "" {
 			return nil, fmt.Errorf("media URL %s carries no boot proof", mediaURL)
 		}
-		req.BootProof = &agentapi.BootProof{BareMetalHost: q.Get("bmh"), Proof: q.Get("proof")}
+		req.BootProof = &agentwire.BootProof{BareMetalHost: q.Get("bmh"), Proof: q.Get("proof")}
 	}
-	var resp agentapi.RegisterResponse
+	var resp agentwire.RegisterResponse
 	var err error
 	// As the agent does, retry what the service says to retry: an Agent of
 	// this ID deleted a moment ago, still alive in its cache.
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		err = h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken, req, &resp)
-		if err == nil || time.Now().After(deadline) || !strings.Contains(err.Error(), ": 503 ") && !strings.Contains(err.Error(), agentapi.CodeHostActive) {
+		if err == nil || time.Now().After(deadline) || !strings.Contains(err.Error(), ": 503 ") && !strings.Contains(err.Error(), agentwire.CodeHostActive) {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -189,25 +189,25 @@ func (s *Stack) TryRegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, med
 }
 
 // PutInventory uploads an inventory, as the agent does.
-func (h *Host) PutInventory(inv *agentapi.Inventory) error {
+func (h *Host) PutInventory(inv *agentwire.Inventory) error {
 	return h.call(http.MethodPut, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/inventory", h.Token, inv, nil)
 }
 
 // Heartbeat asks for instructions.
-func (h *Host) Heartbeat() (agentapi.Instructions, error) {
-	var out agentapi.Instructions
-	err := h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/instructions", h.Token, agentapi.InstructionsRequest{Time: time.Now()}, &out)
+func (h *Host) Heartbeat() (agentwire.Instructions, error) {
+	var out agentwire.Instructions
+	err := h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/instructions", h.Token, agentwire.InstructionsRequest{Time: time.Now()}, &out)
 	return out, err
 }
 
 // Progress reports an installation stage, as the agent does.
 func (h *Host) Progress(stage string, percentage int, info string) error {
 	return h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/progress", h.Token,
-		agentapi.Progress{Stage: stage, Percentage: percentage, Info: info}, nil)
+		agentwire.Progress{Stage: stage, Percentage: percentage, Info: info}, nil)
 }
 
 // StepResult reports how a step went.
-func (h *Host) StepResult(step string, r agentapi.StepResult) error {
+func (h *Host) StepResult(step string, r agentwire.StepResult) error {
 	return h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/steps/"+step, h.Token, r, nil)
 }
 
@@ -233,14 +233,14 @@ func (s *Stack) Silence(t testing.TB, ns, name string) {
 func (h *Host) Reregister(t testing.TB, ie *v1beta1.InfraEnv, n int) {
 	t.Helper()
 	h.s.Silence(t, h.NS, h.ID)
-	var resp agentapi.RegisterResponse
+	var resp agentwire.RegisterResponse
 	var err error
 	// The service reads Leases through its cache: until it sees the
 	// silence, it holds the registration off (HostActive).
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		err = h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken,
-			agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentapi.HostIdentity{MACAddresses: []string{MAC(n)}}}, &resp)
-		if err == nil || !strings.Contains(err.Error(), agentapi.CodeHostActive) || time.Now().After(deadline) {
+			agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentwire.HostIdentity{MACAddresses: []string{MAC(n)}}}, &resp)
+		if err == nil || !strings.Contains(err.Error(), agentwire.CodeHostActive) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -36,8 +36,8 @@ import (
 
 	agentservice "github.com/agentboot/agentboot/agent/service"
 	"github.com/agentboot/agentboot/bmc"
+	"github.com/agentboot/agentboot/cmd/agentboot/app"
 	imageservice "github.com/agentboot/agentboot/image-service"
-	"github.com/agentboot/agentboot/internal/app"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/testenv"

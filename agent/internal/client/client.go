@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/net/http/httpproxy"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // Client calls the agent API.
@@ -35,7 +35,7 @@ type Client struct {
 func (c *Client) HTTP() *http.Client { return c.http }
 
 // New builds a client from the agent's config.
-func New(cfg agentapi.Config) (*Client, error) {
+func New(cfg agentwire.Config) (*Client, error) {
 	u, err := url.Parse(cfg.APIURL)
 	if err != nil || u.Scheme != "https" || u.Host == "" {
 		return nil, fmt.Errorf("agent API URL %q must be an https:// URL", cfg.APIURL)
@@ -122,7 +122,7 @@ func (c *Client) do(ctx context.Context, method, path, bearer string, in, out an
 	}
 	if resp.StatusCode >= 300 {
 		se := &StatusError{Status: resp.StatusCode}
-		var e agentapi.Error
+		var e agentwire.Error
 		if json.Unmarshal(raw, &e) == nil && e.Message != "" {
 			se.Code, se.Msg = e.Code, e.Message
 		} else {
@@ -144,32 +144,32 @@ func fill(p string, kv ...string) string {
 }
 
 // Register joins the InfraEnv with its registration token.
-func (c *Client) Register(ctx context.Context, ie agentapi.InfraEnvRef, registrationToken string, req agentapi.RegisterRequest) (agentapi.RegisterResponse, error) {
-	var resp agentapi.RegisterResponse
-	err := c.do(ctx, http.MethodPost, fill(agentapi.RegisterPath, "namespace", ie.Namespace, "name", ie.Name), registrationToken, req, &resp)
+func (c *Client) Register(ctx context.Context, ie agentwire.InfraEnvRef, registrationToken string, req agentwire.RegisterRequest) (agentwire.RegisterResponse, error) {
+	var resp agentwire.RegisterResponse
+	err := c.do(ctx, http.MethodPost, fill(agentwire.RegisterPath, "namespace", ie.Namespace, "name", ie.Name), registrationToken, req, &resp)
 	return resp, err
 }
 
 // PutInventory uploads the inventory.
-func (c *Client) PutInventory(ctx context.Context, ns, id string, inv *agentapi.Inventory) error {
-	return c.do(ctx, http.MethodPut, fill(agentapi.InventoryPath, "namespace", ns, "id", id), c.token, inv, nil)
+func (c *Client) PutInventory(ctx context.Context, ns, id string, inv *agentwire.Inventory) error {
+	return c.do(ctx, http.MethodPut, fill(agentwire.InventoryPath, "namespace", ns, "id", id), c.token, inv, nil)
 }
 
 // Instructions is the heartbeat.
-func (c *Client) Instructions(ctx context.Context, ns, id string, req agentapi.InstructionsRequest) (agentapi.Instructions, error) {
-	var out agentapi.Instructions
-	err := c.do(ctx, http.MethodPost, fill(agentapi.InstructionsPath, "namespace", ns, "id", id), c.token, req, &out)
+func (c *Client) Instructions(ctx context.Context, ns, id string, req agentwire.InstructionsRequest) (agentwire.Instructions, error) {
+	var out agentwire.Instructions
+	err := c.do(ctx, http.MethodPost, fill(agentwire.InstructionsPath, "namespace", ns, "id", id), c.token, req, &out)
 	return out, err
 }
 
 // StepResult reports a step's outcome.
-func (c *Client) StepResult(ctx context.Context, ns, id, step string, r agentapi.StepResult) error {
-	return c.do(ctx, http.MethodPost, fill(agentapi.StepResultPath, "namespace", ns, "id", id, "step", step), c.token, r, nil)
+func (c *Client) StepResult(ctx context.Context, ns, id, step string, r agentwire.StepResult) error {
+	return c.do(ctx, http.MethodPost, fill(agentwire.StepResultPath, "namespace", ns, "id", id, "step", step), c.token, r, nil)
 }
 
 // Progress reports an installation stage.
-func (c *Client) Progress(ctx context.Context, ns, id string, p agentapi.Progress) error {
-	return c.do(ctx, http.MethodPost, fill(agentapi.ProgressPath, "namespace", ns, "id", id), c.token, p, nil)
+func (c *Client) Progress(ctx context.Context, ns, id string, p agentwire.Progress) error {
+	return c.do(ctx, http.MethodPost, fill(agentwire.ProgressPath, "namespace", ns, "id", id), c.token, p, nil)
 }
 
 // Backoff is capped exponential backoff with full jitter.

@@ -11,7 +11,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // placeholderUUIDs are values firmware ships unset or shared between boards.
@@ -63,8 +63,8 @@ func ValidSerial(s string) bool {
 }
 
 // Read collects the identity facts of this host; root is "/" except in tests.
-func Read(root string) agentapi.HostIdentity {
-	id := agentapi.HostIdentity{MACAddresses: []string{}}
+func Read(root string) agentwire.HostIdentity {
+	id := agentwire.HostIdentity{MACAddresses: []string{}}
 	read := func(p string) string {
 		raw, _ := os.ReadFile(filepath.Join(root, p))
 		return strings.TrimSpace(string(raw))
@@ -90,7 +90,7 @@ func Read(root string) agentapi.HostIdentity {
 }
 
 // Primary is the host ID to try first: the system UUID when valid.
-func Primary(id agentapi.HostIdentity) string {
+func Primary(id agentwire.HostIdentity) string {
 	if id.SystemUUID != "" {
 		return id.SystemUUID
 	}
@@ -99,7 +99,7 @@ func Primary(id agentapi.HostIdentity) string {
 
 // Derived is an ID from every identity fact, in UUID form: two hosts that
 // share a UUID (or have none) still differ by their MAC addresses.
-func Derived(id agentapi.HostIdentity) string {
+func Derived(id agentwire.HostIdentity) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "agentboot-host\x00%s\x00%s\x00%s", id.SystemUUID, id.SerialNumber, strings.Join(id.MACAddresses, ","))
 	b := h.Sum(nil)[:16]

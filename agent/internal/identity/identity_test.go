@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 func fakeHost(t *testing.T, uuid, serial string, macs map[string]string) string {
@@ -29,7 +29,7 @@ func fakeHost(t *testing.T, uuid, serial string, macs map[string]string) string 
 
 func TestIdentity(t *testing.T) {
 	a := Read(fakeHost(t, "2B0D6A31-7C1E-4A9B-9D3E-5F8A2C4E6B10", "ABC123", map[string]string{"eth0": "52:54:00:00:00:02", "eth1": "52:54:00:00:00:01"}))
-	require.Equal(t, agentapi.HostIdentity{SystemUUID: "2b0d6a31-7c1e-4a9b-9d3e-5f8a2c4e6b10", SerialNumber: "ABC123", MACAddresses: []string{"52:54:00:00:00:01", "52:54:00:00:00:02"}}, a)
+	require.Equal(t, agentwire.HostIdentity{SystemUUID: "2b0d6a31-7c1e-4a9b-9d3e-5f8a2c4e6b10", SerialNumber: "ABC123", MACAddresses: []string{"52:54:00:00:00:01", "52:54:00:00:00:02"}}, a)
 	require.Equal(t, "2b0d6a31-7c1e-4a9b-9d3e-5f8a2c4e6b10", Primary(a), "a real UUID is the host ID")
 
 	// Same UUID, other NICs: another derived ID; the same host again: the same.

@@ -23,7 +23,7 @@ import (
 
 	"github.com/ulikunitz/xz"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // Worker install stages, in order (api.md), as the agent reports them.
@@ -49,7 +49,7 @@ type Options struct {
 }
 
 // Run installs step.ImageURL onto step.DiskPath.
-func Run(ctx context.Context, step agentapi.InstallStep, o Options) error {
+func Run(ctx context.Context, step agentwire.InstallStep, o Options) error {
 	if o.HTTP == nil {
 		o.HTTP = http.DefaultClient
 	}
@@ -79,7 +79,7 @@ func Run(ctx context.Context, step agentapi.InstallStep, o Options) error {
 }
 
 // check refuses steps that cannot be right before touching anything.
-func check(step agentapi.InstallStep, mounts string) error {
+func check(step agentwire.InstallStep, mounts string) error {
 	if step.DiskPath == "" || step.ImageURL == "" {
 		return errors.New("the install step needs a disk and an image URL")
 	}
@@ -128,7 +128,7 @@ func isPartitionOf(part, disk string) bool {
 }
 
 // write streams the image to the disk, hashing what was downloaded.
-func write(ctx context.Context, step agentapi.InstallStep, o Options) (err error) {
+func write(ctx context.Context, step agentwire.InstallStep, o Options) (err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, step.ImageURL, nil)
 	if err != nil {
 		return fmt.Errorf("image URL: %w", err)

@@ -20,7 +20,7 @@ import (
 
 	"github.com/ulikunitz/xz"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/testenv"
 )
 
@@ -74,9 +74,9 @@ func newFixture(t *testing.T, compression string) *fixture {
 	return f
 }
 
-func (f *fixture) step() agentapi.InstallStep {
+func (f *fixture) step() agentwire.InstallStep {
 	sum := sha256.Sum256(f.served)
-	return agentapi.InstallStep{DiskPath: f.disk, ImageURL: f.srv.URL + "/disk.raw", ImageSHA256: hex.EncodeToString(sum[:]), Ignition: `{"ignition":{"version":"3.4.0"}}`}
+	return agentwire.InstallStep{DiskPath: f.disk, ImageURL: f.srv.URL + "/disk.raw", ImageSHA256: hex.EncodeToString(sum[:]), Ignition: `{"ignition":{"version":"3.4.0"}}`}
 }
 
 func (f *fixture) options() Options {
@@ -156,11 +156,11 @@ func TestInstallFailures(t *testing.T) {
 	})
 	t.Run("bad step", func(t *testing.T) {
 		f := newFixture(t, "raw")
-		for name, change := range map[string]func(*agentapi.InstallStep){
-			"64 hex digits": func(s *agentapi.InstallStep) { s.ImageSHA256 = "abc" },
-			"not hex":       func(s *agentapi.InstallStep) { s.ImageSHA256 = strings.Repeat("z", 64) },
-			"no Ignition":   func(s *agentapi.InstallStep) { s.Ignition = "" },
-			"needs a disk":  func(s *agentapi.InstallStep) { s.DiskPath = "" },
+		for name, change := range map[string]func(*agentwire.InstallStep){
+			"64 hex digits": func(s *agentwire.InstallStep) { s.ImageSHA256 = "abc" },
+			"not hex":       func(s *agentwire.InstallStep) { s.ImageSHA256 = strings.Repeat("z", 64) },
+			"no Ignition":   func(s *agentwire.InstallStep) { s.Ignition = "" },
+			"needs a disk":  func(s *agentwire.InstallStep) { s.DiskPath = "" },
 		} {
 			step := f.step()
 			change(&step)

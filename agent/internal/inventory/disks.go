@@ -11,7 +11,7 @@ import (
 
 	"github.com/jaypipes/ghw/pkg/block"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // hiddenDisk names devices that are not disks to install to and are left
@@ -33,7 +33,7 @@ const (
 	ReasonReadOnly  = "Disk is read-only"
 )
 
-func collectDisks(o Options) []agentapi.Disk {
+func collectDisks(o Options) []agentwire.Disk {
 	info, err := block.New(o.ghwOpts()...)
 	if err != nil {
 		return nil
@@ -41,12 +41,12 @@ func collectDisks(o Options) []agentapi.Disk {
 	db := loadPCIIDs(o)
 	byID := links(o, "dev/disk/by-id")
 	byPath := links(o, "dev/disk/by-path")
-	var out []agentapi.Disk
+	var out []agentwire.Disk
 	for _, d := range info.Disks {
 		if hiddenDisk(d.Name) {
 			continue
 		}
-		disk := agentapi.Disk{
+		disk := agentwire.Disk{
 			Name:      d.Name,
 			Path:      "/dev/" + d.Name,
 			ByID:      byID[d.Name],
@@ -214,7 +214,7 @@ func guid(s string) []byte {
 	return b
 }
 
-func eligibility(o Options, d *block.Disk, disk agentapi.Disk, head []byte) agentapi.InstallationEligibility {
+func eligibility(o Options, d *block.Disk, disk agentwire.Disk, head []byte) agentwire.InstallationEligibility {
 	reasons := []string{}
 	if disk.DriveType == "ODD" {
 		reasons = append(reasons, ReasonOptical)
@@ -242,7 +242,7 @@ func eligibility(o Options, d *block.Disk, disk agentapi.Disk, head []byte) agen
 	if len(mounted) > 0 {
 		reasons = append(reasons, "Disk has mounted partitions ("+strings.Join(mounted, ", ")+")")
 	}
-	return agentapi.InstallationEligibility{Eligible: len(reasons) == 0, NotEligibleReasons: reasons}
+	return agentwire.InstallationEligibility{Eligible: len(reasons) == 0, NotEligibleReasons: reasons}
 }
 
 // mountedWhole finds a file system mounted from the whole disk.

@@ -23,7 +23,7 @@ import (
 	"github.com/jaypipes/ghw/pkg/product"
 
 	"github.com/agentboot/agentboot/agent/internal/virt"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // Options tune a collection.
@@ -58,7 +58,7 @@ func (o Options) ghwOpts() []any {
 // Collect gathers the inventory. A part that cannot be read is left empty
 // rather than failing the whole report; the service's validations then say
 // what is missing.
-func Collect(ctx context.Context, o Options) (*agentapi.Inventory, error) {
+func Collect(ctx context.Context, o Options) (*agentwire.Inventory, error) {
 	if o.Root == "" {
 		o.Root = "/"
 	}
@@ -69,7 +69,7 @@ func Collect(ctx context.Context, o Options) (*agentapi.Inventory, error) {
 		o.Now = time.Now
 	}
 	now := o.Now().UTC().Truncate(time.Second)
-	inv := &agentapi.Inventory{ReportTime: &now}
+	inv := &agentwire.Inventory{ReportTime: &now}
 	inv.CPU = collectCPU(o)
 	inv.Memory = collectMemory(o)
 	inv.Interfaces = collectInterfaces(o)
@@ -105,8 +105,8 @@ func Arch() string {
 	return runtime.GOARCH
 }
 
-func collectCPU(o Options) agentapi.CPU {
-	c := agentapi.CPU{Architecture: Arch()}
+func collectCPU(o Options) agentwire.CPU {
+	c := agentwire.CPU{Architecture: Arch()}
 	if info, err := cpu.New(o.ghwOpts()...); err == nil {
 		c.Count = int64(info.TotalHardwareThreads)
 		if len(info.Processors) > 0 {
@@ -181,8 +181,8 @@ func collectCPU(o Options) agentapi.CPU {
 	return c
 }
 
-func collectMemory(o Options) agentapi.Memory {
-	m := agentapi.Memory{}
+func collectMemory(o Options) agentwire.Memory {
+	m := agentwire.Memory{}
 	if info, err := memory.New(o.ghwOpts()...); err == nil {
 		m.PhysicalBytes, m.UsableBytes = info.TotalPhysicalBytes, info.TotalUsableBytes
 	}
@@ -209,8 +209,8 @@ func memTotal(o Options) int64 {
 	return 0
 }
 
-func collectVendor(o Options) agentapi.SystemVendor {
-	v := agentapi.SystemVendor{}
+func collectVendor(o Options) agentwire.SystemVendor {
+	v := agentwire.SystemVendor{}
 	if info, err := product.New(o.ghwOpts()...); err == nil {
 		v.Manufacturer = clean(info.Vendor)
 		v.ProductName = clean(info.Name)
@@ -256,8 +256,8 @@ func clean(s string) string {
 	return strings.TrimSpace(s)
 }
 
-func collectBoot(o Options, ifaces []agentapi.Interface) agentapi.Boot {
-	b := agentapi.Boot{CurrentBootMode: "bios"}
+func collectBoot(o Options, ifaces []agentwire.Interface) agentwire.Boot {
+	b := agentwire.Boot{CurrentBootMode: "bios"}
 	if _, err := os.Stat(o.path("sys/firmware/efi")); err == nil {
 		b.CurrentBootMode = "uefi"
 		b.SecureBootState = "Disabled"
@@ -296,7 +296,7 @@ var localhostLike = regexp.MustCompile(`^(localhost(\..*)?|\(none\)|)$`)
 
 // Hostname is the host's name, or one derived from a MAC address when the
 // host has none of its own (localhost, empty).
-func Hostname(o Options, ifaces []agentapi.Interface) string {
+func Hostname(o Options, ifaces []agentwire.Interface) string {
 	h, _ := os.Hostname()
 	if raw, err := os.ReadFile(o.path("proc/sys/kernel/hostname")); err == nil && o.Root != "/" {
 		h = strings.TrimSpace(string(raw))

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 func writeDisk(t *testing.T, b []byte) string {
@@ -54,7 +54,7 @@ func TestHostnameAndBootInterface(t *testing.T) {
 		"Worker-7":              "worker-7",
 	} {
 		require.NoError(t, os.WriteFile(filepath.Join(root, "proc/sys/kernel/hostname"), []byte(name+"\n"), 0o644))
-		got := Hostname(Options{Root: root}, []agentapi.Interface{
+		got := Hostname(Options{Root: root}, []agentwire.Interface{
 			{MacAddress: "52:54:00:00:00:01"},
 			{MacAddress: "52:54:00:00:00:02", HasCarrier: true, IPV4Addresses: []string{"198.18.0.5/24"}},
 		})

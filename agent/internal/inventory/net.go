@@ -8,26 +8,26 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // collectInterfaces lists physical NICs (those backed by a device) with
 // their addresses and link state, from sysfs and the kernel's interface list.
-func collectInterfaces(o Options) []agentapi.Interface {
+func collectInterfaces(o Options) []agentwire.Interface {
 	sysNet := o.path("sys/class/net")
 	entries, err := os.ReadDir(sysNet)
 	if err != nil {
 		return nil
 	}
 	db := loadPCIIDs(o)
-	var out []agentapi.Interface
+	var out []agentwire.Interface
 	for _, e := range entries {
 		name := e.Name()
 		dir := filepath.Join(sysNet, name)
 		if _, err := os.Stat(filepath.Join(dir, "device")); err != nil {
 			continue // virtual: lo, bridges, bonds, veths
 		}
-		i := agentapi.Interface{
+		i := agentwire.Interface{
 			Name:          name,
 			MacAddress:    strings.ToLower(readTrim(filepath.Join(dir, "address"))),
 			IPV4Addresses: []string{},
@@ -63,7 +63,7 @@ func collectInterfaces(o Options) []agentapi.Interface {
 }
 
 // fillLive adds flags and addresses from the running kernel.
-func fillLive(i *agentapi.Interface) {
+func fillLive(i *agentwire.Interface) {
 	ifi, err := net.InterfaceByName(i.Name)
 	if err != nil {
 		return
@@ -128,13 +128,13 @@ func (db pciIDs) names(vendor, device string) (string, string) {
 
 // collectGPUs lists PCI display controllers (class 0x03) and processing
 // accelerators (class 0x12).
-func collectGPUs(o Options) []agentapi.GPU {
+func collectGPUs(o Options) []agentwire.GPU {
 	devs, err := os.ReadDir(o.path("sys/bus/pci/devices"))
 	if err != nil {
 		return nil
 	}
 	db := loadPCIIDs(o)
-	var out []agentapi.GPU
+	var out []agentwire.GPU
 	for _, d := range devs {
 		dir := o.path(filepath.Join("sys/bus/pci/devices", d.Name()))
 		class := strings.TrimPrefix(readTrim(filepath.Join(dir, "class")), "0x")
@@ -144,7 +144,7 @@ func collectGPUs(o Options) []agentapi.GPU {
 		vendor := strings.TrimPrefix(readTrim(filepath.Join(dir, "vendor")), "0x")
 		device := strings.TrimPrefix(readTrim(filepath.Join(dir, "device")), "0x")
 		vname, dname := db.names(vendor, device)
-		out = append(out, agentapi.GPU{Address: d.Name(), VendorID: vendor, DeviceID: device, Vendor: vname, Name: dname})
+		out = append(out, agentwire.GPU{Address: d.Name(), VendorID: vendor, DeviceID: device, Vendor: vname, Name: dname})
 	}
 	return out
 }

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // AddSources adds each source to chrony at runtime.
@@ -30,7 +30,7 @@ func AddSources(ctx context.Context, sources []string, log *slog.Logger) {
 }
 
 // Sources reads `chronyc -c -n sources`.
-func Sources(ctx context.Context) []agentapi.NTPSource {
+func Sources(ctx context.Context) []agentwire.NTPSource {
 	chronyc, err := exec.LookPath("chronyc")
 	if err != nil {
 		return nil
@@ -50,8 +50,8 @@ var states = map[string]string{
 }
 
 // Parse reads chronyc's CSV output (mode, state, name, ...).
-func Parse(out string) []agentapi.NTPSource {
-	var srcs []agentapi.NTPSource
+func Parse(out string) []agentwire.NTPSource {
+	var srcs []agentwire.NTPSource
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Split(line, ",")
 		if len(f) < 3 {
@@ -61,7 +61,7 @@ func Parse(out string) []agentapi.NTPSource {
 		if !ok {
 			state = "error"
 		}
-		srcs = append(srcs, agentapi.NTPSource{SourceName: f[2], SourceState: state})
+		srcs = append(srcs, agentwire.NTPSource{SourceName: f[2], SourceState: state})
 	}
 	return srcs
 }

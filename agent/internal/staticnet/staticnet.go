@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // HostMACs maps the host's MAC addresses (lower case) to interface names.
@@ -30,7 +30,7 @@ func HostMACs(root string) map[string]string {
 
 // Select returns the first config whose MACs are all on the host, with its
 // names mapped to the host's, or nil when none is for this host.
-func Select(nets []agentapi.StaticNetwork, macs map[string]string) (*agentapi.StaticNetwork, map[string]string) {
+func Select(nets []agentwire.StaticNetwork, macs map[string]string) (*agentwire.StaticNetwork, map[string]string) {
 	for i := range nets {
 		rename := map[string]string{}
 		all := len(nets[i].Interfaces) > 0
@@ -78,7 +78,7 @@ func Apply(root, configPath, outDir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var nets []agentapi.StaticNetwork
+	var nets []agentwire.StaticNetwork
 	if err := json.Unmarshal(raw, &nets); err != nil {
 		return "", fmt.Errorf("%s: %w", configPath, err)
 	}

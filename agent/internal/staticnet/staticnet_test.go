@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 func fakeHost(t *testing.T, ifaces map[string]string) string {
@@ -23,9 +23,9 @@ func fakeHost(t *testing.T, ifaces map[string]string) string {
 
 func TestApplyPicksThisHostsConfig(t *testing.T) {
 	root := fakeHost(t, map[string]string{"enp1s0": "52:54:00:00:00:0b", "enp2s0": "52:54:00:00:00:0c"})
-	nets := []agentapi.StaticNetwork{
-		{Name: "host-a", Interfaces: []agentapi.StaticInterface{{Name: "eth0", MACAddress: "52:54:00:00:00:0a"}}, State: map[string]any{"interfaces": []any{map[string]any{"name": "eth0"}}}},
-		{Name: "host-b", Interfaces: []agentapi.StaticInterface{{Name: "eth0", MACAddress: "52:54:00:00:00:0B"}, {Name: "eth1", MACAddress: "52:54:00:00:00:0c"}},
+	nets := []agentwire.StaticNetwork{
+		{Name: "host-a", Interfaces: []agentwire.StaticInterface{{Name: "eth0", MACAddress: "52:54:00:00:00:0a"}}, State: map[string]any{"interfaces": []any{map[string]any{"name": "eth0"}}}},
+		{Name: "host-b", Interfaces: []agentwire.StaticInterface{{Name: "eth0", MACAddress: "52:54:00:00:00:0B"}, {Name: "eth1", MACAddress: "52:54:00:00:00:0c"}},
 			State: map[string]any{
 				"interfaces": []any{
 					map[string]any{"name": "eth0", "type": "ethernet"},

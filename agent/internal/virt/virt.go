@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // Facts are the observations a verdict is made from.
@@ -47,8 +47,8 @@ type Facts struct {
 }
 
 // Verdict turns facts into the report.
-func Verdict(f Facts) agentapi.Virtualization {
-	v := agentapi.Virtualization{
+func Verdict(f Facts) agentwire.Virtualization {
+	v := agentwire.Virtualization{
 		CPUFlag:          f.FlagVirt,
 		KVMDevicePresent: f.KVMDevice,
 		KVMUsable:        f.KVMDevice && f.KVMErr == nil,
@@ -68,13 +68,13 @@ func Verdict(f Facts) agentapi.Virtualization {
 	name := map[string]string{"vmx": "Intel VT-x (vmx)", "svm": "AMD-V (svm)"}[ext]
 	switch {
 	case v.KVMUsable:
-		v.Verdict = agentapi.VirtSupported
+		v.Verdict = agentwire.VirtSupported
 		v.Reason = "KVM runs guests"
 		if name != "" {
 			v.Reason += " with " + name
 		}
 	case f.Hypervisor:
-		v.Verdict = agentapi.VirtVirtualMachineWithoutNested
+		v.Verdict = agentwire.VirtVirtualMachineWithoutNested
 		switch {
 		case ext == "":
 			v.Reason = "this is a virtual machine and its hypervisor does not offer nested virtualization (no vmx or svm)"
@@ -82,10 +82,10 @@ func Verdict(f Facts) agentapi.Virtualization {
 			v.Reason = fmt.Sprintf("this is a virtual machine whose hypervisor offers %s but KVM cannot run a guest: %s", name, kvmProblem(f))
 		}
 	case ext != "":
-		v.Verdict = agentapi.VirtDisabledInFirmware
+		v.Verdict = agentwire.VirtDisabledInFirmware
 		v.Reason = fmt.Sprintf("the CPU supports %s but KVM cannot use it (%s): enable virtualization in the firmware setup", name, kvmProblem(f))
 	default:
-		v.Verdict = agentapi.VirtNotSupportedByCPU
+		v.Verdict = agentwire.VirtNotSupportedByCPU
 		v.Reason = "the CPU has neither Intel VT-x (vmx) nor AMD-V (svm)"
 	}
 	return v
@@ -93,26 +93,26 @@ func Verdict(f Facts) agentapi.Virtualization {
 
 // armVerdict is the verdict of an aarch64 host, with the same names as on
 // x86: KVM runs a guest, or why not.
-func armVerdict(f Facts, v agentapi.Virtualization) agentapi.Virtualization {
+func armVerdict(f Facts, v agentwire.Virtualization) agentwire.Virtualization {
 	mode := ""
 	if f.HypMode != "" {
 		mode = ", " + f.HypMode
 	}
 	switch {
 	case v.KVMUsable:
-		v.Verdict = agentapi.VirtSupported
+		v.Verdict = agentwire.VirtSupported
 		v.Reason = "KVM runs guests (the kernel runs at EL2" + mode + ")"
 	case f.Hypervisor:
-		v.Verdict = agentapi.VirtVirtualMachineWithoutNested
+		v.Verdict = agentwire.VirtVirtualMachineWithoutNested
 		v.Reason = "this is a virtual machine and its hypervisor does not give it EL2 (nested virtualization): " + kvmProblem(f)
 	case f.EL == "EL1":
-		v.Verdict = agentapi.VirtDisabledInFirmware
+		v.Verdict = agentwire.VirtDisabledInFirmware
 		v.Reason = "the kernel was started at EL1, so KVM cannot run: the firmware or boot loader did not hand EL2 to the OS (" + kvmProblem(f) + ")"
 	case f.EL == "EL2":
-		v.Verdict = agentapi.VirtDisabledInFirmware
+		v.Verdict = agentwire.VirtDisabledInFirmware
 		v.Reason = "the kernel runs at EL2 but KVM cannot run a guest: " + kvmProblem(f)
 	default:
-		v.Verdict = agentapi.VirtNotSupportedByCPU
+		v.Verdict = agentwire.VirtNotSupportedByCPU
 		v.Reason = "no sign of EL2: the kernel did not log starting at EL2, and " + kvmProblem(f)
 	}
 	return v

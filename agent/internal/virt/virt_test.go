@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/test/vm"
 )
 
@@ -18,14 +18,14 @@ func TestVerdicts(t *testing.T) {
 		want   string
 		reason string
 	}{
-		"bare metal, KVM runs":               {Facts{CPUIDVirt: "vmx", FlagVirt: "vmx", KVMDevice: true}, agentapi.VirtSupported, "Intel VT-x"},
-		"nested VM that works":               {Facts{CPUIDVirt: "svm", FlagVirt: "svm", Hypervisor: true, KVMDevice: true}, agentapi.VirtSupported, "AMD-V"},
-		"VT-x disabled in firmware":          {Facts{CPUIDVirt: "vmx", KVMDevice: false}, agentapi.VirtDisabledInFirmware, "enable virtualization in the firmware setup"},
-		"flag present, KVM refuses":          {Facts{CPUIDVirt: "vmx", FlagVirt: "vmx", KVMDevice: true, KVMErr: broken}, agentapi.VirtDisabledInFirmware, "emulation failure"},
-		"no extension on bare metal":         {Facts{}, agentapi.VirtNotSupportedByCPU, "neither"},
-		"VM without nesting":                 {Facts{Hypervisor: true}, agentapi.VirtVirtualMachineWithoutNested, "does not offer nested"},
-		"VM with /dev/kvm that cannot run":   {Facts{Hypervisor: true, KVMDevice: true, KVMErr: broken}, agentapi.VirtVirtualMachineWithoutNested, "does not offer nested"},
-		"VM offering svm, KVM still refuses": {Facts{Hypervisor: true, CPUIDVirt: "svm", KVMDevice: true, KVMErr: broken}, agentapi.VirtVirtualMachineWithoutNested, "emulation failure"},
+		"bare metal, KVM runs":               {Facts{CPUIDVirt: "vmx", FlagVirt: "vmx", KVMDevice: true}, agentwire.VirtSupported, "Intel VT-x"},
+		"nested VM that works":               {Facts{CPUIDVirt: "svm", FlagVirt: "svm", Hypervisor: true, KVMDevice: true}, agentwire.VirtSupported, "AMD-V"},
+		"VT-x disabled in firmware":          {Facts{CPUIDVirt: "vmx", KVMDevice: false}, agentwire.VirtDisabledInFirmware, "enable virtualization in the firmware setup"},
+		"flag present, KVM refuses":          {Facts{CPUIDVirt: "vmx", FlagVirt: "vmx", KVMDevice: true, KVMErr: broken}, agentwire.VirtDisabledInFirmware, "emulation failure"},
+		"no extension on bare metal":         {Facts{}, agentwire.VirtNotSupportedByCPU, "neither"},
+		"VM without nesting":                 {Facts{Hypervisor: true}, agentwire.VirtVirtualMachineWithoutNested, "does not offer nested"},
+		"VM with /dev/kvm that cannot run":   {Facts{Hypervisor: true, KVMDevice: true, KVMErr: broken}, agentwire.VirtVirtualMachineWithoutNested, "does not offer nested"},
+		"VM offering svm, KVM still refuses": {Facts{Hypervisor: true, CPUIDVirt: "svm", KVMDevice: true, KVMErr: broken}, agentwire.VirtVirtualMachineWithoutNested, "emulation failure"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -43,12 +43,12 @@ func TestArmVerdicts(t *testing.T) {
 		facts        Facts
 		want, reason string
 	}{
-		"server at EL2, VHE":      {Facts{Arm: true, EL: "EL2", HypMode: "VHE", KVMDevice: true}, agentapi.VirtSupported, "KVM runs guests (the kernel runs at EL2, VHE)"},
-		"started at EL1":          {Facts{Arm: true, EL: "EL1"}, agentapi.VirtDisabledInFirmware, "did not hand EL2 to the OS (no /dev/kvm)"},
-		"EL2, KVM fails":          {Facts{Arm: true, EL: "EL2", KVMDevice: true, KVMErr: broken}, agentapi.VirtDisabledInFirmware, "refused to enter"},
-		"guest without EL2":       {Facts{Arm: true, Hypervisor: true, EL: "EL1"}, agentapi.VirtVirtualMachineWithoutNested, "does not give it EL2"},
-		"guest with EL2 (nested)": {Facts{Arm: true, Hypervisor: true, EL: "EL2", KVMDevice: true, Nested: "disabled"}, agentapi.VirtSupported, "EL2"},
-		"nothing logged, no KVM":  {Facts{Arm: true}, agentapi.VirtNotSupportedByCPU, "no sign of EL2"},
+		"server at EL2, VHE":      {Facts{Arm: true, EL: "EL2", HypMode: "VHE", KVMDevice: true}, agentwire.VirtSupported, "KVM runs guests (the kernel runs at EL2, VHE)"},
+		"started at EL1":          {Facts{Arm: true, EL: "EL1"}, agentwire.VirtDisabledInFirmware, "did not hand EL2 to the OS (no /dev/kvm)"},
+		"EL2, KVM fails":          {Facts{Arm: true, EL: "EL2", KVMDevice: true, KVMErr: broken}, agentwire.VirtDisabledInFirmware, "refused to enter"},
+		"guest without EL2":       {Facts{Arm: true, Hypervisor: true, EL: "EL1"}, agentwire.VirtVirtualMachineWithoutNested, "does not give it EL2"},
+		"guest with EL2 (nested)": {Facts{Arm: true, Hypervisor: true, EL: "EL2", KVMDevice: true, Nested: "disabled"}, agentwire.VirtSupported, "EL2"},
+		"nothing logged, no KVM":  {Facts{Arm: true}, agentwire.VirtNotSupportedByCPU, "no sign of EL2"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			v := Verdict(tc.facts)
@@ -84,7 +84,7 @@ func TestProbeAgreesWithQEMU(t *testing.T) {
 	got := Verdict(Probe("/"))
 	require.Equal(t, qemuKVM, got.KVMUsable, "agent says %+v", got)
 	if !qemuKVM {
-		require.NotEqual(t, agentapi.VirtSupported, got.Verdict)
+		require.NotEqual(t, agentwire.VirtSupported, got.Verdict)
 	}
 	t.Logf("this machine: %+v", got)
 }

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/initramfs"
 	"github.com/agentboot/agentboot/internal/lifecycle"
@@ -110,7 +110,7 @@ func (h *Handler) render(ctx context.Context, ie *v1beta1.InfraEnv, key signing.
 
 // withBootProof is out with a BareMetalHost's boot proof, cached as
 // renderings are: the BMC reads the ISO in many ranges.
-func (h *Handler) withBootProof(out *discovery.Output, img *osimage.Image, p agentapi.BootProof) (*discovery.Output, error) {
+func (h *Handler) withBootProof(out *discovery.Output, img *osimage.Image, p agentwire.BootProof) (*discovery.Output, error) {
 	key := strings.Join([]string{"boot-proof", out.Version, img.ID, p.BareMetalHost, p.Proof}, "|")
 	if e, ok := h.renders.get(key); ok {
 		return e.out, nil

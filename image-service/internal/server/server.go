@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -283,7 +283,7 @@ var (
 type imageRequest struct {
 	uid, version, file, token, mac string
 	// bootProof: an ISO the BMC controller inserts for one BareMetalHost.
-	bootProof *agentapi.BootProof
+	bootProof *agentwire.BootProof
 }
 
 // big files go through the download slots.
@@ -313,7 +313,7 @@ func parseImageRequest(r *http.Request) (imageRequest, error) {
 			req.mac = strings.ToLower(v[0])
 		case (k == "bmh" || k == "proof") && len(v) == 1 && isISO(req.file):
 			if req.bootProof == nil {
-				req.bootProof = &agentapi.BootProof{}
+				req.bootProof = &agentwire.BootProof{}
 			}
 			if k == "bmh" {
 				req.bootProof.BareMetalHost = v[0]

@@ -34,7 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/internal/testenv"
@@ -248,8 +248,8 @@ func (h *host) do(ctx context.Context, method, path, token string, in, out any) 
 }
 
 func (h *host) register(ctx context.Context, ie *v1beta1.InfraEnv, token string) (time.Duration, error) {
-	req := agentapi.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: stack.HostID(h.i + 1), Identity: agentapi.HostIdentity{MACAddresses: []string{stack.MAC(h.i + 1)}}}
-	var resp agentapi.RegisterResponse
+	req := agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: stack.HostID(h.i + 1), Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(h.i + 1)}}}
+	var resp agentwire.RegisterResponse
 	path := "/api/v1/infraenvs/" + ie.Namespace + "/" + ie.Name + "/hosts"
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
@@ -277,7 +277,7 @@ func (h *host) live(ctx context.Context, poll time.Duration) {
 			return
 		case <-t.C:
 		}
-		_ = h.do(ctx, http.MethodPost, path, h.token, agentapi.InstructionsRequest{Time: time.Now()}, nil)
+		_ = h.do(ctx, http.MethodPost, path, h.token, agentwire.InstructionsRequest{Time: time.Now()}, nil)
 		t.Reset(poll)
 	}
 }

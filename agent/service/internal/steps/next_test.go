@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/agentboot/agentboot/agent/service/internal/api"
+	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/testenv"
 )
@@ -36,7 +36,7 @@ func TestNextChecksCheapReasonsFirst(t *testing.T) {
 		Ignition: func(*v1beta1.Agent) (func(context.Context) (string, error), bool) {
 			return func(context.Context) (string, error) { fetched++; return "", errors.New("no user-data") }, ours
 		}}
-	ref := &api.AgentRef{Agent: a, InfraEnv: &v1beta1.InfraEnv{}}
+	ref := &hostapi.AgentRef{Agent: a, InfraEnv: &v1beta1.InfraEnv{}}
 	steps, err := s.Next(ctx, ref)
 	require.NoError(t, err)
 	require.Empty(t, steps)
@@ -49,7 +49,7 @@ func TestNextChecksCheapReasonsFirst(t *testing.T) {
 	ours = false
 	other := got.DeepCopy()
 	other.Status.Progress.ProgressInfo = ""
-	steps, err = s.Next(ctx, &api.AgentRef{Agent: other, InfraEnv: ref.InfraEnv})
+	steps, err = s.Next(ctx, &hostapi.AgentRef{Agent: other, InfraEnv: ref.InfraEnv})
 	require.NoError(t, err)
 	require.Empty(t, steps)
 	require.Zero(t, fetched)

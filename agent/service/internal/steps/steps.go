@@ -20,9 +20,9 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/agentboot/agentboot/agent/service/internal/api"
+	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/installprogress"
@@ -45,7 +45,7 @@ type Catalog interface {
 // it cannot have one yet.
 type IgnitionFunc func(a *v1beta1.Agent) (fetch func(ctx context.Context) (string, error), ours bool)
 
-// Steps implements api.Steps.
+// Steps implements hostapi.Steps.
 type Steps struct {
 	Client    client.Client
 	APIReader client.Reader
@@ -57,13 +57,13 @@ type Steps struct {
 	Now       func() time.Time
 }
 
-var _ api.Steps = (*Steps)(nil)
+var _ hostapi.Steps = (*Steps)(nil)
 
 // Next gives a bound, approved, validated Agent that has not started
 // installing its install step. When something it needs is missing, the
 // reason goes to status.progress.progressInfo (shown in the Installed
 // condition) and the host is asked again on its next heartbeat.
-func (s *Steps) Next(ctx context.Context, ref *api.AgentRef) ([]agentapi.Step, error) {
+func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.Step, error) {
 	a := ref.Agent
 	if !lifecycle.Bound(a) || !a.Spec.Approved || lifecycle.Started(a) {
 		return nil, nil
@@ -90,12 +90,12 @@ func (s *Steps) Next(ctx context.Context, ref *api.AgentRef) ([]agentapi.Step, e
 		return nil, fmt.Errorf("claim the installation: %w", err)
 	}
 	s.Events.Eventf(a, nil, corev1.EventTypeNormal, "InstallationStarted", "Install", "installing to %s", disk.Path)
-	return []agentapi.Step{{ID: InstallStepID, Kind: agentapi.StepInstall, Install: step}}, nil
+	return []agentwire.Step{{ID: InstallStepID, Kind: agentwire.StepInstall, Install: step}}, nil
 }
 
 // installStep assembles the step but its config: the disk, the OS disk
 // image.
-func (s *Steps) installStep(ref *api.AgentRef) (*agentapi.InstallStep, v1beta1.HostDisk, error) {
+func (s *Steps) installStep(ref *hostapi.AgentRef) (*agentwire.InstallStep, v1beta1.HostDisk, error) {
 	a := ref.Agent
 	if !conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) {
 		return nil, v1beta1.HostDisk{}, errors.New("waiting for the host's validations to pass")
@@ -116,7 +116,7 @@ func (s *Steps) installStep(ref *api.AgentRef) (*agentapi.InstallStep, v1beta1.H
 	default:
 		return nil, disk, fmt.Errorf("waiting for the OS disk image of %s to download %s", k, st.Progress)
 	}
-	return &agentapi.InstallStep{
+	return &agentwire.InstallStep{
 		DiskPath:    disk.Path,
 		ImageURL:    discovery.DiskImageURL(s.Settings, k),
 		ImageSHA256: st.Image.SHA256,
@@ -225,13 +225,13 @@ func diskNames(disks []v1beta1.HostDisk) string {
 // is forgotten (it is free again) and it is told so (ErrReleased), so that
 // it wipes what it wrote instead of rebooting into a system that would
 // join a cluster it no longer belongs to.
-func (s *Steps) Result(ctx context.Context, ref *api.AgentRef, step string, r agentapi.StepResult) error {
+func (s *Steps) Result(ctx context.Context, ref *hostapi.AgentRef, step string, r agentwire.StepResult) error {
 	if step != InstallStepID {
 		return fmt.Errorf("no step %q was given to this host", step)
 	}
 	if released, err := s.forgetIfReleased(ctx, ref.Agent); err != nil || released {
 		if err == nil {
-			err = api.ErrReleased
+			err = hostapi.ErrReleased
 		}
 		return err
 	}
@@ -275,7 +275,7 @@ func (s *Steps) forgetIfReleased(ctx context.Context, a *v1beta1.Agent) (bool, e
 
 // Progress records a stage the host reports; the stages after Rebooting are
 // the service's to observe.
-func (s *Steps) Progress(ctx context.Context, ref *api.AgentRef, p agentapi.Progress) error {
+func (s *Steps) Progress(ctx context.Context, ref *hostapi.AgentRef, p agentwire.Progress) error {
 	stage := v1beta1.HostStage(p.Stage)
 	if stage != v1beta1.StageFailed && !slices.Contains(installprogress.HostStages, stage) {
 		return fmt.Errorf("stage %q is not one a host reports", p.Stage)

@@ -1,8 +1,8 @@
-// Package agentapi is the contract between the on-host agent and agentboot's
+// Package agentwire is the contract between the on-host agent and agentboot's
 // services: the agent's configuration file (written by the discovery
 // Ignition) and the JSON messages of the agent API. It imports nothing from
 // Kubernetes, so the agent binary stays small.
-package agentapi
+package agentwire
 
 // ConfigPath is where the discovery Ignition writes the agent's config.
 const ConfigPath = "/etc/agentboot/agent.json"

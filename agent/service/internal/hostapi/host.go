@@ -1,4 +1,4 @@
-package api
+package hostapi
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -88,7 +88,7 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 		var ie v1beta1.InfraEnv
 		err = s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: a.Labels[v1beta1.InfraEnvNameLabel]}, &ie)
 		if apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != uid) {
-			writeError(w, http.StatusGone, agentapi.CodeInfraEnvGone, "the InfraEnv of Agent %s/%s was deleted", ns, id)
+			writeError(w, http.StatusGone, agentwire.CodeInfraEnvGone, "the InfraEnv of Agent %s/%s was deleted", ns, id)
 			return
 		}
 		if err != nil {
@@ -173,7 +173,7 @@ func (s *Server) dispute(ctx context.Context, a *v1beta1.Agent) error {
 // inventory stores the host's hardware in the Agent's status when it changed.
 func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
 	var inv v1beta1.HostInventory
-	if err := decode(w, r, agentapi.MaxInventoryBytes, &inv); err != nil {
+	if err := decode(w, r, agentwire.MaxInventoryBytes, &inv); err != nil {
 		writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %v", err)
 		return
 	}
@@ -181,9 +181,9 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 		writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %v", err)
 		return
 	}
-	if raw, _ := json.Marshal(&inv); len(raw) > agentapi.MaxStoredInventoryBytes {
+	if raw, _ := json.Marshal(&inv); len(raw) > agentwire.MaxStoredInventoryBytes {
 		writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %d bytes as stored, more than the %d kept per Agent (a large 2-socket server's is about 18 KiB)",
-			len(raw), agentapi.MaxStoredInventoryBytes)
+			len(raw), agentwire.MaxStoredInventoryBytes)
 		return
 	}
 	a := ref.Agent
@@ -265,7 +265,7 @@ func validInventory(inv *v1beta1.HostInventory) error {
 // instructions is the heartbeat: it renews the host's Lease (at most every
 // LeaseRenewInterval) and returns the work for the host.
 func (s *Server) instructions(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
-	var req agentapi.InstructionsRequest
+	var req agentwire.InstructionsRequest
 	if err := decode(w, r, maxBodyBytes, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
 		return
@@ -280,18 +280,18 @@ func (s *Server) instructions(w http.ResponseWriter, r *http.Request, ref *Agent
 	if err := s.storeNTP(r.Context(), ref.Agent, req.NTPSources); err != nil {
 		s.o.Log.Error(err, "store NTP sources", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
 	}
-	steps := []agentapi.Step{}
+	steps := []agentwire.Step{}
 	if s.o.Steps != nil {
 		var err error
 		if steps, err = s.o.Steps.Next(r.Context(), ref); err != nil {
 			s.o.Log.Error(err, "next steps", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
-			steps = []agentapi.Step{}
+			steps = []agentwire.Step{}
 		}
 	}
-	writeJSON(w, http.StatusOK, agentapi.Instructions{Steps: steps, PollSeconds: int(s.o.PollInterval / time.Second)})
+	writeJSON(w, http.StatusOK, agentwire.Instructions{Steps: steps, PollSeconds: int(s.o.PollInterval / time.Second)})
 }
 
-func (s *Server) storeNTP(ctx context.Context, a *v1beta1.Agent, srcs []agentapi.NTPSource) error {
+func (s *Server) storeNTP(ctx context.Context, a *v1beta1.Agent, srcs []agentwire.NTPSource) error {
 	if len(srcs) > 64 {
 		srcs = srcs[:64]
 	}
@@ -371,7 +371,7 @@ func abs(x int64) int64 {
 }
 
 func (s *Server) stepResult(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
-	var res agentapi.StepResult
+	var res agentwire.StepResult
 	if err := decode(w, r, maxBodyBytes, &res); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
 		return
@@ -382,7 +382,7 @@ func (s *Server) stepResult(w http.ResponseWriter, r *http.Request, ref *AgentRe
 	}
 	if err := s.o.Steps.Result(r.Context(), ref, r.PathValue("step"), res); err != nil {
 		if errors.Is(err, ErrReleased) {
-			writeError(w, http.StatusConflict, agentapi.CodeReleased, "%v", err)
+			writeError(w, http.StatusConflict, agentwire.CodeReleased, "%v", err)
 			return
 		}
 		writeError(w, http.StatusBadRequest, "BadStepResult", "%v", err)
@@ -399,7 +399,7 @@ var stages = []v1beta1.HostStage{
 }
 
 func (s *Server) progress(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
-	var p agentapi.Progress
+	var p agentwire.Progress
 	if err := decode(w, r, maxBodyBytes, &p); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
 		return

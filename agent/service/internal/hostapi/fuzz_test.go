@@ -1,4 +1,4 @@
-package api
+package hostapi
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
 // FuzzInventory feeds arbitrary bodies through the inventory upload's
@@ -29,7 +29,7 @@ func FuzzInventory(f *testing.F) {
 		r := httptest.NewRequest(http.MethodPut, "/", bytes.NewReader(body))
 		w := httptest.NewRecorder()
 		var inv v1beta1.HostInventory
-		if err := decode(w, r, agentapi.MaxInventoryBytes, &inv); err != nil {
+		if err := decode(w, r, agentwire.MaxInventoryBytes, &inv); err != nil {
 			return
 		}
 		if validInventory(&inv) == nil {
@@ -45,7 +45,7 @@ func TestHostInventoryIsValid(t *testing.T) {
 	}
 	r := httptest.NewRequest(http.MethodPut, "/", bytes.NewReader(data))
 	var inv v1beta1.HostInventory
-	if err := decode(httptest.NewRecorder(), r, agentapi.MaxInventoryBytes, &inv); err != nil {
+	if err := decode(httptest.NewRecorder(), r, agentwire.MaxInventoryBytes, &inv); err != nil {
 		t.Fatal(err)
 	}
 	if err := validInventory(&inv); err != nil {

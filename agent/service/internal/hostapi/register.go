@@ -1,4 +1,4 @@
-package api
+package hostapi
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -34,7 +34,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	start := s.o.Now()
 	defer func() { registrationSeconds.Observe(s.o.Now().Sub(start).Seconds()) }()
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
-	var req agentapi.RegisterRequest
+	var req agentwire.RegisterRequest
 	if err := decode(w, r, maxBodyBytes, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
 		return
@@ -53,7 +53,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	switch code {
 	case http.StatusOK:
 	case http.StatusGone:
-		writeError(w, code, agentapi.CodeInfraEnvGone, "InfraEnv %s/%s was deleted", ns, name)
+		writeError(w, code, agentwire.CodeInfraEnvGone, "InfraEnv %s/%s was deleted", ns, name)
 		return
 	case http.StatusUnauthorized:
 		writeError(w, code, "Unauthorized", "unauthorized")
@@ -74,17 +74,17 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	created := kind == kindCreated
 	var capped *capError
 	if errors.As(err, &capped) {
-		writeError(w, http.StatusForbidden, agentapi.CodeAgentCap, "%v", err)
+		writeError(w, http.StatusForbidden, agentwire.CodeAgentCap, "%v", err)
 		s.o.Events.Eventf(ie, nil, corev1.EventTypeWarning, "AgentCapReached", "Register", "%v", err)
 		return
 	}
 	switch {
 	case errors.Is(err, errConflict):
-		writeError(w, http.StatusConflict, agentapi.CodeHostIDConflict, "host ID %s is registered to another host", req.HostID)
+		writeError(w, http.StatusConflict, agentwire.CodeHostIDConflict, "host ID %s is registered to another host", req.HostID)
 		return
 	case errors.Is(err, errActive):
 		w.Header().Set("Retry-After", strconv.Itoa(int(s.quietBefore()/time.Second)))
-		writeError(w, http.StatusConflict, agentapi.CodeHostActive,
+		writeError(w, http.StatusConflict, agentwire.CodeHostActive,
 			"Agent %s/%s is still heard from; a host registering as it is refused until it has been silent for %s (if this host rebooted, that is its earlier boot and it only waits; if another host is alive as %s, the Agent is marked disputed)",
 			ns, req.HostID, s.quietBefore(), req.HostID)
 		return
@@ -96,7 +96,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		if a := (&v1beta1.Agent{}); s.o.Client.Get(r.Context(), client.ObjectKey{Namespace: ns, Name: req.HostID}, a) == nil {
 			s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "IdentityInDoubt", "Register", "%s", msg)
 		}
-		writeError(w, http.StatusConflict, agentapi.CodeIdentityInDoubt, "%s", msg)
+		writeError(w, http.StatusConflict, agentwire.CodeIdentityInDoubt, "%s", msg)
 		return
 	}
 	if err != nil {
@@ -121,7 +121,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	if created {
 		s.o.Events.Eventf(agent, nil, corev1.EventTypeNormal, "Registered", "Register", "host %s registered through InfraEnv %s", agent.Name, ie.Name)
 	}
-	writeJSON(w, http.StatusOK, agentapi.RegisterResponse{
+	writeJSON(w, http.StatusOK, agentwire.RegisterResponse{
 		Namespace:        agent.Namespace,
 		HostID:           agent.Name,
 		AgentToken:       agentToken(key, agent),
@@ -194,7 +194,7 @@ func (s *Server) underCap(ctx context.Context, ie *v1beta1.InfraEnv) error {
 	return nil
 }
 
-func validRegistration(req agentapi.RegisterRequest) error {
+func validRegistration(req agentwire.RegisterRequest) error {
 	if !uuidPattern.MatchString(req.HostID) {
 		return fmt.Errorf("hostID %q is not a lower-case UUID", req.HostID)
 	}
@@ -283,7 +283,7 @@ var (
 // identityDigest is a keyed digest of everything a host says it is. It is
 // keyed so that the annotation does not give away the serial number to
 // whoever reads Agents, and cannot be computed from a guess.
-func identityDigest(key signing.Key, ns string, req agentapi.RegisterRequest) string {
+func identityDigest(key signing.Key, ns string, req agentwire.RegisterRequest) string {
 	id := req.Identity
 	return key.Token(signing.PurposeIdentity, ns+"/"+req.HostID,
 		strings.ToLower(id.SystemUUID)+"\n"+id.SerialNumber+"\n"+hosts.MACs(id.MACAddresses))
@@ -307,7 +307,7 @@ func newSession() string {
 //   - an Agent bound to a cluster, or installing, never begins a new
 //     session (errInDoubt): the registration cannot prove it is the host
 //     that was bound, and a new session would get its installation.
-func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, registration, error) {
+func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, registration, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	key := client.ObjectKey{Namespace: ie.Namespace, Name: req.HostID}
 	var existing v1beta1.Agent
@@ -364,7 +364,7 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 
 // resume begins a new session of an existing Agent, under the identity
 // rule of ensureAgent.
-func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentapi.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, registration, error) {
+func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, registration, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	switch recorded := a.Annotations[hosts.IdentityAnnotation]; {
 	case recorded == "" && a.Annotations[hosts.MACsAnnotation] != macs:
@@ -442,7 +442,7 @@ func (s *Server) beginSession(a *v1beta1.Agent, bootedBy string) {
 // bootedBy checks a registration's boot proof and returns the UID of the
 // BareMetalHost it proves, or "" (with why, for the log) when there is
 // none or it does not hold.
-func (s *Server) bootedBy(ctx context.Context, key signing.Key, ns string, p *agentapi.BootProof) (string, string) {
+func (s *Server) bootedBy(ctx context.Context, key signing.Key, ns string, p *agentwire.BootProof) (string, string) {
 	if p == nil {
 		return "", ""
 	}

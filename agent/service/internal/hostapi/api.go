@@ -1,9 +1,9 @@
-// Package api is the agent API: hosts register with their InfraEnv's token,
+// Package hostapi is the agent API: hosts register with their InfraEnv's token,
 // get a per-host token, upload inventory, heartbeat for instructions and
 // report results. Every manager replica serves it; it keeps no state of its
 // own, reads through the informer cache, and writes only when something
 // changed (liveness goes to a Lease, renewed at most every 45 seconds).
-package api
+package hostapi
 
 import (
 	"context"
@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/agentboot/agentboot/internal/agentapi"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 
@@ -61,11 +61,11 @@ var ErrReleased = errors.New("the host was released from its cluster while it in
 
 // Steps hands out work for hosts and takes their reports.
 type Steps interface {
-	Next(ctx context.Context, a *AgentRef) ([]agentapi.Step, error)
+	Next(ctx context.Context, a *AgentRef) ([]agentwire.Step, error)
 	// Result takes a step's outcome; ErrReleased says the host was
 	// unbound meanwhile and must not boot what it installed.
-	Result(ctx context.Context, a *AgentRef, step string, r agentapi.StepResult) error
-	Progress(ctx context.Context, a *AgentRef, p agentapi.Progress) error
+	Result(ctx context.Context, a *AgentRef, step string, r agentwire.StepResult) error
+	Progress(ctx context.Context, a *AgentRef, p agentwire.Progress) error
 }
 
 // Limits of the API.
@@ -124,7 +124,7 @@ func New(o Options) *Server {
 		o.Now = time.Now
 	}
 	if o.PollInterval == 0 {
-		o.PollInterval = agentapi.DefaultPollInterval
+		o.PollInterval = agentwire.DefaultPollInterval
 	}
 	if o.LeaseRenewInterval == 0 {
 		o.LeaseRenewInterval = 45 * time.Second
@@ -135,11 +135,11 @@ func New(o Options) *Server {
 // Handler has every route of the agent API.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST "+agentapi.RegisterPath, s.observe("register", http.HandlerFunc(s.register)))
-	mux.Handle("PUT "+agentapi.InventoryPath, s.observe("inventory", s.host(s.inventory)))
-	mux.Handle("POST "+agentapi.InstructionsPath, s.observe("instructions", s.host(s.instructions)))
-	mux.Handle("POST "+agentapi.StepResultPath, s.observe("step", s.host(s.stepResult)))
-	mux.Handle("POST "+agentapi.ProgressPath, s.observe("progress", s.host(s.progress)))
+	mux.Handle("POST "+agentwire.RegisterPath, s.observe("register", http.HandlerFunc(s.register)))
+	mux.Handle("PUT "+agentwire.InventoryPath, s.observe("inventory", s.host(s.inventory)))
+	mux.Handle("POST "+agentwire.InstructionsPath, s.observe("instructions", s.host(s.instructions)))
+	mux.Handle("POST "+agentwire.StepResultPath, s.observe("step", s.host(s.stepResult)))
+	mux.Handle("POST "+agentwire.ProgressPath, s.observe("progress", s.host(s.progress)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusNotFound, "NotFound", "no such agent API path")
@@ -176,7 +176,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func writeError(w http.ResponseWriter, code int, errCode, format string, args ...any) {
-	writeJSON(w, code, agentapi.Error{Code: errCode, Message: fmt.Sprintf(format, args...)})
+	writeJSON(w, code, agentwire.Error{Code: errCode, Message: fmt.Sprintf(format, args...)})
 }
 
 // bearer returns the Authorization bearer token.
