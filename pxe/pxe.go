@@ -12,7 +12,6 @@
 package pxe
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -430,15 +429,10 @@ func (s *Server) source(ctx context.Context, name string, _ netip.Addr) ([]byte,
 	return nil, tftpd.ErrNotFound
 }
 
-// httpHandler serves the boot loaders (UEFI HTTP boot), metrics and health.
+// httpHandler serves the iPXE binaries (UEFI HTTP boot), metrics and health.
 func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ipxe/{file}", func(w http.ResponseWriter, r *http.Request) {
-		if s.grub != nil && r.PathValue("file") == s.grubName {
-			w.Header().Set("Content-Type", "application/efi")
-			http.ServeContent(w, r, s.grubName, time.Time{}, bytes.NewReader(s.grub))
-			return
-		}
 		name, ok := s.tftp.Allowed(r.PathValue("file"))
 		if !ok {
 			http.Error(w, "not found", http.StatusNotFound)

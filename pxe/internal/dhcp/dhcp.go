@@ -49,7 +49,7 @@ type Config struct {
 	// Binaries for each firmware.
 	BIOSBinary  string // undionly.kpxe
 	EFIBinary   string // ipxe.efi or snponly.efi
-	ARM64Binary string // empty: arm64 clients are not answered
+	ARM64Binary string // agentboot's netboot GRUB; empty: arm64 clients are not answered
 	// Authoritative mode.
 	Leases    *leases.DB
 	Netmask   net.IPMask
@@ -204,10 +204,11 @@ func (h *Handler) boot(f firmware, mac string) (bootInfo, string) {
 	case iana.EFI_X86_64_HTTP:
 		return bootInfo{file: h.cfg.HTTPBase + "/ipxe/" + h.cfg.EFIBinary, httpClient: true}, ""
 	case iana.EFI_ARM64_HTTP:
-		if h.cfg.ARM64Binary == "" {
-			return bootInfo{}, "unsupported-arch"
-		}
-		return bootInfo{file: h.cfg.HTTPBase + "/ipxe/" + h.cfg.ARM64Binary, httpClient: true}, ""
+		// Not answered: the arm64 boot loader is GRUB 2.06, which
+		// configures its network from the firmware's PXE state, absent
+		// under HTTP boot; the firmware moves on (to PXE, arch 11, on
+		// servers that offer both).
+		return bootInfo{}, "unsupported-arch"
 	}
 	return bootInfo{}, "unsupported-arch"
 }

@@ -123,10 +123,12 @@ func TestProxyIgnoresOthers(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("not-pxe")))
 	require.Equal(t, 2.0, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("unsupported-arch")))
 
-	h.cfg.ARM64Binary = "ipxe-arm64.efi"
+	h.cfg.ARM64Binary = "grubnetaa64.efi"
 	reply := h.Respond(client{mac: "52:54:00:00:01:04", class: "PXEClient", arch: arch(iana.EFI_ARM64)}.packet(t, dhcpv4.MessageTypeDiscover), 67)
 	require.NotNil(t, reply)
-	require.Equal(t, "ipxe-arm64.efi", reply.BootFileNameOption())
+	require.Equal(t, "grubnetaa64.efi", reply.BootFileNameOption())
+	require.Nil(t, h.Respond(client{mac: "52:54:00:00:01:05", class: "HTTPClient", arch: arch(iana.EFI_ARM64_HTTP)}.packet(t, dhcpv4.MessageTypeDiscover), 67),
+		"arm64 HTTP boot: GRUB 2.06 would find no network")
 }
 
 func TestRateLimitPerMAC(t *testing.T) {
