@@ -1,0 +1,155 @@
+// Package sanitize decides how a released host's disks are erased before the
+// host can be bound again: from the level the admin set and what each device
+// reports it can do, the method that leaves no previous data readable through
+// the block device, and how the result is verified. It decides only; the
+// on-host agent erases and the service keeps the host quarantined until the
+// evidence is in. It is shared by both, so it must stay free of Kubernetes
+// and of I/O.
+package sanitize
+
+import "fmt"
+
+// Level is how thoroughly disks are erased.
+type Level string
+
+// Levels.
+const (
+	// None erases nothing.
+	None Level = "none"
+	// Metadata removes partition tables and file system, RAID and LVM
+	// signatures: the next installation starts clean, but the data stays
+	// on the disk for anyone reading the block device.
+	Metadata Level = "metadata"
+	// Erase leaves no previous data readable through the block device on
+	// any disk: the default.
+	Erase Level = "erase"
+)
+
+// ParseLevel reads a level as an admin writes it.
+func ParseLevel(s string) (Level, error) {
+	switch l := Level(s); l {
+	case None, Metadata, Erase:
+		return l, nil
+	case "":
+		return Erase, nil
+	}
+	return "", fmt.Errorf("disk sanitization level %q: want none, metadata or erase", s)
+}
+
+// Device is what the agent found out about one disk.
+type Device struct {
+	// BootMedium: the host booted from it (a BMC's virtual media, a USB
+	// stick); it is never erased.
+	BootMedium bool
+	// Kept: the admin marked it to keep.
+	Kept bool
+	// ReadOnly devices cannot be erased.
+	ReadOnly bool
+	// Discard: the device takes discard (TRIM, UNMAP, Deallocate)
+	// requests, and DiscardZeroes: it guarantees that discarded blocks
+	// read back as zeros (NVMe DLFEAT 001b, ATA "deterministic read zeros
+	// after TRIM").
+	Discard, DiscardZeroes bool
+	// NVMe sanitize actions the controller supports (SANICAP).
+	NVMeSanitizeCrypto, NVMeSanitizeBlock bool
+	// NVMeFormatCrypto and NVMeFormatUserData: Format NVM with secure
+	// erase settings 2 and 1 (FNA).
+	NVMeFormatCrypto, NVMeFormatUserData bool
+	// ATA security feature set: supported, and the enhanced erase; Frozen
+	// (the firmware locked it at boot) makes it unusable until a power
+	// cycle.
+	ATASecurityErase, ATAEnhancedErase, ATAFrozen bool
+}
+
+// Method is how one disk is erased.
+type Method string
+
+// Methods, from the fastest.
+const (
+	Skip               Method = "skip"
+	WipeMetadata       Method = "wipe-metadata"
+	NVMeSanitizeCrypto Method = "nvme-sanitize-crypto"
+	NVMeFormatCrypto   Method = "nvme-format-crypto"
+	NVMeSanitizeBlock  Method = "nvme-sanitize-block"
+	Discard            Method = "discard"
+	ATAEnhancedErase   Method = "ata-enhanced-security-erase"
+	ATASecurityErase   Method = "ata-security-erase"
+	NVMeFormatUserData Method = "nvme-format-user-data"
+	Overwrite          Method = "overwrite"
+)
+
+// Verification is how an erase is checked afterwards.
+type Verification string
+
+// Verifications.
+const (
+	// NotVerified: nothing was erased (Skip).
+	NotVerified Verification = ""
+	// ReadsZero: sampled blocks across the disk, and its first and last
+	// MiB, all read back as zeros.
+	ReadsZero Verification = "sampled-reads-zero"
+	// ReadsChanged: no sampled block that held anything but one repeated
+	// byte before the erase reads back as it did (a cryptographic erase
+	// leaves noise, an ATA erase zeros or ones or the maker's pattern),
+	// and the drive's own status says the operation completed.
+	ReadsChanged Verification = "sampled-reads-changed"
+	// NoSignatures: no partition table or known signature is left.
+	NoSignatures Verification = "no-signatures"
+)
+
+// Plan is what happens to one disk, and why.
+type Plan struct {
+	Method Method
+	Verify Verification
+	Why    string
+}
+
+// Choose picks the method for dev at level: the fastest one that gives the
+// level's guarantee on that device.
+func Choose(level Level, dev Device) Plan {
+	switch {
+	case level == None:
+		return Plan{Method: Skip, Why: "the sanitization level is none"}
+	case dev.BootMedium:
+		return Plan{Method: Skip, Why: "the host booted from this device"}
+	case dev.Kept:
+		return Plan{Method: Skip, Why: "the admin marked this disk to keep"}
+	case dev.ReadOnly:
+		return Plan{Method: Skip, Why: "the device is read-only"}
+	case level == Metadata:
+		return Plan{Method: WipeMetadata, Verify: NoSignatures, Why: "the sanitization level is metadata"}
+	}
+	// A cryptographic erase changes the media key: seconds, and it also
+	// covers blocks the drive remapped or keeps in reserve.
+	if dev.NVMeSanitizeCrypto {
+		return Plan{Method: NVMeSanitizeCrypto, Verify: ReadsChanged, Why: "the NVMe controller supports a cryptographic sanitize"}
+	}
+	if dev.NVMeFormatCrypto {
+		return Plan{Method: NVMeFormatCrypto, Verify: ReadsChanged, Why: "the NVMe controller supports a cryptographic erase on format"}
+	}
+	if dev.NVMeSanitizeBlock {
+		return Plan{Method: NVMeSanitizeBlock, Verify: ReadsChanged, Why: "the NVMe controller supports a block-erase sanitize"}
+	}
+	// Discarding everything is as fast, but only a device that promises
+	// zeros afterwards guarantees that nothing old reads back.
+	if dev.Discard && dev.DiscardZeroes {
+		return Plan{Method: Discard, Verify: ReadsZero, Why: "the device reads discarded blocks back as zeros"}
+	}
+	if dev.ATASecurityErase && !dev.ATAFrozen {
+		if dev.ATAEnhancedErase {
+			return Plan{Method: ATAEnhancedErase, Verify: ReadsChanged, Why: "the drive supports the ATA enhanced security erase"}
+		}
+		return Plan{Method: ATASecurityErase, Verify: ReadsChanged, Why: "the drive supports the ATA security erase"}
+	}
+	if dev.NVMeFormatUserData {
+		return Plan{Method: NVMeFormatUserData, Verify: ReadsChanged, Why: "the NVMe controller supports a user-data erase on format"}
+	}
+	why := "no erase command the device offers guarantees it, so every block is written with zeros"
+	switch {
+	case dev.ATASecurityErase && dev.ATAFrozen:
+		why = "the drive's ATA security erase is frozen by the firmware, so every block is written with zeros"
+	case dev.Discard:
+		why = "the device takes discards but does not promise zeros afterwards, so every block is written with zeros"
+	}
+	return Plan{Method: Overwrite, Verify: ReadsZero, Why: why}
+}
