@@ -565,7 +565,7 @@ func testGRUBBootScript(t *testing.T, s *stack.Stack, envs map[string]*v1beta1.I
 		t.Helper()
 		return get(t, s, s.Settings.ImageServiceHTTPURL+"/boot.grub?"+query, nil)
 	}
-	for _, bad := range []string{"", "mac=52:54:00:00:00:01", "arch=arm64", "mac=52:54:00:00:00:01&arch=arm64&arch=x86_64",
+	for _, bad := range []string{"", "mac=52:54:00:00:00:01", "arch=arm64", "mac=52:54:00:00:00:01&arch=", "mac=52:54:00:00:00:01&arch=arm64&arch=x86_64",
 		"mac=52:54:00:00:00:01&arch=arm64&x=1", "mac=zz&arch=arm64"} {
 		r := grub(bad)
 		require.Equal(t, http.StatusBadRequest, r.code, bad)
@@ -613,6 +613,11 @@ func testGRUBBootScript(t *testing.T, s *stack.Stack, envs map[string]*v1beta1.I
 		require.True(t, strings.HasSuffix(string(r.body), "\nexit\n"), string(r.body))
 		require.NotContains(t, string(r.body), "linux ")
 	}
+	// ... to its own disk when it has one: EDK2 firmware would stop at its
+	// menu after a plain exit.
+	require.Contains(t, string(grub("mac=52:54:00:ab:00:02&arch=arm64").body), "  chainloader /EFI/BOOT/BOOTAA64.EFI\n")
+	require.Contains(t, string(grub("mac=52:54:00:ab:00:01&arch=x86_64").body), "  chainloader /EFI/BOOT/BOOTX64.EFI\n")
+	require.NotContains(t, string(grub("mac=52:54:00:ab:00:02&arch=riscv64").body), "chainloader", "no loader is known for it")
 	r := grub("mac=52:54:00:ab:00:02&arch=x86_64")
 	require.Contains(t, string(r.body), "linux \"$agentboot_root/boot-artifacts/x86_64/", "an x86_64 GRUB boots its own InfraEnv")
 

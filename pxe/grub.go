@@ -35,23 +35,24 @@ const GRUBServerPlaceholder = "AGENTBOOT_PXE_SERVER_ADDRESS"
 // GRUBEarlyConfig is the embedded config of agentboot's netboot GRUB
 // (`make pxe-grub` builds it with grub-mkimage). GRUB has configured its
 // network from the firmware's PXE state; the config points it at this
-// service and enters normal mode, which reads GRUBConfig from here. It runs
-// in GRUB's rescue parser (no loops), so it does no more.
+// service and enters normal mode, which reads GRUBConfig from the image's
+// own memdisk, so that its loop runs even when nothing answers. The
+// embedded config runs in GRUB's rescue parser (no loops, no if), so it
+// does no more.
 const GRUBEarlyConfig = `set agentboot_server=` + GRUBServerPlaceholder + `
 set ` + discovery.GRUBRootVariable + `=(tftp,$agentboot_server)/` + discovery.GRUBPathPrefix + `
-set prefix=$` + discovery.GRUBRootVariable + `
+set prefix=(memdisk)
 echo "agentboot: network boot through $agentboot_server, MAC $net_default_mac"
 normal
 `
 
-// GRUBConfig is what the PXE service answers for
-// $agentboot_root/grub.cfg: ask the image service, through this service,
-// what the host's MAC boots, and ask again every 30 s while nothing
-// answers. Each boot decision script ends in boot or exit, or returns
-// after a wait.
+// GRUBConfig is the memdisk's grub.cfg: ask the image service, through
+// this service, what the host's MAC boots, and ask again every 30 s. Each
+// boot decision script ends in boot or exit, or says why the host waits
+// and returns.
 const GRUBConfig = `while true; do
   source "$` + discovery.GRUBRootVariable + `/boot.grub?mac=$net_default_mac&arch=$grub_cpu"
-  echo "agentboot: no boot decision from $agentboot_server yet; asking again in 30 seconds"
+  echo "agentboot: asking $agentboot_server again in 30 seconds"
   sleep 30
 done
 `
@@ -59,7 +60,7 @@ done
 // grubModules are what GRUBEarlyConfig, GRUBConfig and the boot scripts
 // use.
 var grubModules = []string{"efinet", "tftp", "net", "normal", "configfile", "linux", "echo", "test", "true", "sleep", "minicmd", "gzio",
-	"search", "search_fs_file", "chain", "part_gpt", "part_msdos", "fat"}
+	"search", "search_fs_file", "chain", "part_gpt", "part_msdos", "fat", "memdisk", "tar"}
 
 // GRUBModules lists the grub-mkimage modules agentboot's netboot GRUB needs.
 func GRUBModules() []string { return append([]string(nil), grubModules...) }
@@ -95,10 +96,12 @@ type imageProxy struct {
 	maxBytes, cacheBytes int64
 
 	group singleflight.Group
-	mu    sync.Mutex
-	cache map[string]cachedFile
-	held  int64
-	now   func() time.Time
+	// fetching bounds the fetches in flight, and so the memory they hold.
+	fetching chan struct{}
+	mu       sync.Mutex
+	cache    map[string]cachedFile
+	held     int64
+	now      func() time.Time
 }
 
 type cachedFile struct {
@@ -106,13 +109,17 @@ type cachedFile struct {
 	expires time.Time
 }
 
-// proxyTTL is how long a fetched file is served again without asking.
-const proxyTTL = time.Minute
+// proxyTTL is how long a fetched file is kept, and maxFetches how many
+// files are fetched at once.
+const (
+	proxyTTL   = time.Minute
+	maxFetches = 4
+)
 
 // proxiedPaths are the image service's paths GRUB may fetch, each with the
-// query parameters it takes: its boot decision, an InfraEnv's files (by
-// token) and the OS images' boot artifacts (public, no query). A fixed
-// set keeps one file from being fetched, and held, under many names.
+// query parameters it takes, exactly once each: its boot decision, an
+// InfraEnv's files (by token) and the OS images' boot artifacts (public,
+// no query).
 var proxiedPaths = []struct {
 	prefix string
 	query  []string
@@ -132,23 +139,26 @@ func newImageProxy(bootScriptURL string, maxBytes, cacheBytes int64, log logr.Lo
 		base.Path += "/"
 	}
 	return &imageProxy{log: log, base: base, maxBytes: maxBytes, cacheBytes: cacheBytes, cache: map[string]cachedFile{}, now: time.Now,
-		client: &http.Client{Timeout: 5 * time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}, nil
+		fetching: make(chan struct{}, maxFetches),
+		client:   &http.Client{Timeout: 5 * time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}, nil
 }
 
 // relative checks a requested name (below discovery.GRUBPathPrefix) and
-// returns the URL it stands for.
+// returns the one URL it stands for: its path as written (no escapes) and
+// its query re-encoded, so that no file can be fetched, and held, under
+// several names.
 func (p *imageProxy) relative(rel string) (string, error) {
 	for _, c := range rel {
 		if c <= ' ' || c > '~' || c == '#' || c == '\\' {
 			return "", tftpd.ErrNotFound
 		}
 	}
-	pathPart, rawQuery, _ := strings.Cut(rel, "?")
-	if pathPart != path.Clean(pathPart) || strings.Contains(pathPart, "..") {
+	pathPart, rawQuery, hasQuery := strings.Cut(rel, "?")
+	if pathPart != path.Clean(pathPart) || strings.ContainsAny(pathPart, "%;") || strings.Contains(pathPart, "..") {
 		return "", tftpd.ErrNotFound
 	}
 	query, err := url.ParseQuery(rawQuery)
-	if err != nil {
+	if err != nil || (hasQuery && len(query) == 0) {
 		return "", tftpd.ErrNotFound
 	}
 	for _, allowed := range proxiedPaths {
@@ -157,7 +167,7 @@ func (p *imageProxy) relative(rel string) (string, error) {
 		}
 		var names []string
 		for k, v := range query {
-			if len(v) != 1 {
+			if len(v) != 1 || v[0] == "" {
 				return "", tftpd.ErrNotFound
 			}
 			names = append(names, k)
@@ -166,7 +176,14 @@ func (p *imageProxy) relative(rel string) (string, error) {
 		if !slices.Equal(names, allowed.query) {
 			return "", tftpd.ErrNotFound
 		}
-		return p.base.String() + rel, nil
+		u := p.base.String() + pathPart
+		if len(query) > 0 {
+			u += "?" + query.Encode()
+		}
+		if _, err := url.Parse(u); err != nil {
+			return "", tftpd.ErrNotFound
+		}
+		return u, nil
 	}
 	return "", tftpd.ErrNotFound
 }
@@ -177,15 +194,18 @@ func (p *imageProxy) get(ctx context.Context, rel string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.mu.Lock()
-	if c, ok := p.cache[u]; ok && p.now().Before(c.expires) {
-		p.mu.Unlock()
-		return c.data, nil
+	if data, ok := p.cached(u); ok {
+		return data, nil
 	}
-	p.mu.Unlock()
 	// Hosts asking at once share one fetch. ctx is the TFTP server's: it
 	// ends only at shutdown.
 	ch := p.group.DoChan(u, func() (any, error) {
+		select {
+		case p.fetching <- struct{}{}:
+			defer func() { <-p.fetching }()
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 		return p.fetch(ctx, u)
 	})
 	select {
@@ -199,10 +219,31 @@ func (p *imageProxy) get(ctx context.Context, rel string) ([]byte, error) {
 	}
 }
 
+// cached returns u's content for proxyTTL after it was fetched, never
+// longer: a token the image service stopped accepting stops working here
+// within that time too. Expired files are dropped.
+func (p *imageProxy) cached(u string) ([]byte, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.expire(p.now())
+	c, ok := p.cache[u]
+	return c.data, ok
+}
+
+// expire drops the files whose time is up; p.mu is held.
+func (p *imageProxy) expire(now time.Time) {
+	for k, c := range p.cache {
+		if !now.Before(c.expires) {
+			p.held -= int64(len(c.data))
+			delete(p.cache, k)
+		}
+	}
+}
+
 func (p *imageProxy) fetch(ctx context.Context, u string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, err
+		return nil, tftpd.ErrNotFound // relative parsed it; never the URL in an error
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
@@ -226,7 +267,8 @@ func (p *imageProxy) fetch(ctx context.Context, u string) ([]byte, error) {
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, p.maxBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("image service: %w", err)
+		p.log.Error(err, "reading a file for GRUB", "path", req.URL.Path)
+		return nil, errors.New("image service: the download broke off")
 	}
 	if int64(len(data)) > p.maxBytes {
 		return nil, fmt.Errorf("image service: a file of more than the %s this service proxies", size(p.maxBytes))
@@ -242,12 +284,7 @@ func (p *imageProxy) keep(u string, data []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
-	for k, c := range p.cache {
-		if !now.Before(c.expires) {
-			p.held -= int64(len(c.data))
-			delete(p.cache, k)
-		}
-	}
+	p.expire(now)
 	if old, ok := p.cache[u]; ok {
 		p.held -= int64(len(old.data))
 	}

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -116,7 +117,7 @@ type Server struct {
 // hosts booting together. A CoreOS initrd with its Ignition is about
 // 100 MiB, its kernel 12–50 MiB.
 const (
-	maxProxiedFile  = 512 << 20
+	maxProxiedFile  = 256 << 20
 	maxProxiedCache = 1 << 30
 )
 
@@ -416,17 +417,21 @@ func (s *Server) Handle(packet []byte, port int) *Reply {
 
 // source serves TFTP names outside the iPXE binaries: the arm64 GRUB and,
 // below discovery.GRUBPathPrefix, the image service's files it asks for.
-func (s *Server) source(ctx context.Context, name string, _ netip.Addr) ([]byte, error) {
-	switch name {
-	case s.grubName:
+func (s *Server) source(ctx context.Context, name string, client netip.Addr) ([]byte, error) {
+	if name == s.grubName {
 		return s.grub, nil
-	case discovery.GRUBPathPrefix + "/grub.cfg":
-		return []byte(GRUBConfig), nil
 	}
-	if rel, ok := strings.CutPrefix(name, discovery.GRUBPathPrefix+"/"); ok {
-		return s.images.get(ctx, rel)
+	rel, ok := strings.CutPrefix(name, discovery.GRUBPathPrefix+"/")
+	if !ok {
+		return nil, tftpd.ErrNotFound
 	}
-	return nil, tftpd.ErrNotFound
+	if q, ok := strings.CutPrefix(rel, "boot.grub?"); ok {
+		// The image service sees this service, not the host: the log
+		// ties each boot decision to the address that asked.
+		v, _ := url.ParseQuery(q)
+		s.cfg.Log.V(1).Info("GRUB asks for its boot decision", "client", client.String(), "mac", v.Get("mac"), "arch", v.Get("arch"))
+	}
+	return s.images.get(ctx, rel)
 }
 
 // httpHandler serves the iPXE binaries (UEFI HTTP boot), metrics and health.

@@ -9,13 +9,14 @@ import (
 
 // GRUB network boot: arm64 UEFI firmware gets a GRUB from agentboot's PXE
 // service (Debian 12 ships no arm64 iPXE). That GRUB is agentboot's own
-// build: its embedded config asks the PXE service for
-// $GRUBRoot/boot.grub?mac=<its MAC>&arch=<grub_cpu>, which the PXE service
-// fetches from the image service, and then fetches every file through the
-// PXE service's TFTP server too. Debian 12's GRUB 2.06 speaks HTTP only on
-// port 80, so TFTP through the PXE service reaches an image service on any
-// port. The script names files as "$agentboot_root/<path and query of the
-// image service's HTTP URL>"; the PXE service maps them back.
+// build (pxe.GRUBEarlyConfig, pxe.GRUBConfig): it asks the PXE service for
+// $agentboot_root/boot.grub?mac=<its MAC>&arch=<grub_cpu>, which the PXE
+// service fetches from the image service, and then fetches every file
+// through the PXE service's TFTP server too. Debian 12's GRUB 2.06 speaks
+// HTTP only on port 80, so TFTP through the PXE service reaches an image
+// service on any port. The scripts here name files as
+// "$agentboot_root/<path and query of the image service's HTTP URL>"; the
+// PXE service maps them back.
 
 // GRUBRootVariable is set by the embedded config of agentboot's netboot
 // GRUB: the TFTP directory through which the PXE service reaches the image
@@ -81,20 +82,32 @@ func grubPath(s Settings, url string) (string, error) {
 	return rel, nil
 }
 
-// GRUBDiskScript boots an installed host from its disk: it chainloads the
-// removable-media boot loader of the first local EFI system partition that
-// has one (/EFI/BOOT/BOOTAA64.EFI on aarch64, BOOTX64.EFI on x86_64), as
-// CoreOS installs it. Returning to the firmware is not enough: EDK2-based
-// firmware stops at its boot menu when a boot loader returns successfully,
-// and GRUB 2.06 always returns success. Without such a partition it says
-// so and exits.
+// GRUBDiskScript boots an installed host of arch (x86_64, aarch64) from
+// its disk.
 func GRUBDiskScript(arch string) string {
-	loader := "/EFI/BOOT/BOOTAA64.EFI"
-	if arch == "x86_64" {
-		loader = "/EFI/BOOT/BOOTX64.EFI"
+	return "echo 'agentboot: this host is installed; booting from disk'\n" + grubLocalBoot(arch)
+}
+
+// GRUBExitScript says why the host does not boot discovery and hands it to
+// its local disk, or back to its firmware.
+func GRUBExitScript(why, arch string) string {
+	return "echo 'agentboot: " + GRUBText(why) + "'\necho 'agentboot: not booting discovery'\n" + grubLocalBoot(arch)
+}
+
+// grubLocalBoot chainloads the removable-media boot loader of the first
+// local EFI system partition that has one (/EFI/BOOT/BOOTAA64.EFI on
+// aarch64, BOOTX64.EFI on x86_64), as CoreOS installs it, and otherwise
+// exits. Returning to the firmware is not enough on its own: EDK2-based
+// firmware stops at its boot menu when a boot loader returns successfully,
+// and GRUB 2.06 always returns success. The partition becomes $root, so
+// the loader (shim on CoreOS) sees its own disk. For an unknown
+// architecture it only exits.
+func grubLocalBoot(arch string) string {
+	loader := map[string]string{"aarch64": "/EFI/BOOT/BOOTAA64.EFI", "x86_64": "/EFI/BOOT/BOOTX64.EFI"}[arch]
+	if loader == "" {
+		return "echo 'agentboot: trying the next boot device'\nexit\n"
 	}
-	return "echo 'agentboot: this host is installed; booting from disk'\n" +
-		"search --no-floppy --file --set=agentboot_disk " + loader + "\n" +
+	return "search --no-floppy --file --set=agentboot_disk " + loader + "\n" +
 		"if [ -n \"$agentboot_disk\" ]; then\n" +
 		"  echo \"agentboot: starting " + loader + " on $agentboot_disk\"\n" +
 		"  set root=$agentboot_disk\n" +
@@ -105,15 +118,10 @@ func GRUBDiskScript(arch string) string {
 		"exit\n"
 }
 
-// GRUBExitScript says why and gives the host back to its firmware, which
-// tries its next boot device.
-func GRUBExitScript(why string) string {
-	return "echo 'agentboot: " + GRUBText(why) + "'\necho 'agentboot: not booting discovery; trying the next boot device'\nexit\n"
-}
-
-// GRUBRetryScript says why and waits; agentboot's GRUB then asks again.
-func GRUBRetryScript(why string, seconds int) string {
-	return fmt.Sprintf("echo 'agentboot: %s'\necho 'agentboot: asking again in %d seconds'\nsleep %d\n", GRUBText(why), seconds, seconds)
+// GRUBRetryScript says why the host waits; agentboot's GRUB asks again
+// after its own pause.
+func GRUBRetryScript(why string) string {
+	return "echo 'agentboot: " + GRUBText(why) + "'\n"
 }
 
 // GRUBText keeps text from objects inside a single-quoted GRUB word: no

@@ -28,6 +28,7 @@ const (
 	BootNotReady  = "not-ready"   // the InfraEnv's image is not ready: wait, ask again
 	BootBadMAC    = "bad-request" // no or malformed mac
 	BootWrongArch = "wrong-arch"  // the host's architecture is not its InfraEnv's
+	BootRefused   = "refused"     // the InfraEnv cannot be booted this way (GRUB: its kernel arguments)
 )
 
 var bootScripts = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -45,9 +46,9 @@ type dialect struct {
 	route string
 	// arch: the request names the host's CPU architecture.
 	arch bool
-	// exit says why and hands the host back to its firmware; retry says
-	// why and has the host ask again later.
-	exit  func(why string) string
+	// exit says why and hands the host of arch (GRUB's only) to its disk
+	// or its firmware; retry says why and has the host ask again later.
+	exit  func(why, arch string) string
 	retry func(why, mac string, r *http.Request) string
 	// boot is the discovery script.
 	boot func(h *Handler, out *discovery.Output, mac string) (string, error)
@@ -56,11 +57,11 @@ type dialect struct {
 }
 
 var (
-	ipxeDialect = dialect{route: "/boot.ipxe?mac=${net0/mac}", exit: exitScript, retry: retryScript,
+	ipxeDialect = dialect{route: "/boot.ipxe?mac=${net0/mac}", exit: func(why, _ string) string { return exitScript(why) }, retry: retryScript,
 		boot: func(_ *Handler, out *discovery.Output, _ string) (string, error) { return out.IPXEScript(), nil },
 		disk: func(string) string { return discovery.IPXEExitScript }}
 	grubDialect = dialect{route: "/boot.grub?mac=<mac>&arch=<grub_cpu>", arch: true, exit: discovery.GRUBExitScript,
-		retry: func(why, _ string, _ *http.Request) string { return discovery.GRUBRetryScript(why, retrySeconds) },
+		retry: func(why, _ string, _ *http.Request) string { return discovery.GRUBRetryScript(why) },
 		boot: func(h *Handler, out *discovery.Output, mac string) (string, error) {
 			return out.GRUBScript(h.opts.Settings, mac)
 		},
@@ -92,7 +93,7 @@ func (h *Handler) serveBootDecision(w http.ResponseWriter, r *http.Request, d di
 	if d.arch {
 		archs := q["arch"]
 		params++
-		if archOK = len(archs) == 1; archOK {
+		if archOK = len(archs) == 1 && archs[0] != ""; archOK {
 			arch = archs[0]
 		}
 	}
@@ -133,27 +134,28 @@ func grubArch(cpu string) (string, bool) {
 }
 
 func (h *Handler) bootScriptFor(ctx context.Context, mac, cpu string, d dialect, r *http.Request) (string, string, error) {
+	arch, archKnown := grubArch(cpu)
+	exit := func(why string) string { return d.exit(why, arch) }
 	ie, outcome, why, err := h.infraEnvForMAC(ctx, mac)
 	if err != nil || ie == nil {
-		return outcome, d.exit(why), err
+		return outcome, exit(why), err
 	}
 	name := ie.Namespace + "/" + ie.Name
-	var arch string
-	if cpu != "" {
-		var ok bool
-		if arch, ok = grubArch(cpu); !ok {
-			return BootWrongArch, d.exit(fmt.Sprintf("this host's boot loader runs on %q, which agentboot does not boot", cpu)), nil
-		}
-		if want := osimage.NormalizeArch(ie.Spec.CPUArchitecture); want != arch {
-			return BootWrongArch, d.exit(fmt.Sprintf("InfraEnv %s boots %s hosts and this host is %s: give its BareMetalHost an InfraEnv with cpuArchitecture %s", name, want, arch, arch)), nil
-		}
-	}
 	// Any of the namespace's Agents with this MAC: the host may have been
-	// installed from another InfraEnv than the one its MAC now names.
+	// installed from another InfraEnv than the one its MAC now names, even
+	// one of another architecture.
 	if disk, err := h.bootsFromDisk(ctx, ie.Namespace, mac, ""); err != nil {
 		return "", "", err
 	} else if disk {
 		return BootDisk, d.disk(arch), nil
+	}
+	if d.arch {
+		if !archKnown {
+			return BootWrongArch, exit(fmt.Sprintf("this host's boot loader runs on %q, which agentboot does not boot", cpu)), nil
+		}
+		if want := osimage.NormalizeArch(ie.Spec.CPUArchitecture); want != arch {
+			return BootWrongArch, exit(fmt.Sprintf("InfraEnv %s boots %s hosts and this host is %s: give its BareMetalHost an InfraEnv with cpuArchitecture %s", name, want, arch, arch)), nil
+		}
 	}
 	if c := conditions.Find(ie.Status.Conditions, v1beta1.ImageCreatedCondition); c == nil || c.Status != "True" {
 		msg := "its image is being prepared"
@@ -174,7 +176,7 @@ func (h *Handler) bootScriptFor(ctx context.Context, mac, cpu string, d dialect,
 	}
 	script, err := d.boot(h, out, mac)
 	if err != nil {
-		return BootUnknown, d.exit(fmt.Sprintf("InfraEnv %s: %s", name, err)), nil
+		return BootRefused, exit(fmt.Sprintf("InfraEnv %s: %s", name, err)), nil
 	}
 	return BootDiscovery, script, nil
 }

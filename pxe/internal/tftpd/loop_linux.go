@@ -84,6 +84,8 @@ type pending struct {
 	started time.Time
 	data    []byte
 	err     error
+	// abandoned: the client asked for something else meanwhile.
+	abandoned bool
 }
 
 // xfer is a transfer and where it runs.
@@ -315,9 +317,15 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		return
 	}
 	if f := l.fetching[peer]; f != nil {
-		// Its content is on the way; a new request waits for it.
-		l.s.m.dropped.WithLabelValues("duplicate-request").Inc()
-		return
+		if f.r.filename == r.filename {
+			// Its content is on the way.
+			l.s.m.dropped.WithLabelValues("duplicate-request").Inc()
+			return
+		}
+		// The client started over asking for another file: the content
+		// on the way is not an answer to it.
+		f.abandoned = true
+		delete(l.fetching, peer)
 	}
 	if x := l.byPeer[peer]; x != nil {
 		if !x.underway() && x.requested == r.filename {
@@ -358,6 +366,11 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		l.s.m.dropped.WithLabelValues("client-busy").Inc()
 		return
 	}
+	if !static && r.mode != "octet" {
+		// Proxied files are large and shared: no per-request copy.
+		refuse(resultRefused, errIllegalOp, "transfer mode "+sanitize(r.mode)+" not supported for this file: use octet")
+		return
+	}
 	l.perIP[peer.Addr()]++
 	if !static {
 		l.startFetch(&pending{r: r, peer: peer, dst: dst, name: name, started: now})
@@ -371,7 +384,7 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		l.sendError(peer, dst, errUndefined, "cannot read "+name)
 		return
 	}
-	l.start(r, peer, dst, name, data, now)
+	l.start(r, peer, dst, name, data, now, false)
 }
 
 // unclaim gives back a client's claim on a transfer.
@@ -402,7 +415,13 @@ func (l *loop) takeFetched(now time.Time) {
 		default:
 			return
 		}
-		delete(l.fetching, f.peer)
+		if l.fetching[f.peer] == f {
+			delete(l.fetching, f.peer)
+		}
+		if f.abandoned {
+			l.unclaim(f.peer.Addr())
+			continue
+		}
 		if f.err != nil {
 			l.unclaim(f.peer.Addr())
 			code, result, msg := uint16(errUndefined), resultError, sanitize(f.err.Error())
@@ -415,19 +434,24 @@ func (l *loop) takeFetched(now time.Time) {
 			l.sendError(f.peer, f.dst, code, msg)
 			continue
 		}
-		data := f.data
-		if f.r.mode == "netascii" {
-			data = toNetascii(data)
-		}
-		l.start(f.r, f.peer, f.dst, f.name, data, now)
+		l.start(f.r, f.peer, f.dst, f.name, f.data, now, true)
 	}
 }
 
+// maxSourceTimeout caps the timeout option of transfers from the Source:
+// their content is large and held while the transfer lasts, so a client
+// that stops acknowledging must not hold it for 5 × 255 s.
+const maxSourceTimeout = 10
+
 // start begins the transfer of data to peer; the client's claim is counted.
-func (l *loop) start(r request, peer netip.AddrPort, dst netip.Addr, name string, data []byte, now time.Time) {
+// fromSource marks content from the Source.
+func (l *loop) start(r request, peer netip.AddrPort, dst netip.Addr, name string, data []byte, now time.Time, fromSource bool) {
 	log := l.s.cfg.Log
 	var err error
 	neg := negotiate(r, l.cfg.MaxBlockSize, maxWindow)
+	if fromSource && neg.timeoutSeconds > maxSourceTimeout {
+		neg.timeoutSeconds = 0 // not acknowledged: the server's own applies
+	}
 	timeout := l.cfg.Timeout
 	if neg.timeoutSeconds > 0 {
 		timeout = time.Duration(neg.timeoutSeconds) * time.Second

@@ -127,3 +127,58 @@ func TestLogNameDropsQuery(t *testing.T) {
 	require.Equal(t, "agentboot/images/u/v/initrd.img?…", logName("agentboot/images/u/v/initrd.img?token=secret"))
 	require.Equal(t, "ipxe.efi", logName("ipxe.efi"))
 }
+
+// A client that starts over asking for another file while the first is
+// still being fetched gets the file it asked for last, never the other.
+func TestSourceClientStartsOver(t *testing.T) {
+	dir, _ := files(t)
+	release := make(chan struct{})
+	s, port := serve(t, Config{Dir: dir, Timeout: time.Second,
+		Source: func(ctx context.Context, name string, _ netip.Addr) ([]byte, error) {
+			if name == "first" {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+			return []byte("content of " + name), nil
+		}})
+	c := newRawClient(t)
+	c.send(localhost(port), rrq("first"))
+	waitFor(t, s.m.active, 0)
+	c.send(localhost(port), rrq("second"))
+	p, from := c.recv()
+	require.Equal(t, "content of second", string(p[4:]))
+	c.send(from, ack(1))
+	close(release)
+	waitFor(t, s.m.transfers.WithLabelValues(resultOK), 1)
+	require.NoError(t, c.conn.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, _, err := c.conn.ReadFromUDP(c.buf)
+	require.Error(t, err, "the abandoned file is never sent")
+}
+
+// Proxied content is sent as it is (no netascii copy per request), and a
+// client's timeout above 10 s is not acknowledged for it.
+func TestSourceOptions(t *testing.T) {
+	dir, _ := files(t)
+	_, port := serve(t, Config{Dir: dir, Timeout: time.Second,
+		Source: func(context.Context, string, netip.Addr) ([]byte, error) { return []byte("big file"), nil }})
+	c := newRawClient(t)
+	p := []byte{0, 1}
+	for _, f := range []string{"proxied", "netascii"} {
+		p = append(append(p, f...), 0)
+	}
+	c.send(localhost(port), p)
+	reply, _ := c.recv()
+	code, msg := errorPacket(t, reply)
+	require.Equal(t, uint16(errIllegalOp), code)
+	require.Contains(t, msg, "use octet")
+
+	c.send(localhost(port), rrq("proxied", "timeout", "255", "tsize", "0"))
+	reply, _ = c.recv()
+	require.Equal(t, map[string]string{"tsize": "8"}, oack(t, reply), "timeout 255 is not acknowledged")
+	c2 := newRawClient(t)
+	c2.send(localhost(port), rrq("proxied2", "timeout", "5"))
+	reply, _ = c2.recv()
+	require.Equal(t, map[string]string{"timeout": "5"}, oack(t, reply))
+}

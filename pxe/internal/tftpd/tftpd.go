@@ -20,7 +20,8 @@ import (
 type Config struct {
 	// Dir holds the files (/usr/lib/ipxe from Debian's ipxe package).
 	Dir string
-	// Files are the names that may be fetched; others get an error packet.
+	// Files are the names served from Dir; others go to Source, or get an
+	// error packet when there is none.
 	Files []string
 	// Timeout is how long a block waits for its acknowledgement before it
 	// is sent again (2 s; a client's timeout option overrides it), and
@@ -157,8 +158,8 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Allowed reports whether a requested name may be served, and the plain name
-// to serve. Clients may ask with a leading slash.
+// Allowed reports whether a requested name is one of Files, and the plain
+// name to serve. Clients may ask with a leading slash.
 func (s *Server) Allowed(requested string) (string, bool) {
 	name := strings.TrimPrefix(requested, "/")
 	return name, s.allowed[name]

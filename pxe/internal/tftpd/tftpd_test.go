@@ -233,7 +233,12 @@ func TestConcurrentClients(t *testing.T) {
 		}
 		waitFor(t, s.m.transfers.WithLabelValues(resultOK), 32)
 		require.Zero(t, counter(t, s.m.active))
-		require.Equal(t, float64(16*(100_000+74213)), counter(t, s.m.bytes))
+		// Bytes sent count resends, which a loaded machine causes.
+		if counter(t, s.m.resent) == 0 {
+			require.Equal(t, float64(16*(100_000+74213)), counter(t, s.m.bytes))
+		} else {
+			require.Greater(t, counter(t, s.m.bytes), float64(16*(100_000+74213)))
+		}
 	})
 }
 

@@ -15,6 +15,7 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/sha256"
 	"debug/elf"
@@ -602,11 +603,28 @@ func (b *builder) pxeGRUB(out string) error {
 	if err := os.WriteFile(early, []byte(pxe.GRUBEarlyConfig), 0o644); err != nil {
 		return err
 	}
+	// The memdisk holds normal mode's grub.cfg: its retry loop must not
+	// depend on the network.
+	var memdisk bytes.Buffer
+	tw := tar.NewWriter(&memdisk)
+	if err := tw.WriteHeader(&tar.Header{Name: "grub.cfg", Mode: 0o644, Size: int64(len(pxe.GRUBConfig)), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	if _, err := tw.Write([]byte(pxe.GRUBConfig)); err != nil {
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	memdiskFile := filepath.Join(tmp, "memdisk.tar")
+	if err := os.WriteFile(memdiskFile, memdisk.Bytes(), 0o644); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
 	efi := filepath.Join(tmp, filepath.Base(out))
-	args := append([]string{"-O", "arm64-efi", "-d", filepath.Join(root, "usr/lib/grub/arm64-efi"), "-c", early, "-p", "/agentboot", "-o", efi}, pxe.GRUBModules()...)
+	args := append([]string{"-O", "arm64-efi", "-d", filepath.Join(root, "usr/lib/grub/arm64-efi"), "-c", early, "-m", memdiskFile, "-p", "(memdisk)", "-o", efi}, pxe.GRUBModules()...)
 	if o, err := exec.Command("grub-mkimage", args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("grub-mkimage: %v: %s", err, o)
 	}
