@@ -75,6 +75,9 @@ func loadGRUB(file string, server netip.Addr) ([]byte, error) {
 	if n := bytes.Count(data, []byte(GRUBServerPlaceholder)); n != 1 {
 		return nil, fmt.Errorf("pxe: %s is not agentboot's netboot GRUB: it has %d server address placeholders, want 1 (build it with make pxe-grub; a stock GRUB cannot find this service behind a proxyDHCP offer)", file, n)
 	}
+	if !bytes.Contains(data, []byte(GRUBEarlyConfig)) {
+		return nil, fmt.Errorf("pxe: %s was built for another agentboot version (its embedded config differs from this one's): build it again with make pxe-grub", file)
+	}
 	addr := []byte(server.String())
 	if len(addr) > len(GRUBServerPlaceholder) {
 		return nil, fmt.Errorf("pxe: server address %s does not fit the GRUB's placeholder", server)
@@ -134,7 +137,11 @@ func newImageProxy(bootScriptURL string, maxBytes, cacheBytes int64, log logr.Lo
 	if err != nil || u.Scheme != "http" || u.Host == "" {
 		return nil, fmt.Errorf("pxe: boot script URL %q is not a plain http:// URL", bootScriptURL)
 	}
-	base := &url.URL{Scheme: u.Scheme, Host: u.Host, Path: path.Dir(u.Path)}
+	dir := "/"
+	if u.Path != "" {
+		dir = path.Dir(u.Path)
+	}
+	base := &url.URL{Scheme: u.Scheme, Host: u.Host, Path: dir}
 	if !strings.HasSuffix(base.Path, "/") {
 		base.Path += "/"
 	}
@@ -260,6 +267,11 @@ func (p *imageProxy) fetch(ctx context.Context, u string) ([]byte, error) {
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
 		return nil, tftpd.ErrNotFound
+	case resp.StatusCode != http.StatusOK && strings.HasPrefix(req.URL.Path, p.base.Path+"boot.grub"):
+		// A boot decision's error names what was wrong with the request
+		// and carries no token: GRUB shows it.
+		line, _, _ := strings.Cut(string(readSome(resp.Body, 200)), "\n")
+		return nil, fmt.Errorf("image service: %s: %s", resp.Status, strings.TrimSpace(line))
 	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("image service: %s", resp.Status)
 	case resp.ContentLength > p.maxBytes:
@@ -294,6 +306,12 @@ func (p *imageProxy) keep(u string, data []byte) {
 	}
 	p.cache[u] = cachedFile{data: data, expires: now.Add(proxyTTL)}
 	p.held += int64(len(data))
+}
+
+// readSome is the first n bytes of r, or what there is.
+func readSome(r io.Reader, n int64) []byte {
+	b, _ := io.ReadAll(io.LimitReader(r, n))
+	return b
 }
 
 // size says n bytes in MiB when it is that large.

@@ -43,6 +43,10 @@ func newImageService(t *testing.T, files map[string]string) *imageService {
 		is.mu.Lock()
 		is.hits[r.URL.RequestURI()]++
 		is.mu.Unlock()
+		if r.URL.Path == "/boot.grub" && r.URL.Query().Get("arch") == "bad" {
+			http.Error(w, "malformed mac \"x\": want six hexadecimal bytes separated by colons", http.StatusBadRequest)
+			return
+		}
 		if r.URL.Path == "/boot.grub" {
 			w.Header().Set("Cache-Control", "no-store")
 			_, _ = io.WriteString(w, "echo 'script for "+r.URL.RawQuery+"'\n")
@@ -94,7 +98,7 @@ func TestGRUBNetboot(t *testing.T) {
 		"/images/uid-1/v2/initrd.img?token=abc": "initrd bytes",
 		"/secret":                               "never served through TFTP",
 	})
-	grubFile := fakeGRUB(t, "set agentboot_server="+GRUBServerPlaceholder+"\nsource x\n")
+	grubFile := fakeGRUB(t, GRUBEarlyConfig)
 	original, err := os.ReadFile(grubFile)
 	require.NoError(t, err)
 	s, tftpAddr, httpAddr := startServer(t, ProxyDHCP, func(c *Config) {
@@ -164,8 +168,9 @@ func TestGRUBRefusedWithoutPlaceholder(t *testing.T) {
 	dir, _ := binaries(t)
 	base := Config{Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), BootScriptURL: "http://x/boot.ipxe", TFTPDir: dir}
 	for file, want := range map[string]string{
-		fakeGRUB(t, "set prefix=(tftp)/grub\n"):                  "is not agentboot's netboot GRUB: it has 0 server address placeholders",
-		fakeGRUB(t, GRUBServerPlaceholder+GRUBServerPlaceholder): "it has 2 server address placeholders",
+		fakeGRUB(t, "set prefix=(tftp)/grub\n"):                                                             "is not agentboot's netboot GRUB: it has 0 server address placeholders",
+		fakeGRUB(t, GRUBServerPlaceholder+GRUBServerPlaceholder):                                            "it has 2 server address placeholders",
+		fakeGRUB(t, "set agentboot_server="+GRUBServerPlaceholder+"\nset prefix=$agentboot_root\nnormal\n"): "was built for another agentboot version",
 		"grubnetaa64.efi": "build it with make pxe-grub",
 	} {
 		c := base
@@ -216,4 +221,15 @@ func TestProxyKeepsFilesAMinute(t *testing.T) {
 	_, err = p.get(context.Background(), "images/u/v/initrd.img?token=t")
 	require.NoError(t, err)
 	require.Equal(t, 2, is.hit("/images/u/v/initrd.img?token=t"), "fetched again a minute after the first fetch")
+}
+
+// An image service refusing a boot decision request says why, and GRUB
+// shows it; a boot script URL without a path means the root.
+func TestProxyErrors(t *testing.T) {
+	is := newImageService(t, nil)
+	p, err := newImageProxy(is.URL, 1000, 10_000, testr.New(t))
+	require.NoError(t, err)
+	_, err = p.get(context.Background(), "boot.grub?mac=x&arch=bad")
+	require.EqualError(t, err, `image service: 400 Bad Request: malformed mac "x": want six hexadecimal bytes separated by colons`)
+	require.Equal(t, 1, is.hit("/boot.grub?arch=bad&mac=x"), "no ./ in the path")
 }

@@ -59,8 +59,14 @@ type loop struct {
 
 	// Requests waiting for the Source, by client; their results arrive on
 	// fetched, and the wake-up event says so.
-	fetching    map[netip.AddrPort]*pending
-	fetched     chan *pending
+	fetching map[netip.AddrPort]*pending
+	fetched  chan *pending
+	// sourcing counts Source calls running, abandoned ones included.
+	sourcing int
+	// sourceHeld is the Source content live transfers hold, each
+	// distinct content counted once (by its first byte's address).
+	sourceHeld  int64
+	sourceRefs  map[*byte]int
 	ctx         context.Context
 	cancelFetch context.CancelFunc
 
@@ -105,6 +111,8 @@ type xfer struct {
 	pending  sendRange // to send at the end of this loop iteration
 	queued   bool
 	finished bool
+	// fromSource: data is held under holdSource.
+	fromSource bool
 }
 
 func newLoop(s *Server, conn net.PacketConn) (_ *loop, err error) {
@@ -118,7 +126,7 @@ func newLoop(s *Server, conn net.PacketConn) (_ *loop, err error) {
 	}
 	l := &loop{s: s, cfg: s.cfg, listen: -1, ep: -1, wakeFD: -1, events: make([]unix.EpollEvent, batchSize),
 		byFD: map[int32]*xfer{}, byPeer: map[netip.AddrPort]*xfer{}, perIP: map[netip.Addr]int{},
-		fetching: map[netip.AddrPort]*pending{}, fetched: make(chan *pending, max(s.cfg.MaxTransfers, 1)),
+		fetching: map[netip.AddrPort]*pending{}, fetched: make(chan *pending, max(s.cfg.MaxTransfers, 1)), sourceRefs: map[*byte]int{},
 		buf: make([]byte, packetSize)}
 	l.ctx, l.cancelFetch = context.WithCancel(context.Background())
 	defer func() {
@@ -358,7 +366,7 @@ func (l *loop) request(p []byte, peer netip.AddrPort, dst netip.Addr, now time.T
 		refuse(resultRefused, errIllegalOp, "transfer mode "+sanitize(r.mode)+" not supported: use octet")
 		return
 	}
-	if len(l.byPeer)+len(l.fetching) >= l.cfg.MaxTransfers {
+	if len(l.byPeer)+l.sourcing >= l.cfg.MaxTransfers {
 		l.s.m.dropped.WithLabelValues("busy").Inc()
 		return
 	}
@@ -398,10 +406,16 @@ func (l *loop) unclaim(a netip.Addr) {
 // starts the transfer.
 func (l *loop) startFetch(f *pending) {
 	l.fetching[f.peer] = f
+	l.sourcing++
 	go func() {
 		f.data, f.err = l.cfg.Source(l.ctx, f.name, f.peer.Addr())
-		l.fetched <- f // never blocks: at most MaxTransfers are fetching
-		l.wakeUp()
+		// Never blocks while the loop runs: at most MaxTransfers Source
+		// calls run; after shutdown nobody reads.
+		select {
+		case l.fetched <- f:
+			l.wakeUp()
+		case <-l.ctx.Done():
+		}
 	}()
 }
 
@@ -415,6 +429,7 @@ func (l *loop) takeFetched(now time.Time) {
 		default:
 			return
 		}
+		l.sourcing--
 		if l.fetching[f.peer] == f {
 			delete(l.fetching, f.peer)
 		}
@@ -434,7 +449,43 @@ func (l *loop) takeFetched(now time.Time) {
 			l.sendError(f.peer, f.dst, code, msg)
 			continue
 		}
+		if !l.holdSource(f.data) {
+			l.unclaim(f.peer.Addr())
+			l.s.m.dropped.WithLabelValues("source-memory").Inc()
+			l.s.cfg.Log.V(1).Info("TFTP request dropped: transfers hold as much fetched content as allowed", "client", f.peer.String(), "file", logName(f.name))
+			continue
+		}
 		l.start(f.r, f.peer, f.dst, f.name, f.data, now, true)
+	}
+}
+
+// holdSource counts data as held by one more transfer, unless that would
+// take distinct Source content held past MaxSourceBytes; the client then
+// asks again later.
+func (l *loop) holdSource(data []byte) bool {
+	if len(data) == 0 {
+		return true
+	}
+	key := unsafe.SliceData(data)
+	if l.sourceRefs[key] == 0 {
+		if l.sourceHeld+int64(len(data)) > l.cfg.MaxSourceBytes {
+			return false
+		}
+		l.sourceHeld += int64(len(data))
+	}
+	l.sourceRefs[key]++
+	return true
+}
+
+// releaseSource undoes holdSource when a transfer of data ends.
+func (l *loop) releaseSource(data []byte) {
+	if len(data) == 0 {
+		return
+	}
+	key := unsafe.SliceData(data)
+	if l.sourceRefs[key]--; l.sourceRefs[key] <= 0 {
+		delete(l.sourceRefs, key)
+		l.sourceHeld -= int64(len(data))
 	}
 }
 
@@ -461,12 +512,15 @@ func (l *loop) start(r request, peer netip.AddrPort, dst netip.Addr, name string
 		oack = nil
 	}
 	x := &xfer{transfer: newTransfer(data, neg.blksize, neg.windowsize, timeout, l.cfg.Retries, oack),
-		fd: -1, peer: peer, peerSA: rawSockaddr(peer), file: logName(name), requested: r.filename, started: now}
+		fd: -1, peer: peer, peerSA: rawSockaddr(peer), file: logName(name), requested: r.filename, started: now, fromSource: fromSource}
 	x.probe = l.cfg.Timeout
 	if l.cfg.SinglePort {
 		x.control = pktinfo(dst)
 	} else if x.fd, err = l.openTransferSocket(dst, peer); err != nil {
 		l.unclaim(peer.Addr())
+		if fromSource {
+			l.releaseSource(data)
+		}
 		log.Error(err, "TFTP: open a transfer's socket", "client", peer.String())
 		l.s.m.transfers.WithLabelValues(resultError).Inc()
 		l.sendError(peer, dst, errUndefined, "server error")
@@ -568,6 +622,9 @@ func (l *loop) finish(x *xfer, result, msg string) {
 	}
 	delete(l.byPeer, x.peer)
 	l.unclaim(x.peer.Addr())
+	if x.fromSource {
+		l.releaseSource(x.data)
+	}
 	l.s.m.active.Dec()
 	l.s.m.transfers.WithLabelValues(result).Inc()
 	l.s.cfg.Log.V(1).Info("TFTP transfer ended", "client", x.peer.String(), "file", x.file, "result", result,

@@ -182,3 +182,38 @@ func TestSourceOptions(t *testing.T) {
 	reply, _ = c2.recv()
 	require.Equal(t, map[string]string{"timeout": "5"}, oack(t, reply))
 }
+
+// Transfers hold at most MaxSourceBytes of distinct Source content: content
+// many transfers share counts once, and a request past the bound is dropped
+// until a transfer ends.
+func TestSourceMemoryBound(t *testing.T) {
+	dir, _ := files(t)
+	shared := content(1000)
+	s, port := serve(t, Config{Dir: dir, Timeout: time.Second, MaxSourceBytes: 1500,
+		Source: func(_ context.Context, name string, _ netip.Addr) ([]byte, error) {
+			if name == "shared" {
+				return shared, nil
+			}
+			return content(1000), nil // a copy of its own
+		}})
+	a, b, c := newRawClient(t), newRawClient(t), newRawClient(t)
+	a.send(localhost(port), rrq("shared", "blksize", "512"))
+	first, fromA := a.recv()
+	require.Equal(t, 512, len(first)-4, "a holds the shared content, unacknowledged")
+	b.send(localhost(port), rrq("shared", "blksize", "512"))
+	_, fromB := b.recv()
+	c.send(localhost(port), rrq("own"))
+	waitFor(t, s.m.dropped.WithLabelValues("source-memory"), 1)
+
+	for _, x := range []struct {
+		c    *rawClient
+		from *net.UDPAddr
+	}{{a, fromA}, {b, fromB}} {
+		x.c.send(x.from, ack(1))
+		p, _ := x.c.recv()
+		x.c.send(x.from, ack(2))
+		require.Equal(t, 1000-512, len(p)-4)
+	}
+	waitFor(t, s.m.transfers.WithLabelValues(resultOK), 2)
+	require.Equal(t, content(1000), fetch(t, c, localhost(port), "own", 1468), "once they ended, there is room")
+}

@@ -46,9 +46,14 @@ type Config struct {
 	// returns the whole content. An error wrapping ErrNotFound answers
 	// "file not found"; any other error answers with its message. The
 	// context ends when the server shuts down.
-	Source     func(ctx context.Context, name string, client netip.Addr) ([]byte, error)
-	Log        logr.Logger
-	Registerer prometheus.Registerer
+	Source func(ctx context.Context, name string, client netip.Addr) ([]byte, error)
+	// MaxSourceBytes bounds the Source content live transfers hold, each
+	// distinct content (the same slice shared by many transfers) counted
+	// once (2 GiB); a request past it is dropped and the client asks
+	// again.
+	MaxSourceBytes int64
+	Log            logr.Logger
+	Registerer     prometheus.Registerer
 }
 
 // maxWindow caps the negotiated windowsize: 64 blocks of 1468 bytes fit a
@@ -122,6 +127,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxTransfersPerClient == 0 {
 		cfg.MaxTransfersPerClient = 64
+	}
+	if cfg.MaxSourceBytes == 0 {
+		cfg.MaxSourceBytes = 2 << 30
 	}
 	if cfg.MaxBlockSize == 0 {
 		cfg.MaxBlockSize = 1468
