@@ -75,8 +75,10 @@ func loadGRUB(file string, server netip.Addr) ([]byte, error) {
 	if n := bytes.Count(data, []byte(GRUBServerPlaceholder)); n != 1 {
 		return nil, fmt.Errorf("pxe: %s is not agentboot's netboot GRUB: it has %d server address placeholders, want 1 (build it with make pxe-grub; a stock GRUB cannot find this service behind a proxyDHCP offer)", file, n)
 	}
-	if !bytes.Contains(data, []byte(GRUBEarlyConfig)) {
-		return nil, fmt.Errorf("pxe: %s was built for another agentboot version (its embedded config differs from this one's): build it again with make pxe-grub", file)
+	// Both configs are stored uncompressed (the embedded one and the
+	// memdisk's tar).
+	if !bytes.Contains(data, []byte(GRUBEarlyConfig)) || !bytes.Contains(data, []byte(GRUBConfig)) {
+		return nil, fmt.Errorf("pxe: %s was built for another agentboot version (its configs differ from this one's): build it again with make pxe-grub", file)
 	}
 	addr := []byte(server.String())
 	if len(addr) > len(GRUBServerPlaceholder) {

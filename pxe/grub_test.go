@@ -98,7 +98,7 @@ func TestGRUBNetboot(t *testing.T) {
 		"/images/uid-1/v2/initrd.img?token=abc": "initrd bytes",
 		"/secret":                               "never served through TFTP",
 	})
-	grubFile := fakeGRUB(t, GRUBEarlyConfig)
+	grubFile := fakeGRUB(t, GRUBEarlyConfig+"\x00tar header\x00"+GRUBConfig)
 	original, err := os.ReadFile(grubFile)
 	require.NoError(t, err)
 	s, tftpAddr, httpAddr := startServer(t, ProxyDHCP, func(c *Config) {
@@ -171,6 +171,7 @@ func TestGRUBRefusedWithoutPlaceholder(t *testing.T) {
 		fakeGRUB(t, "set prefix=(tftp)/grub\n"):                                                             "is not agentboot's netboot GRUB: it has 0 server address placeholders",
 		fakeGRUB(t, GRUBServerPlaceholder+GRUBServerPlaceholder):                                            "it has 2 server address placeholders",
 		fakeGRUB(t, "set agentboot_server="+GRUBServerPlaceholder+"\nset prefix=$agentboot_root\nnormal\n"): "was built for another agentboot version",
+		fakeGRUB(t, GRUBEarlyConfig+"\x00older loop\x00"):                                                   "was built for another agentboot version",
 		"grubnetaa64.efi": "build it with make pxe-grub",
 	} {
 		c := base
