@@ -482,6 +482,17 @@ func TestCAPIAgentFaults(t *testing.T) {
 	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
 	np.Scale(1)
 	a := e.waitAgent(h, "bound", func(a *v1beta1.Agent) bool { return a.Labels["agentMachineRef"] != "" })
+	// The provider records the binding on the AgentMachine after labelling
+	// the Agent; stopped before that, it would leave the Agent waiting for
+	// its AgentMachine instead of blocked by what follows.
+	require.Eventually(t, func() bool {
+		am := np.AgentMachine(a.Labels["agentMachineRef"])
+		if am == nil {
+			return false
+		}
+		name, _, _ := unstructured.NestedString(am.Object, "status", "agentRef", "name")
+		return name == a.Name
+	}, time.Minute, 100*time.Millisecond, "the provider never recorded the binding on AgentMachine %s", a.Labels["agentMachineRef"])
 	e.cluster.StopProvider() // it would repair some of what follows
 
 	blocked := func(what string) {
