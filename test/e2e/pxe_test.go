@@ -286,7 +286,7 @@ func TestLabPXEArm64(t *testing.T) {
 	grub := filepath.Join(testenv.RepoRoot(), "bin", "pxe", "grubnetaa64.efi")
 	_, err := os.Stat(grub)
 	require.NoError(t, err, "make pxe-grub builds it (make e2e does)")
-	seg, err := theLab.Segment(4)
+	seg, err := theLab.Segment(5)
 	require.NoError(t, err)
 	require.NoError(t, theLab.Dnsmasq("arm-dnsmasq", seg.Bridge, seg.HostIP, seg.Prefix))
 	startPXE(t, "pxe-arm64", seg.Bridge, seg.HostIP, "--arm64-binary", grub)
@@ -300,12 +300,12 @@ func TestLabPXEArm64(t *testing.T) {
 		require.NoError(t, s.Client.Create(ctx, ie))
 		envs[arch] = s.WaitImage(t, client.ObjectKeyFromObject(ie))
 	}
-	const armMAC, wrongMAC, x86MAC = "52:54:00:2d:00:01", "52:54:00:2d:00:02", "52:54:00:2d:00:03"
+	const armMAC, wrongMAC, x86MAC = "52:54:00:2e:00:01", "52:54:00:2e:00:02", "52:54:00:2e:00:03"
 	for mac, arch := range map[string]string{armMAC: "aarch64", wrongMAC: "x86_64", x86MAC: "x86_64"} {
 		h := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "host-" + strings.ReplaceAll(mac, ":", ""),
 			Labels:      map[string]string{v1beta1.InfraEnvNameLabel: envs[arch].Name},
 			Annotations: map[string]string{"baremetalhost.metal3.io/detached": ""}},
-			Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: metal3.BMCDetails{Address: "ipmi://198.18.4.9", CredentialsName: "none"}}}
+			Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: metal3.BMCDetails{Address: "ipmi://198.18.5.9", CredentialsName: "none"}}}
 		require.NoError(t, s.Client.Create(ctx, h))
 	}
 
