@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -323,6 +322,3 @@ func size(n int64) string {
 	}
 	return fmt.Sprintf("%d bytes", n)
 }
-
-// arm64Name is the name clients fetch the netboot GRUB by.
-func arm64Name(file string) string { return filepath.Base(file) }

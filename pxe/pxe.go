@@ -165,7 +165,7 @@ func New(cfg Config) (*Server, error) {
 		if s.grub, err = loadGRUB(file, cfg.ServerIP); err != nil {
 			return nil, err
 		}
-		s.grubName = arm64Name(file)
+		s.grubName = filepath.Base(file)
 		if s.images, err = newImageProxy(cfg.BootScriptURL, maxProxiedFile, maxProxiedCache, cfg.Log.WithName("grub-files")); err != nil {
 			return nil, err
 		}
