@@ -31,6 +31,35 @@ import (
 // installTimeout covers writing the disk image and booting it under TCG.
 const installTimeout = 12 * time.Minute
 
+// waitWorker waits until the host's serial log shows it applied the worker
+// config the hosted cluster's endpoint served, failing at once, with the
+// reason, if its Agent's installation failed.
+func waitWorker(t *testing.T, v *vm.VM, agent client.ObjectKey) {
+	t.Helper()
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	go func() {
+		for ctx.Err() == nil {
+			var a v1beta1.Agent
+			if s.Client.Get(ctx, agent, &a) == nil {
+				if c := conditions.Find(a.Status.Conditions, v1beta1.InstalledCondition); c != nil && c.Reason == v1beta1.InstallationFailedReason {
+					cancel(fmt.Errorf("the installation of Agent %s failed: %s", agent, c.Message))
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}()
+	_, err := v.WaitFor(ctx, regexp.MustCompile(regexp.QuoteMeta(hosted.WorkerMarker)), installTimeout)
+	if ctx.Err() != nil && context.Cause(ctx) != nil {
+		err = context.Cause(ctx)
+	}
+	require.NoError(t, err, "%s never applied its worker config; serial log:\n%s", v.Name, v.Tail(40))
+}
+
 // poolHost is a BMC-managed server of the NodePool scenario.
 type poolHost struct {
 	m     *vm.Machine
@@ -104,8 +133,7 @@ func TestLabNodePool(t *testing.T) {
 	}
 	getAgents(t, ie.Namespace, "bound, installing", `\s+vcluster2\s+true\s+worker\s+\S+`, hosts...)
 	for _, h := range hosts {
-		_, err := h.m.VM().WaitFor(t.Context(), regexp.MustCompile(regexp.QuoteMeta(hosted.WorkerMarker)), installTimeout)
-		require.NoError(t, err, "%s never applied its worker config; Agent %+v", h.bmh.Name, h.get(t).Status.Progress)
+		waitWorker(t, h.m.VM(), client.ObjectKey{Namespace: h.bmh.Namespace, Name: h.agent})
 		log := h.m.VM().Log()
 		require.Contains(t, log, "booted from disk", "%s booted its installed disk", h.bmh.Name)
 	}

@@ -18,7 +18,9 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/capiagent"
 	"github.com/agentboot/agentboot/test/e2e/lab"
+	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/vm"
 )
@@ -273,7 +275,11 @@ func TestLabPXEAuthoritative(t *testing.T) {
 // way, and the host registers as aarch64. In the same namespace an x86_64
 // host boots through iPXE: the cpu-architecture label selects each. An
 // Arm host whose BareMetalHost names the x86_64 InfraEnv is told why and
-// not booted: it starts the OS on its disk.
+// not booted: it starts the OS on its disk. A NodePool selecting aarch64
+// Agents has
+// cluster-api-provider-agent bind the Arm host: it installs the aarch64
+// disk image, network-boots again, is sent to its disk by GRUB, and
+// fetches its worker config.
 func TestLabPXEArm64(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -338,6 +344,29 @@ func TestLabPXEArm64(t *testing.T) {
 	require.Regexp(t, `msg="TFTP transfer ended" logger=pxe/tftp client=\S+ file=agentboot/boot-artifacts/aarch64/\S+/vmlinuz result=ok`,
 		theLab.Log("pxe-arm64.out"), "the kernel came through the PXE service's TFTP")
 
+	// Installation, through the same path as x86 hosts.
+	cluster := hosted.Start(t)
+	ln, err := theLab.Listen("tcp", lab.HostIP+":0")
+	require.NoError(t, err)
+	endpoint := hosted.IgnitionEndpoint(t, ln, lab.HostIP)
+	hc := capiagent.Start(t, s.Env, capiagent.Options{Namespace: s.Namespace(t, "clusters"), Name: "arm", AgentNamespace: ns,
+		Hosted: cluster, IgnitionEndpoint: endpoint.Addr, IgnitionCA: endpoint.CA, Token: hosted.Token, Provider: true})
+	np := hc.NodePool("arm", map[string]string{"inventory.agent-install.openshift.io/cpu-architecture": "aarch64"})
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Spec.Approved = true
+	require.NoError(t, s.Client.Patch(ctx, &a, patch))
+	np.Scale(1)
+	require.Eventually(t, func() bool {
+		var cur v1beta1.Agent
+		return s.Client.Get(ctx, client.ObjectKeyFromObject(&a), &cur) == nil && cur.Spec.ClusterDeploymentName != nil &&
+			cur.Status.Progress.CurrentStage != ""
+	}, 5*time.Minute, time.Second, "the provider never bound the aarch64 Agent and started its installation")
+	waitWorker(t, arm, client.ObjectKeyFromObject(&a))
+	requireSerial(t, arm, `msg="rebooting into the installed system"`, "agentboot: this host is installed; booting from disk", "agentboot: starting /EFI/BOOT/BOOTAA64.EFI on hd0,msdos1")
+	require.Contains(t, endpoint.Seen(), "/ignition Bearer "+hosted.Token+" "+hc.HC.Namespace+"/arm")
+	var x86Agent v1beta1.Agent
+	require.NoError(t, s.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: agentWithMAC(t, ns, x86MAC, x86).Name}, &x86Agent))
+	require.Nil(t, x86Agent.Spec.ClusterDeploymentName, "the NodePool selects aarch64 Agents only")
 }
 
 // noSpace is s without white space, to find text GRUB wrapped.

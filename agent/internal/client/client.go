@@ -30,9 +30,11 @@ type Client struct {
 	token string // per-agent token, after registration
 }
 
-// HTTP is the client with the service's CAs, for downloads the service
-// points the agent at (the OS image).
-func (c *Client) HTTP() *http.Client { return c.http }
+// HTTP is a client with the service's CAs and proxy, for downloads the
+// service points the agent at (the OS image). Unlike the API calls' client
+// it has no limit on the whole exchange: a disk image of several GiB may
+// take many minutes, and install ends a download that stalls.
+func (c *Client) HTTP() *http.Client { return &http.Client{Transport: c.http.Transport} }
 
 // New builds a client from the agent's config.
 func New(cfg agentwire.Config) (*Client, error) {

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/ulikunitz/xz"
 
@@ -37,8 +38,14 @@ const (
 
 // Options are what an installation needs besides the step.
 type Options struct {
-	// HTTP fetches the image; http.DefaultClient when nil.
+	// HTTP fetches the image; http.DefaultClient when nil. Its Timeout
+	// must be zero (or longer than any download): a disk image of several
+	// GiB over a slow link takes as long as it takes. StallTimeout is what
+	// ends a download that stopped.
 	HTTP *http.Client
+	// StallTimeout ends the download when no byte arrived for this long
+	// (DefaultStallTimeout when zero).
+	StallTimeout time.Duration
 	// Progress receives each stage and the percentage done.
 	Progress func(stage string, percentage int, info string)
 	// Mounts is the mount table checked for the target (/proc/mounts).
@@ -48,6 +55,10 @@ type Options struct {
 	PlaceIgnition func(disk string, config []byte) error
 }
 
+// DefaultStallTimeout is how long a download may go without a byte before
+// the installation fails. There is no limit on the whole download.
+const DefaultStallTimeout = 2 * time.Minute
+
 // Run installs step.ImageURL onto step.DiskPath.
 func Run(ctx context.Context, step agentwire.InstallStep, o Options) error {
 	if o.HTTP == nil {
@@ -55,6 +66,9 @@ func Run(ctx context.Context, step agentwire.InstallStep, o Options) error {
 	}
 	if o.Progress == nil {
 		o.Progress = func(string, int, string) {}
+	}
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = DefaultStallTimeout
 	}
 	if o.Mounts == "" {
 		o.Mounts = "/proc/mounts"
@@ -129,6 +143,17 @@ func isPartitionOf(part, disk string) bool {
 
 // write streams the image to the disk, hashing what was downloaded.
 func write(ctx context.Context, step agentwire.InstallStep, o Options) (err error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stalled := fmt.Errorf("no data from the image server for %s", o.StallTimeout)
+	watchdog := time.AfterFunc(o.StallTimeout, func() { cancel(stalled) })
+	defer watchdog.Stop()
+	defer func() {
+		// A read ended by the watchdog says "context canceled"; say why.
+		if err != nil && errors.Is(context.Cause(ctx), stalled) {
+			err = fmt.Errorf("%w (%w)", err, stalled)
+		}
+	}()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, step.ImageURL, nil)
 	if err != nil {
 		return fmt.Errorf("image URL: %w", err)
@@ -138,6 +163,7 @@ func write(ctx context.Context, step agentwire.InstallStep, o Options) (err erro
 		return fmt.Errorf("fetch the image: %w", err)
 	}
 	defer resp.Body.Close()
+	body := &stallReader{r: resp.Body, watchdog: watchdog, limit: o.StallTimeout}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("fetch the image: %s", resp.Status)
 	}
@@ -151,7 +177,7 @@ func write(ctx context.Context, step agentwire.InstallStep, o Options) (err erro
 		}
 	}()
 	hash := sha256.New()
-	counted := &progressReader{r: io.TeeReader(resp.Body, hash), total: resp.ContentLength, report: o.Progress}
+	counted := &progressReader{r: io.TeeReader(body, hash), total: resp.ContentLength, report: o.Progress}
 	buffered := bufio.NewReaderSize(counted, 1<<20)
 	var src io.Reader = buffered
 	magic, _ := buffered.Peek(6)
@@ -214,6 +240,21 @@ type progressReader struct {
 	total  int64
 	last   int
 	report func(string, int, string)
+}
+
+// stallReader restarts the watchdog whenever bytes arrive.
+type stallReader struct {
+	r        io.Reader
+	watchdog *time.Timer
+	limit    time.Duration
+}
+
+func (s *stallReader) Read(b []byte) (int, error) {
+	n, err := s.r.Read(b)
+	if n > 0 {
+		s.watchdog.Reset(s.limit)
+	}
+	return n, err
 }
 
 func (p *progressReader) Read(b []byte) (int, error) {

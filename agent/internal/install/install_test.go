@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -205,4 +206,50 @@ func TestVoid(t *testing.T) {
 	require.Equal(t, make([]byte, 1<<20), got[:1<<20], "the first MiB is zeroed")
 	require.Equal(t, data[1<<20:], got[1<<20:])
 	require.ErrorContains(t, Void(filepath.Join(t.TempDir(), "missing")), "open ")
+}
+
+// A download is limited by silence, not by its length: a slow image that
+// keeps coming installs, one that stops fails saying so and leaves no
+// bootable half image.
+func TestInstallDownloadStalls(t *testing.T) {
+	const stall = 300 * time.Millisecond
+	trickle := func(f *fixture, stopAfter int) {
+		f.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(f.served)))
+			chunk := len(f.served)/8 + 1
+			for i := 0; i < len(f.served); i += chunk {
+				if i/chunk == stopAfter {
+					<-r.Context().Done()
+					return
+				}
+				_, _ = w.Write(f.served[i:min(i+chunk, len(f.served))])
+				w.(http.Flusher).Flush()
+				time.Sleep(stall / 3)
+			}
+		})
+	}
+	t.Run("slow but steady", func(t *testing.T) {
+		f := newFixture(t, "raw")
+		trickle(f, -1)
+		o := f.options()
+		o.StallTimeout = stall
+		start := time.Now()
+		require.NoError(t, Run(context.Background(), f.step(), o))
+		require.Greater(t, time.Since(start), 2*stall, "the download took longer than the stall limit")
+		got, err := os.ReadFile(f.disk)
+		require.NoError(t, err)
+		require.Equal(t, f.image, got[:len(f.image)])
+	})
+	t.Run("stopped", func(t *testing.T) {
+		f := newFixture(t, "raw")
+		trickle(f, 3)
+		o := f.options()
+		o.StallTimeout = stall
+		err := Run(context.Background(), f.step(), o)
+		require.ErrorContains(t, err, "write the image to "+f.disk)
+		require.ErrorContains(t, err, "no data from the image server for 300ms")
+		got, _ := os.ReadFile(f.disk)
+		require.Equal(t, make([]byte, 1<<20), got[:1<<20], "a half-written image must not stay bootable")
+		require.Nil(t, f.placed)
+	})
 }
