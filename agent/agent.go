@@ -17,12 +17,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentboot/agentboot/agent/internal/client"
+	"github.com/agentboot/agentboot/agent/internal/erase"
 	"github.com/agentboot/agentboot/agent/internal/identity"
 	"github.com/agentboot/agentboot/agent/internal/install"
 	"github.com/agentboot/agentboot/agent/internal/inventory"
 	"github.com/agentboot/agentboot/agent/internal/ntp"
 	"github.com/agentboot/agentboot/agent/internal/staticnet"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
 // Config configures the on-host agent.
@@ -393,6 +395,45 @@ func (a *Agent) install(ctx context.Context, s agentwire.Step) agentwire.StepRes
 // Install writes an OS image to a disk, for `agent install`.
 func Install(ctx context.Context, step agentwire.InstallStep, progress func(stage string, pct int, info string)) error {
 	return install.Run(ctx, step, install.Options{Progress: progress})
+}
+
+// Sanitize erases disks at level, for `agent sanitize`: each disk is
+// probed, the method chosen (internal/sanitize) among those this agent
+// carries out, erased and read back. Disks in keep are left alone. Every
+// disk gets its evidence, a failed one with its Error; the error joins the
+// failures.
+func Sanitize(ctx context.Context, level sanitize.Level, disks, keep []string, log *slog.Logger) ([]agentwire.DiskSanitization, error) {
+	kept := map[string]bool{}
+	for _, k := range keep {
+		kept[k] = true
+	}
+	var out []agentwire.DiskSanitization
+	var errs []error
+	for _, d := range disks {
+		ev, err := sanitizeDisk(ctx, level, d, kept[d], log)
+		if err != nil {
+			ev.Error = err.Error()
+			errs = append(errs, err)
+		}
+		out = append(out, ev)
+	}
+	return out, errors.Join(errs...)
+}
+
+func sanitizeDisk(ctx context.Context, level sanitize.Level, disk string, kept bool, log *slog.Logger) (agentwire.DiskSanitization, error) {
+	t, err := erase.Probe(erase.Options{}, disk, kept)
+	if err != nil {
+		return agentwire.DiskSanitization{Disk: disk}, err
+	}
+	plan := sanitize.Choose(level, erase.Supported(t.Device))
+	log.Info("sanitizing", "disk", disk, "bytes", t.Size, "method", plan.Method, "why", plan.Why, "notes", strings.Join(t.Notes, "; "))
+	last := -1
+	return erase.Run(ctx, t, plan, func(done, total int64) {
+		if pct := int(100 * done / max(total, 1)); pct/5 != last/5 {
+			last = pct
+			log.Info("sanitizing", "disk", disk, "percentage", pct)
+		}
+	})
 }
 
 // Inventory collects and returns the inventory, for `agent inventory`.

@@ -11,10 +11,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/agentboot/agentboot/agent"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -28,6 +30,7 @@ commands:
   inventory        print this host's hardware inventory as JSON
   static-network   write this host's static network configuration for NetworkManager
   install          write an OS disk image to a disk with an Ignition config, as the install step does
+  sanitize         erase disks as a released host's are (docs/security.md), printing the evidence as JSON
   version          print the version
 `)
 }
@@ -50,6 +53,8 @@ func main() {
 		err = staticNetwork(os.Args[2:], log)
 	case "install":
 		err = install(ctx, os.Args[2:], log)
+	case "sanitize":
+		err = sanitizeDisks(ctx, os.Args[2:], log)
 	case "version":
 		fmt.Println(version)
 	case "-h", "--help", "help":
@@ -143,4 +148,36 @@ func install(ctx context.Context, args []string, log *slog.Logger) error {
 		return syscall.Reboot(syscall.LINUX_REBOOT_CMD_RESTART)
 	}
 	return nil
+}
+
+// repeated is a flag that may be given more than once.
+type repeated []string
+
+func (r *repeated) String() string     { return strings.Join(*r, ",") }
+func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
+
+func sanitizeDisks(ctx context.Context, args []string, log *slog.Logger) error {
+	fs := flag.NewFlagSet("sanitize", flag.ContinueOnError)
+	var disks, keep repeated
+	fs.Var(&disks, "disk", "a disk to sanitize (repeat for more; everything on it is erased)")
+	fs.Var(&keep, "keep", "a disk given with --disk to leave alone (repeat for more)")
+	levelFlag := fs.String("level", string(sanitize.Erase), "none, metadata or erase")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if len(disks) == 0 {
+		return errors.New("--disk is required: name each disk to sanitize")
+	}
+	level, err := sanitize.ParseLevel(*levelFlag)
+	if err != nil {
+		return err
+	}
+	evidence, err := agent.Sanitize(ctx, level, disks, keep, log)
+	enc := json.NewEncoder(os.Stdout)
+	for _, ev := range evidence {
+		if encErr := enc.Encode(ev); encErr != nil {
+			return errors.Join(err, encErr)
+		}
+	}
+	return err
 }

@@ -160,6 +160,24 @@ type InstallStep struct {
 	Ignition string `json:"ignition"`
 }
 
+// DiskSanitization is the evidence of one disk's sanitization: what was
+// done, to how many bytes, in how long, and how the result was checked.
+type DiskSanitization struct {
+	// Disk is the device (a /dev path).
+	Disk string `json:"disk"`
+	// Method is internal/sanitize's method, and Why the reason for it.
+	Method string `json:"method"`
+	Why    string `json:"why,omitempty"`
+	// Bytes the method covered (the whole disk, or the metadata regions).
+	Bytes           int64   `json:"bytes"`
+	DurationSeconds float64 `json:"durationSeconds"`
+	// Verification names the check, and Checked says what it read.
+	Verification string `json:"verification,omitempty"`
+	Checked      string `json:"checked,omitempty"`
+	// Error is why this disk is not sanitized; empty when it is.
+	Error string `json:"error,omitempty"`
+}
+
 // StepResult reports how a step went.
 type StepResult struct {
 	ExitCode int    `json:"exitCode"`

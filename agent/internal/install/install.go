@@ -24,6 +24,7 @@ import (
 
 	"github.com/ulikunitz/xz"
 
+	"github.com/agentboot/agentboot/agent/internal/blockdev"
 	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
@@ -107,38 +108,20 @@ func check(step agentwire.InstallStep, mounts string) error {
 		return errors.New("the install step has no Ignition config")
 	}
 	// A disk with a mounted partition is in use (the live media, a data
-	// disk): never write over it.
-	data, err := os.ReadFile(mounts)
-	if err != nil {
-		return fmt.Errorf("read the mount table: %w", err)
-	}
-	// The disk may be named by a /dev/disk/by-id link; the mount table
-	// names the device.
+	// disk): never write over it. The disk may be named by a
+	// /dev/disk/by-id link; the mount table names the device.
 	disk := step.DiskPath
 	if real, err := filepath.EvalSymlinks(disk); err == nil {
 		disk = real
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 1 && (f[0] == disk || (strings.HasPrefix(f[0], disk) && isPartitionOf(f[0], disk))) {
-			return fmt.Errorf("%s is in use: %s is mounted on %s", step.DiskPath, f[0], f[1])
-		}
+	mounted, err := blockdev.Mounted(mounts, disk)
+	if err != nil {
+		return err
+	}
+	if mounted != "" {
+		return fmt.Errorf("%s is in use: %s", step.DiskPath, mounted)
 	}
 	return nil
-}
-
-// isPartitionOf is true for sda1 of sda and nvme0n1p1 of nvme0n1.
-func isPartitionOf(part, disk string) bool {
-	rest := strings.TrimPrefix(strings.TrimPrefix(part, disk), "p")
-	if rest == "" {
-		return false
-	}
-	for _, c := range rest {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
 }
 
 // write streams the image to the disk, hashing what was downloaded.

@@ -185,14 +185,6 @@ func TestFindBootOnTheDevDiskImage(t *testing.T) {
 	require.ErrorContains(t, err, "no partition table")
 }
 
-func TestPartitionNames(t *testing.T) {
-	require.Equal(t, "/dev/sda1", PartitionDevice("/dev/sda", 1))
-	require.Equal(t, "/dev/nvme0n1p2", PartitionDevice("/dev/nvme0n1", 2))
-	require.True(t, isPartitionOf("/dev/sda1", "/dev/sda"))
-	require.True(t, isPartitionOf("/dev/nvme0n1p3", "/dev/nvme0n1"))
-	require.False(t, isPartitionOf("/dev/sdab", "/dev/sda"))
-}
-
 // Void zeroes the start of a disk the service called the installation off
 // for, so firmware cannot boot what was written; the rest is left alone.
 func TestVoid(t *testing.T) {

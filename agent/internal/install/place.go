@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentboot/agentboot/agent/internal/blockdev"
 )
 
 // BootLabel is the filesystem label of the partition that receives the
@@ -110,15 +112,6 @@ func probe(r io.ReaderAt, off int64) (string, string) {
 	return "", ""
 }
 
-// PartitionDevice names partition n of disk: sda1, or nvme0n1p1 when the
-// disk's name ends in a digit.
-func PartitionDevice(disk string, n int) string {
-	if last := disk[len(disk)-1]; last >= '0' && last <= '9' {
-		return fmt.Sprintf("%sp%d", disk, n)
-	}
-	return fmt.Sprintf("%s%d", disk, n)
-}
-
 // PlaceOnBootPartition makes the kernel re-read the disk's partition table,
 // mounts its boot partition and writes ignition/config.ign, as
 // coreos-installer does. It needs root.
@@ -143,7 +136,7 @@ func PlaceOnBootPartition(disk string, config []byte) error {
 	if err != nil {
 		return err
 	}
-	dev := PartitionDevice(disk, boot.Number)
+	dev := blockdev.PartitionDevice(disk, boot.Number)
 	for i := 0; i < 50; i++ {
 		if _, err = os.Stat(dev); err == nil {
 			break

@@ -1,0 +1,261 @@
+package erase
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/sanitize"
+)
+
+// Progress receives the bytes done of the total as an erase goes.
+type Progress func(done, total int64)
+
+// Methods this agent carries out. The NVMe and ATA commands are decided by
+// internal/sanitize but not sent yet (docs/security.md): Supported masks
+// them, so such disks are overwritten, which gives the same guarantee.
+var executable = map[sanitize.Method]bool{
+	sanitize.Skip:         true,
+	sanitize.WipeMetadata: true,
+	sanitize.Discard:      true,
+	sanitize.Overwrite:    true,
+}
+
+// Supported is dev without the capabilities whose commands this agent does
+// not send, so that the decision is one the agent can carry out.
+func Supported(dev sanitize.Device) sanitize.Device {
+	dev.NVMeSanitizeCrypto, dev.NVMeSanitizeBlock = false, false
+	dev.NVMeFormatCrypto, dev.NVMeFormatUserData = false, false
+	dev.ATASecurityErase, dev.ATAEnhancedErase = false, false
+	return dev
+}
+
+const (
+	chunk       = 4 << 20  // overwrite and discard step, the unit of progress and cancellation
+	syncEvery   = 1 << 30  // overwrite flushes this often, so dirty pages never pile up
+	edge        = 1 << 20  // first and last MiB of a disk or partition
+	sampleSize  = 64 << 10 // one verification read
+	sampleCount = 256
+)
+
+// Run carries out plan on t and verifies it. A disk it cannot verify is an
+// error: the caller keeps the host quarantined.
+func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (agentwire.DiskSanitization, error) {
+	ev := agentwire.DiskSanitization{Disk: t.Path, Method: string(plan.Method), Why: plan.Why, Verification: string(plan.Verify)}
+	if !executable[plan.Method] {
+		return ev, fmt.Errorf("disk %s: method %s is not one this agent carries out", t.Path, plan.Method)
+	}
+	if plan.Method == sanitize.Skip {
+		return ev, nil
+	}
+	if progress == nil {
+		progress = func(int64, int64) {}
+	}
+	f, err := openExclusive(t.Path)
+	if err != nil {
+		return ev, err
+	}
+	defer f.Close()
+	start := time.Now()
+	var regions []Extent
+	switch plan.Method {
+	case sanitize.WipeMetadata:
+		regions = metadataRegions(t)
+		err = zeroRegions(ctx, f, regions, progress)
+	case sanitize.Discard:
+		regions = []Extent{{0, t.Size}}
+		err = discard(ctx, f, t.Size, progress)
+	case sanitize.Overwrite:
+		regions = []Extent{{0, t.Size}}
+		err = zeroRegions(ctx, f, regions, progress)
+	}
+	for _, r := range regions {
+		ev.Bytes += r.Length
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	ev.DurationSeconds = time.Since(start).Seconds()
+	if err != nil {
+		return ev, fmt.Errorf("disk %s: %s: %w", t.Path, plan.Method, err)
+	}
+	if plan.Method == sanitize.WipeMetadata {
+		// The kernel forgets the partitions it knew; a file has none.
+		_ = unix.IoctlSetInt(int(f.Fd()), unix.BLKRRPART, 0)
+	}
+	checked, err := verifyZero(f, t.Size, regions)
+	if err != nil {
+		return ev, fmt.Errorf("disk %s: verify %s: %w", t.Path, plan.Method, err)
+	}
+	ev.Checked = checked
+	return ev, nil
+}
+
+// openExclusive opens the disk for writing. On Linux O_EXCL on a block
+// device fails with EBUSY while anything holds it: a mounted file system, a
+// RAID or LVM member in use, the swap.
+func openExclusive(path string) (*os.File, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("disk %s: %w", path, err)
+	}
+	flags := os.O_RDWR
+	if st.Mode()&os.ModeDevice != 0 {
+		flags |= unix.O_EXCL
+	}
+	f, err := os.OpenFile(path, flags, 0)
+	if errors.Is(err, unix.EBUSY) {
+		return nil, fmt.Errorf("disk %s is in use (mounted, or a RAID, LVM or swap member): not erased", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("disk %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// metadataRegions are where partition tables and signatures live: the first
+// and last MiB of the disk (MBR, GPT and its backup, RAID superblocks at the
+// end) and of each partition (file system, LVM and RAID signatures).
+func metadataRegions(t Target) []Extent {
+	var out []Extent
+	add := func(x Extent) {
+		if x.Length <= 2*edge {
+			out = append(out, x)
+			return
+		}
+		out = append(out, Extent{x.Offset, edge}, Extent{x.Offset + x.Length - edge, edge})
+	}
+	add(Extent{0, t.Size})
+	for _, p := range t.Partitions {
+		add(p)
+	}
+	return out
+}
+
+func zeroRegions(ctx context.Context, f *os.File, regions []Extent, progress Progress) error {
+	var total, done, unsynced int64
+	for _, r := range regions {
+		total += r.Length
+	}
+	zeros := make([]byte, chunk)
+	for _, r := range regions {
+		for off := r.Offset; off < r.Offset+r.Length; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n := min(int64(chunk), r.Offset+r.Length-off)
+			if _, err := f.WriteAt(zeros[:n], off); err != nil {
+				return err
+			}
+			off += n
+			done += n
+			unsynced += n
+			if unsynced >= syncEvery {
+				if err := f.Sync(); err != nil {
+					return err
+				}
+				unsynced = 0
+			}
+			progress(done, total)
+		}
+	}
+	return nil
+}
+
+// discard discards the whole device (BLKDISCARD) a chunk at a time.
+func discard(ctx context.Context, f *os.File, size int64, progress Progress) error {
+	for off := int64(0); off < size; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(int64(chunk)*64, size-off)
+		rng := [2]uint64{uint64(off), uint64(n)}
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKDISCARD, uintptr(unsafe.Pointer(&rng))); errno != 0 {
+			return fmt.Errorf("discard %d bytes at %d: %w", n, off, errno)
+		}
+		off += n
+		progress(off, size)
+	}
+	return nil
+}
+
+// verifyZero reads back the first and last MiB of each region and
+// sampleCount blocks of sampleSize spread over them (evenly, then at random
+// offsets a pattern-aware firmware cannot predict), and fails at the first
+// byte that is not zero.
+func verifyZero(f *os.File, size int64, regions []Extent) (string, error) {
+	var reads []Extent
+	for _, r := range regions {
+		head := min(edge, r.Length)
+		reads = append(reads, Extent{r.Offset, head})
+		if tail := min(edge, r.Length-head); tail > 0 {
+			reads = append(reads, Extent{r.Offset + r.Length - tail, tail})
+		}
+	}
+	sampled := 0
+	var span int64
+	for _, r := range regions {
+		span += r.Length
+	}
+	if span > 2*edge {
+		for i := 0; i < sampleCount; i++ {
+			var pos int64
+			if i%2 == 0 {
+				pos = span / sampleCount * int64(i)
+			} else {
+				var b [8]byte
+				_, _ = rand.Read(b[:])
+				pos = int64(binary.LittleEndian.Uint64(b[:]) % uint64(span))
+			}
+			reads = append(reads, at(regions, pos, sampleSize))
+			sampled++
+		}
+	}
+	buf := make([]byte, edge)
+	zeros := make([]byte, edge)
+	for _, r := range reads {
+		if r.Offset < 0 || r.Offset+r.Length > size || r.Length == 0 {
+			continue
+		}
+		b := buf[:r.Length]
+		if _, err := f.ReadAt(b, r.Offset); err != nil && !errors.Is(err, io.EOF) {
+			return "", fmt.Errorf("read %d bytes at %d: %w", r.Length, r.Offset, err)
+		}
+		if !bytes.Equal(b, zeros[:r.Length]) {
+			first := firstNonZero(b)
+			return "", fmt.Errorf("byte %d reads %#02x, not zero", r.Offset+int64(first), b[first])
+		}
+	}
+	return fmt.Sprintf("%d sampled %d KiB blocks and the first and last MiB of %d regions read back as zeros", sampled, sampleSize>>10, len(regions)), nil
+}
+
+// at is the extent of length n at position pos of the regions laid end to
+// end, cut at its region's end.
+func at(regions []Extent, pos, n int64) Extent {
+	for _, r := range regions {
+		if pos < r.Length {
+			return Extent{r.Offset + pos, min(n, r.Length-pos)}
+		}
+		pos -= r.Length
+	}
+	return Extent{}
+}
+
+func firstNonZero(b []byte) int {
+	for i, c := range b {
+		if c != 0 {
+			return i
+		}
+	}
+	return 0
+}

@@ -1,0 +1,213 @@
+package erase
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/agentboot/agentboot/agent/internal/blockdev"
+	"github.com/agentboot/agentboot/internal/sanitize"
+)
+
+// Options say where the probe and the erase look.
+type Options struct {
+	// Root is "/" except in tests, which point it at a fake sysfs and procfs.
+	Root string
+	// Identify reads a device's identify data; the ioctls when nil.
+	Identify Identifier
+}
+
+// Identifier reads identify data from a device.
+type Identifier interface {
+	// NVMe returns Identify Controller and Identify Namespace of the
+	// namespace block device at path.
+	NVMe(path string) (controller, namespace []byte, err error)
+	// ATA returns IDENTIFY DEVICE of the disk at path.
+	ATA(path string) ([]byte, error)
+}
+
+func (o Options) path(p string) string { return filepath.Join(o.Root, p) }
+
+func (o Options) identify() Identifier {
+	if o.Identify != nil {
+		return o.Identify
+	}
+	return ioctlIdentifier{}
+}
+
+// Target is one disk as the probe found it.
+type Target struct {
+	// Path is the device (or, in tests, a file) that is erased.
+	Path string
+	// Name is its kernel name (sda, nvme0n1); empty for a file.
+	Name string
+	// Size in bytes.
+	Size int64
+	// Device is what the device reports, as internal/sanitize decides on it.
+	Device sanitize.Device
+	// Partitions are the kernel's partitions of the disk, where a metadata
+	// wipe looks for file system, RAID and LVM signatures.
+	Partitions []Extent
+	// Notes say what could not be found out (an identify command the
+	// device refused): the decision then takes the slower, certain method.
+	Notes []string
+}
+
+// Probe finds out what the disk at path can do. kept is the admin's mark.
+func Probe(o Options, path string, kept bool) (Target, error) {
+	t := Target{Path: path, Device: sanitize.Device{Kept: kept}}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return t, fmt.Errorf("disk %s: %w", path, err)
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return t, fmt.Errorf("disk %s: %w", path, err)
+	}
+	if st.Mode().IsRegular() {
+		// A disk image (tests, `agent erase` on a file): nothing to ask.
+		t.Size = st.Size()
+		t.Device.BootMedium = isoImage(real)
+		return t, nil
+	}
+	if st.Mode()&os.ModeDevice == 0 || st.Mode()&os.ModeCharDevice != 0 {
+		return t, fmt.Errorf("disk %s is not a block device", path)
+	}
+	return probeDevice(o, t, filepath.Base(real), isoImage(real))
+}
+
+// probeDevice reads sysfs and the device's identify data for block device
+// name (t.Path); iso says it holds an ISO 9660 volume.
+func probeDevice(o Options, t Target, name string, iso bool) (Target, error) {
+	path := t.Path
+	t.Name = name
+	sys := o.path("sys/block/" + t.Name)
+	if _, err := os.Stat(sys); err != nil {
+		return t, fmt.Errorf("disk %s: no %s: a partition or not a disk", path, sys)
+	}
+	sectors, err := readInt(filepath.Join(sys, "size"))
+	if err != nil {
+		return t, fmt.Errorf("disk %s: size: %w", path, err)
+	}
+	t.Size = sectors * 512 // sysfs counts 512-byte sectors whatever the block size
+	t.Device.ReadOnly = readTrim(filepath.Join(sys, "ro")) == "1"
+	mounted, err := blockdev.Mounted(o.path("proc/mounts"), "/dev/"+t.Name)
+	if err != nil {
+		return t, fmt.Errorf("disk %s: %w", path, err)
+	}
+	// The discovery OS runs from memory: a disk with a mounted file system
+	// is what it booted from (or something an admin mounted by hand).
+	t.Device.BootMedium = mounted != "" || iso
+	if t.Partitions, err = partitions(sys, t.Name, t.Size); err != nil {
+		return t, fmt.Errorf("disk %s: %w", path, err)
+	}
+	if n, _ := readInt(filepath.Join(sys, "queue/discard_max_bytes")); n > 0 {
+		t.Device.Discard = true
+	}
+	switch {
+	case strings.HasPrefix(t.Name, "nvme"):
+		t.probeNVMe(o.identify())
+	case strings.HasPrefix(t.Name, "sd"):
+		t.probeATA(o.identify())
+	}
+	return t, nil
+}
+
+func (t *Target) probeNVMe(id Identifier) {
+	ctrl, ns, err := id.NVMe(t.Path)
+	if err != nil {
+		t.Notes = append(t.Notes, "NVMe identify: "+err.Error())
+		return
+	}
+	c, err := parseNVMeController(ctrl)
+	if err != nil {
+		t.Notes = append(t.Notes, "NVMe identify controller: "+err.Error())
+		return
+	}
+	n, err := parseNVMeNamespace(ns)
+	if err != nil {
+		t.Notes = append(t.Notes, "NVMe identify namespace: "+err.Error())
+		return
+	}
+	t.Device.NVMeSanitizeCrypto = c.sanitizeCrypto
+	t.Device.NVMeSanitizeBlock = c.sanitizeBlock
+	t.Device.NVMeFormatCrypto = c.formatCrypto
+	t.Device.NVMeFormatUserData = c.formatNVM
+	t.Device.DiscardZeroes = t.Device.Discard && c.deallocate && n.deallocatedReadsZero
+}
+
+func (t *Target) probeATA(id Identifier) {
+	raw, err := id.ATA(t.Path)
+	if err != nil {
+		// SCSI, SAS, USB bridges and virtio-scsi disks answer no ATA
+		// IDENTIFY: not an error, only nothing to learn.
+		t.Notes = append(t.Notes, "no ATA IDENTIFY: "+err.Error())
+		return
+	}
+	a, err := parseATAIdentify(raw)
+	if err != nil {
+		t.Notes = append(t.Notes, "ATA IDENTIFY: "+err.Error())
+		return
+	}
+	t.Device.ATASecurityErase = a.securitySupported && !a.securityLocked
+	t.Device.ATAEnhancedErase = a.enhancedErase
+	t.Device.ATAFrozen = a.securityFrozen
+	t.Device.DiscardZeroes = t.Device.Discard && a.trimReadsZero
+}
+
+// Extent is a byte range of a disk.
+type Extent struct{ Offset, Length int64 }
+
+// partitions lists the partitions sysfs shows below the disk's directory,
+// refusing one that does not lie within the disk.
+func partitions(sys, name string, size int64) ([]Extent, error) {
+	entries, err := os.ReadDir(sys)
+	if err != nil {
+		return nil, err
+	}
+	var out []Extent
+	for _, e := range entries {
+		if !blockdev.IsPartitionOf(e.Name(), name) {
+			continue
+		}
+		start, err := readInt(filepath.Join(sys, e.Name(), "start"))
+		if err != nil {
+			return nil, fmt.Errorf("partition %s: start: %w", e.Name(), err)
+		}
+		sectors, err := readInt(filepath.Join(sys, e.Name(), "size"))
+		if err != nil {
+			return nil, fmt.Errorf("partition %s: size: %w", e.Name(), err)
+		}
+		x := Extent{Offset: start * 512, Length: sectors * 512}
+		if start < 0 || sectors < 0 || x.Offset+x.Length > size {
+			return nil, fmt.Errorf("partition %s (%d+%d bytes) lies outside the disk (%d bytes)", e.Name(), x.Offset, x.Length, size)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// isoImage reports an ISO 9660 volume (the discovery media written to a
+// USB stick, or attached as virtual media).
+func isoImage(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, 5)
+	_, err = f.ReadAt(b, 32769)
+	return err == nil && bytes.Equal(b, []byte("CD001"))
+}
+
+func readTrim(p string) string {
+	b, _ := os.ReadFile(p)
+	return strings.TrimSpace(string(b))
+}
+
+func readInt(p string) (int64, error) {
+	return strconv.ParseInt(readTrim(p), 10, 64)
+}
