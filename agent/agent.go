@@ -342,7 +342,18 @@ func (a *Agent) runStep(ctx context.Context, s agentwire.Step) {
 	if run, ok := a.steps()[s.Kind]; ok {
 		res = run(ctx, s)
 	}
-	if err := a.client.StepResult(ctx, a.ns, a.id, s.ID, res); err != nil {
+	err := a.client.StepResult(ctx, a.ns, a.id, s.ID, res)
+	// A sanitization's evidence is what frees the host: an answer lost to
+	// a network blip is sent again (the service refuses a second one).
+	for try := 1; err != nil && s.Kind == agentwire.StepSanitize && !isRefusal(err) && try < 5 && ctx.Err() == nil; try++ {
+		a.log.Error("report step result; retrying", "step", s.ID, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(try) * 5 * time.Second):
+		}
+		err = a.client.StepResult(ctx, a.ns, a.id, s.ID, res)
+	}
+	if err != nil {
 		a.log.Error("report step result", "step", s.ID, "err", err)
 		if client.IsCode(err, agentwire.CodeReleased) && s.Install != nil {
 			// Unbound while installing: what was written must not boot.
@@ -362,11 +373,52 @@ func (a *Agent) runStep(ctx context.Context, s agentwire.Step) {
 	}
 }
 
+// isRefusal reports an answer from the service (4xx): sending the same
+// again would get the same answer.
+func isRefusal(err error) bool {
+	var se *client.StatusError
+	return errors.As(err, &se) && se.Status >= 400 && se.Status < 500
+}
+
 // steps maps step kinds to their implementations.
 func (a *Agent) steps() map[string]func(context.Context, agentwire.Step) agentwire.StepResult {
 	return map[string]func(context.Context, agentwire.Step) agentwire.StepResult{
-		agentwire.StepInstall: a.install,
+		agentwire.StepInstall:  a.install,
+		agentwire.StepSanitize: a.sanitize,
 	}
+}
+
+// sanitize erases the host's disks before it can be bound again, reporting
+// its progress (which also keeps the host connected: it does not heartbeat
+// meanwhile) and returning the evidence.
+func (a *Agent) sanitize(ctx context.Context, s agentwire.Step) agentwire.StepResult {
+	if s.Sanitize == nil {
+		return agentwire.StepResult{ExitCode: 1, Error: "sanitize step without its parameters"}
+	}
+	level, err := sanitize.ParseLevel(s.Sanitize.Level)
+	if err != nil || level == sanitize.None {
+		return agentwire.StepResult{ExitCode: 1, Error: fmt.Sprintf("sanitize step with level %q: want metadata or erase", s.Sanitize.Level)}
+	}
+	n := len(s.Sanitize.Disks)
+	last := time.Time{}
+	progress := func(i int, disk string, done, total int64) {
+		// Every 10 s at most: an erase of a large disk takes hours.
+		if time.Since(last) < 10*time.Second && done < total {
+			return
+		}
+		last = time.Now()
+		pct := 100 * (int64(i)*max(total, 1) + done) / (int64(n) * max(total, 1))
+		info := fmt.Sprintf("disk %d of %d, %s: %d of %d MiB", i+1, n, disk, done>>20, total>>20)
+		if err := a.client.Progress(ctx, a.ns, a.id, agentwire.Progress{Stage: agentwire.StageSanitizing, Percentage: int(pct), Info: info}); err != nil {
+			a.log.Error("report progress", "stage", agentwire.StageSanitizing, "err", err)
+		}
+	}
+	evidence, err := sanitizeDisks(ctx, level, s.Sanitize.Disks, nil, a.log, progress)
+	res := agentwire.StepResult{Sanitization: evidence, Output: fmt.Sprintf("sanitized %d disks at level %s", n, level)}
+	if err != nil {
+		res.ExitCode, res.Error, res.Output = 1, err.Error(), ""
+	}
+	return res
 }
 
 // install writes the OS to disk, reporting each stage, then asks for a
@@ -403,14 +455,34 @@ func Install(ctx context.Context, step agentwire.InstallStep, progress func(stag
 // disk gets its evidence, a failed one with its Error; the error joins the
 // failures.
 func Sanitize(ctx context.Context, level sanitize.Level, disks, keep []string, log *slog.Logger) ([]agentwire.DiskSanitization, error) {
+	return sanitizeDisks(ctx, level, disks, keep, log, nil)
+}
+
+// diskProgress receives the progress of the i-th disk.
+type diskProgress func(i int, disk string, done, total int64)
+
+func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []string, log *slog.Logger, progress diskProgress) ([]agentwire.DiskSanitization, error) {
+	// A disk may be named by a link (/dev/disk/by-id/…) on one list and by
+	// its device on the other.
+	device := func(p string) string {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			return real
+		}
+		return p
+	}
 	kept := map[string]bool{}
 	for _, k := range keep {
-		kept[k] = true
+		kept[device(k)] = true
 	}
 	var out []agentwire.DiskSanitization
 	var errs []error
-	for _, d := range disks {
-		ev, err := sanitizeDisk(ctx, level, d, kept[d], log)
+	for i, d := range disks {
+		report := func(done, total int64) {
+			if progress != nil {
+				progress(i, d, done, total)
+			}
+		}
+		ev, err := sanitizeDisk(ctx, level, d, kept[device(d)], log, report)
 		if err != nil {
 			ev.Error = err.Error()
 			errs = append(errs, err)
@@ -420,12 +492,15 @@ func Sanitize(ctx context.Context, level sanitize.Level, disks, keep []string, l
 	return out, errors.Join(errs...)
 }
 
-func sanitizeDisk(ctx context.Context, level sanitize.Level, disk string, kept bool, log *slog.Logger) (agentwire.DiskSanitization, error) {
+func sanitizeDisk(ctx context.Context, level sanitize.Level, disk string, kept bool, log *slog.Logger, report erase.Progress) (agentwire.DiskSanitization, error) {
 	t, err := erase.Probe(erase.Options{}, disk, kept)
 	if err != nil {
 		return agentwire.DiskSanitization{Disk: disk}, err
 	}
 	plan := sanitize.Choose(level, erase.Supported(t.Device))
+	if offered := sanitize.Choose(level, t.Device); offered.Method != plan.Method {
+		plan.Why += "; the device also offers " + string(offered.Method) + ", which this agent does not send yet"
+	}
 	log.Info("sanitizing", "disk", disk, "bytes", t.Size, "method", plan.Method, "why", plan.Why, "notes", strings.Join(t.Notes, "; "))
 	last := -1
 	return erase.Run(ctx, t, plan, func(done, total int64) {
@@ -433,6 +508,7 @@ func sanitizeDisk(ctx context.Context, level sanitize.Level, disk string, kept b
 			last = pct
 			log.Info("sanitizing", "disk", disk, "percentage", pct)
 		}
+		report(done, total)
 	})
 }
 

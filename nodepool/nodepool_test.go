@@ -302,11 +302,22 @@ func TestCAPIAgentInstallsAndReleases(t *testing.T) {
 	time.Sleep(6 * time.Second) // the provider polls every 5 s: it would release too early now
 	require.NotNil(t, np.AgentMachine(machines[1].GetName()), "the pre-terminate hook holds while the host reboots into discovery")
 	hGone.Reregister(t, e.ie, nGone)
-	_, err = hGone.Heartbeat()
-	require.NoError(t, err)
-	e.waitAgent(hGone, "back in the free pool", func(a *v1beta1.Agent) bool {
-		return a.Status.DebugInfo.State == lifecycle.StateKnownUnbound && a.Status.Progress.CurrentStage == ""
+	// Back in discovery it owes a sanitization of its disks: not bindable
+	// (disks-sanitized fails), but the provider's hook is released.
+	require.Equal(t, []agentwire.Step{{ID: "sanitize", Kind: agentwire.StepSanitize, Sanitize: &agentwire.SanitizeStep{Level: "erase", Disks: []string{"/dev/vda"}}}},
+		e.firstSteps(hGone), "the step, once the service's cache has the host's inventory of this boot")
+	e.waitAgent(hGone, "quarantined", func(a *v1beta1.Agent) bool {
+		return a.Status.DebugInfo.State == lifecycle.StateInsufficientUnbound && !lifecycle.Bindable(a) &&
+			strings.Contains(condition(a, v1beta1.ValidatedCondition).Message, "The host's disks must be sanitized (level erase) before it can be bound again")
 	})
+	require.Eventually(t, func() bool { return np.AgentMachine(machines[1].GetName()) == nil }, wait, 200*time.Millisecond,
+		"the hook is released while the host sanitizes its disks")
+	require.NoError(t, hGone.StepResult("sanitize", agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{{Disk: "/dev/vda", Method: "write-zeroes",
+		Bytes: 200_000_000_000, DurationSeconds: 31, Verification: "sampled-reads-zero", Checked: "256 sampled 64 KiB blocks read back as zeros (read with O_DIRECT)"}}}))
+	e.waitAgent(hGone, "back in the free pool", func(a *v1beta1.Agent) bool {
+		return a.Status.DebugInfo.State == lifecycle.StateKnownUnbound && a.Status.Progress.CurrentStage == "" && lifecycle.Bindable(a)
+	})
+	requireAgentEvent(t, e, hGone, "DisksSanitized", "level erase: /dev/vda write-zeroes, 200000000000 bytes in 31s, checked")
 	require.Eventually(t, func() bool { return np.AgentMachine(machines[1].GetName()) == nil && len(np.Machines()) == 1 }, wait, 200*time.Millisecond,
 		"the hook is released once the host is free")
 	require.Eventually(t, func() bool {
@@ -325,6 +336,19 @@ func TestCAPIAgentInstallsAndReleases(t *testing.T) {
 	require.Contains(t, condition(a, v1beta1.BoundCondition).Message, "reboot the host into the discovery image")
 	require.Eventually(t, func() bool { return len(np.Machines()) == 0 }, wait, 200*time.Millisecond)
 	e.getAgents("scaled to 0")
+}
+
+// firstSteps heartbeats as the agent does until it is given steps.
+func (e *env) firstSteps(h *stack.Host) []agentwire.Step {
+	e.t.Helper()
+	var steps []agentwire.Step
+	require.Eventually(e.t, func() bool {
+		in, err := h.Heartbeat()
+		require.NoError(e.t, err)
+		steps = in.Steps
+		return len(steps) > 0
+	}, wait, 200*time.Millisecond, "the host was never given a step")
+	return steps
 }
 
 // validate runs Ignition's own validator on a config.
@@ -596,11 +620,21 @@ func TestReleasedWhileInstalling(t *testing.T) {
 	err := h.StepResult("install", agentwire.StepResult{Output: "installed to /dev/vda"})
 	require.ErrorContains(t, err, "409")
 	require.ErrorContains(t, err, agentwire.CodeReleased)
-	e.waitAgent(h, "free again", func(a *v1beta1.Agent) bool {
-		return a.Status.DebugInfo.State == lifecycle.StateKnownUnbound && a.Status.Progress.CurrentStage == "" && a.Status.InstallationDiskID == ""
+	// What it wrote before it was told (the pointer config with the
+	// tenant's token) makes it owe a sanitization before it is free.
+	e.waitAgent(h, "back in discovery, owing a sanitization", func(a *v1beta1.Agent) bool {
+		return a.Status.Progress.CurrentStage == "" && a.Status.InstallationDiskID == "" && lifecycle.SanitizationOwed(a) && !lifecycle.Bindable(a)
 	})
 	require.Eventually(t, func() bool { return len(np.Machines()) == 0 }, wait, 200*time.Millisecond, "the hook is released")
 	requireAgentEvent(t, e, h, "BackInDiscovery", "released from its cluster while it installed")
+	steps := e.firstSteps(h) // in the same boot: it is still in discovery
+	require.Len(t, steps, 1)
+	require.Equal(t, agentwire.StepSanitize, steps[0].Kind)
+	require.NoError(t, h.StepResult("sanitize", agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{{Disk: "/dev/vda", Method: "overwrite",
+		Bytes: 200_000_000_000, DurationSeconds: 900, Verification: "sampled-reads-zero", Checked: "read back as zeros"}}}))
+	e.waitAgent(h, "free again", func(a *v1beta1.Agent) bool {
+		return a.Status.DebugInfo.State == lifecycle.StateKnownUnbound && lifecycle.Bindable(a)
+	})
 }
 
 // TestManagerHandoverMidInstall: the agentboot manager that handed out a

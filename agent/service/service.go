@@ -29,6 +29,7 @@ import (
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/sanitize"
 	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -68,7 +69,10 @@ type Config struct {
 	Catalog  *osimage.Catalog
 	Settings discovery.Settings
 	Ignition func(a *v1beta1.Agent) (fetch func(ctx context.Context) (string, error), ours bool)
-	Log      logr.Logger
+	// Sanitization is what a host released from a cluster must erase
+	// before it can be bound again (the zero Policy: erase everything).
+	Sanitization sanitize.Policy
+	Log          logr.Logger
 }
 
 // DefaultMaxAgentsPerInfraEnv is the default of Config.MaxAgentsPerInfraEnv.
@@ -140,7 +144,7 @@ func SetupAPI(mgr manager.Manager, cfg Config) error {
 	if cfg.Ignition != nil && cfg.Catalog != nil {
 		install = &steps.Steps{
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-			Catalog: cfg.Catalog, Settings: cfg.Settings, Ignition: cfg.Ignition,
+			Catalog: cfg.Catalog, Settings: cfg.Settings, Ignition: cfg.Ignition, Sanitization: cfg.Sanitization,
 			Events: eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")), Log: cfg.Log.WithName("steps"), Now: time.Now,
 		}
 	}

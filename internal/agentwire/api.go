@@ -137,8 +137,9 @@ type Instructions struct {
 
 // Step kinds.
 const (
-	StepInstall = "install"
-	StepReboot  = "reboot"
+	StepInstall  = "install"
+	StepReboot   = "reboot"
+	StepSanitize = "sanitize"
 )
 
 // Step is one instruction.
@@ -147,7 +148,23 @@ type Step struct {
 	Kind string `json:"kind"`
 	// Install is set for StepInstall.
 	Install *InstallStep `json:"install,omitempty"`
+	// Sanitize is set for StepSanitize.
+	Sanitize *SanitizeStep `json:"sanitize,omitempty"`
 }
+
+// SanitizeStep tells the agent to erase the host's disks before it can be
+// bound again (docs/security.md).
+type SanitizeStep struct {
+	// Level is internal/sanitize's level: metadata or erase.
+	Level string `json:"level"`
+	// Disks are the disks to sanitize (/dev paths); the agent spares the
+	// boot medium and says so.
+	Disks []string `json:"disks"`
+}
+
+// StageSanitizing is the progress stage of a sanitize step: Percentage
+// over all its disks, Info what is being erased.
+const StageSanitizing = "Sanitizing"
 
 // InstallStep tells the agent to write the OS to a disk.
 type InstallStep struct {
@@ -183,6 +200,8 @@ type StepResult struct {
 	ExitCode int    `json:"exitCode"`
 	Output   string `json:"output,omitempty"`
 	Error    string `json:"error,omitempty"`
+	// Sanitization is a sanitize step's evidence, one entry per disk.
+	Sanitization []DiskSanitization `json:"sanitization,omitempty"`
 }
 
 // Progress reports an installation stage.

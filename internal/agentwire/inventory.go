@@ -76,6 +76,16 @@ type Disk struct {
 	InstallationEligibility InstallationEligibility `json:"installationEligibility,omitempty"`
 }
 
+// Reasons a disk is not eligible for installation, as the agent reports
+// them; DiskMounted is followed by what is mounted where.
+const (
+	DiskRemovable = "Disk is removable"
+	DiskHoldsISO  = "Disk holds ISO 9660 media (the discovery image?)"
+	DiskOptical   = "Disk is an optical drive"
+	DiskReadOnly  = "Disk is read-only"
+	DiskMounted   = "Disk has mounted partitions"
+)
+
 // Boot says how the host booted.
 type Boot struct {
 	CurrentBootMode string `json:"currentBootMode,omitempty"`

@@ -11,8 +11,11 @@
 package lifecycle
 
 import (
+	"time"
+
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/installprogress"
+	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
 // Host states (status.debugInfo.state), named as assisted-service names
@@ -98,6 +101,43 @@ func Forgotten(a *v1beta1.Agent) bool {
 	return !Bound(a) && Started(a) && !Released(a)
 }
 
+// ForgetInstallation forgets the host's installation (it is back in
+// discovery and free) and, in the same change, makes it owe the
+// sanitization recorded when the installation was handed out: every path
+// that frees an installed host goes through here, so none can free it with
+// the last tenant's data on its disks. It says whether a sanitization is
+// now owed.
+func ForgetInstallation(st *v1beta1.AgentStatus, why string) bool {
+	installprogress.Reset(&st.Progress)
+	st.InstallationDiskID = ""
+	ds := st.DiskSanitization
+	if ds == nil || ds.OnRelease == "" || ds.OnRelease == string(sanitize.None) {
+		return false
+	}
+	ds.Required, ds.Reason, ds.State, ds.Message, ds.Session = ds.OnRelease, why, v1beta1.SanitizationPending, "", ""
+	ds.StartTime, ds.CompletionTime = nil, nil
+	return true
+}
+
+// InventoryOfThisSession reports whether the Agent's inventory was reported
+// in the host's current registration session (a boot of the discovery
+// image): an earlier boot's may miss a disk. The agent API stores an
+// unchanged inventory once per session for this.
+func InventoryOfThisSession(a *v1beta1.Agent) bool {
+	inv := a.Status.Inventory.ReportTime
+	started, err := time.Parse(time.RFC3339, a.Annotations[SessionStartedAnnotation])
+	// The report time is stored to the second; the session start is not.
+	return inv != nil && err == nil && !inv.Time.Before(started.Truncate(time.Second))
+}
+
+// SanitizationOwed reports whether the host must sanitize its disks before
+// it can be bound again: it left a cluster, and the evidence of its erase
+// is not in yet. Only the host's own report of a sanitization handed to it
+// clears it (docs/security.md).
+func SanitizationOwed(a *v1beta1.Agent) bool {
+	return a.Status.DiskSanitization != nil && a.Status.DiskSanitization.Required != ""
+}
+
 // BootsFromDisk reports whether the host's next boot must be its disk: its
 // installation wrote the disk and it is rebooting or past it. iPXE scripts,
 // the PXE service and the BMC controller send such hosts to local boot.
@@ -147,6 +187,8 @@ func Unbindable(a *v1beta1.Agent) string {
 		return "not approved"
 	case Released(a):
 		return "released, not yet back in discovery"
+	case SanitizationOwed(a):
+		return "disks not yet sanitized"
 	case status(v1beta1.BoundCondition) != "False":
 		return "not yet observed"
 	case status(v1beta1.ConnectedCondition) != "True":

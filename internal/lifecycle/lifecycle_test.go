@@ -47,6 +47,7 @@ func TestDerive(t *testing.T) {
 		pct      int64
 		approved bool
 		bmh      bool
+		owed     bool
 		obs      Observed
 		state    string
 		role     v1beta1.AgentRole
@@ -68,12 +69,18 @@ func TestDerive(t *testing.T) {
 		"released, BareMetalHost": {stage: v1beta1.StageDone, pct: 100, approved: true, bmh: true, state: StateUnbinding, role: "auto-assign", want: with(with(free, unbinding), conds{"Bound": "False Unbinding"})},
 		"released, no BMH":        {stage: v1beta1.StageDone, pct: 100, approved: true, state: StateUnbindingPendingUserAct, role: "auto-assign", want: with(with(free, unbinding), conds{"Bound": "False UnbindingPendingUserAction"})},
 		"released while writing":  {stage: v1beta1.StageWritingImageToDisk, pct: 40, approved: true, state: StateUnbindingPendingUserAct, role: "auto-assign", want: with(with(free, unbinding), conds{"Bound": "False UnbindingPendingUserAction"})},
+		// The Agent controller fails disks-sanitized while it is owed; even
+		// with every condition as a free host's, it is not bindable.
+		"back, sanitization owed": {approved: true, owed: true, obs: ready, state: StateKnownUnbound, role: "auto-assign", want: free},
 	} {
 		t.Run(name, func(t *testing.T) {
 			a := &v1beta1.Agent{Spec: v1beta1.AgentSpec{ClusterDeploymentName: tc.cd, Approved: tc.approved, Role: v1beta1.AgentRoleAutoAssign}}
 			a.Status.Progress = v1beta1.HostProgressInfo{CurrentStage: tc.stage, InstallationPercentage: tc.pct}
 			if tc.bmh {
 				a.Labels = map[string]string{v1beta1.BMHLabel: "worker-0"}
+			}
+			if tc.owed {
+				a.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{Required: "erase", State: v1beta1.SanitizationPending}
 			}
 			d := Derive(a, tc.obs)
 			if d.State != tc.state || d.Role != tc.role {

@@ -45,11 +45,12 @@ type Device struct {
 	Kept bool
 	// ReadOnly devices cannot be erased.
 	ReadOnly bool
-	// Discard: the device takes discard (TRIM, UNMAP, Deallocate)
-	// requests, and DiscardZeroes: it guarantees that discarded blocks
-	// read back as zeros (NVMe DLFEAT 001b, ATA "deterministic read zeros
-	// after TRIM").
-	Discard, DiscardZeroes bool
+	// WriteZeroes: the device zeroes ranges itself (NVMe Write Zeroes,
+	// SCSI WRITE SAME, virtio-blk write-zeroes), often by deallocating
+	// them. Unlike a discard (TRIM, UNMAP, Deallocate), which a device may
+	// ignore in part and whose "reads back zeros" bits many drives get
+	// wrong, the command guarantees zeros.
+	WriteZeroes bool
 	// NVMe sanitize actions the controller supports (SANICAP).
 	NVMeSanitizeCrypto, NVMeSanitizeBlock bool
 	// NVMeFormatCrypto and NVMeFormatUserData: Format NVM with secure
@@ -66,12 +67,16 @@ type Method string
 
 // Methods, from the fastest.
 const (
-	Skip               Method = "skip"
+	Skip Method = "skip"
+	// Unerasable: the device holds data it cannot be made to erase; the
+	// host stays quarantined until an administrator removes the disk or
+	// marks it to keep.
+	Unerasable         Method = "unerasable"
 	WipeMetadata       Method = "wipe-metadata"
 	NVMeSanitizeCrypto Method = "nvme-sanitize-crypto"
 	NVMeFormatCrypto   Method = "nvme-format-crypto"
 	NVMeSanitizeBlock  Method = "nvme-sanitize-block"
-	Discard            Method = "discard"
+	WriteZeroes        Method = "write-zeroes"
 	ATAEnhancedErase   Method = "ata-enhanced-security-erase"
 	ATASecurityErase   Method = "ata-security-erase"
 	NVMeFormatUserData Method = "nvme-format-user-data"
@@ -93,8 +98,10 @@ const (
 	// leaves noise, an ATA erase zeros or ones or the maker's pattern),
 	// and the drive's own status says the operation completed.
 	ReadsChanged Verification = "sampled-reads-changed"
-	// NoSignatures: no partition table or known signature is left.
-	NoSignatures Verification = "no-signatures"
+	// MetadataReadsZero: the first and last MiB of the disk and of each
+	// partition, where partition tables and the signatures of file
+	// systems, RAID and LVM live, read back as zeros.
+	MetadataReadsZero Verification = "metadata-regions-read-zero"
 )
 
 // Plan is what happens to one disk, and why.
@@ -102,6 +109,18 @@ type Plan struct {
 	Method Method
 	Verify Verification
 	Why    string
+}
+
+// Gives reports whether a disk erased by m meets level. Skip and
+// Unerasable never do: a spared disk is judged by why it was spared.
+func Gives(m Method, level Level) bool {
+	switch m {
+	case WipeMetadata:
+		return level == Metadata
+	case NVMeSanitizeCrypto, NVMeFormatCrypto, NVMeSanitizeBlock, WriteZeroes, ATAEnhancedErase, ATASecurityErase, NVMeFormatUserData, Overwrite:
+		return level == Metadata || level == Erase
+	}
+	return false
 }
 
 // Choose picks the method for dev at level: the fastest one that gives the
@@ -115,9 +134,9 @@ func Choose(level Level, dev Device) Plan {
 	case dev.Kept:
 		return Plan{Method: Skip, Why: "the admin marked this disk to keep"}
 	case dev.ReadOnly:
-		return Plan{Method: Skip, Why: "the device is read-only"}
+		return Plan{Method: Unerasable, Why: "the device is read-only, so what it holds cannot be erased: remove it, or mark it to keep"}
 	case level == Metadata:
-		return Plan{Method: WipeMetadata, Verify: NoSignatures, Why: "the sanitization level is metadata"}
+		return Plan{Method: WipeMetadata, Verify: MetadataReadsZero, Why: "the sanitization level is metadata"}
 	}
 	// A cryptographic erase changes the media key: seconds, and it also
 	// covers blocks the drive remapped or keeps in reserve.
@@ -130,10 +149,10 @@ func Choose(level Level, dev Device) Plan {
 	if dev.NVMeSanitizeBlock {
 		return Plan{Method: NVMeSanitizeBlock, Verify: ReadsChanged, Why: "the NVMe controller supports a block-erase sanitize"}
 	}
-	// Discarding everything is as fast, but only a device that promises
-	// zeros afterwards guarantees that nothing old reads back.
-	if dev.Discard && dev.DiscardZeroes {
-		return Plan{Method: Discard, Verify: ReadsZero, Why: "the device reads discarded blocks back as zeros"}
+	// The device zeroing (often deallocating) its blocks itself is as
+	// fast as a discard, and unlike a discard it guarantees zeros.
+	if dev.WriteZeroes {
+		return Plan{Method: WriteZeroes, Verify: ReadsZero, Why: "the device zeroes blocks itself (Write Zeroes)"}
 	}
 	if dev.ATASecurityErase && !dev.ATAFrozen {
 		if dev.ATAEnhancedErase {
@@ -145,11 +164,8 @@ func Choose(level Level, dev Device) Plan {
 		return Plan{Method: NVMeFormatUserData, Verify: ReadsChanged, Why: "the NVMe controller supports a user-data erase on format"}
 	}
 	why := "no erase command the device offers guarantees it, so every block is written with zeros"
-	switch {
-	case dev.ATASecurityErase && dev.ATAFrozen:
+	if dev.ATASecurityErase && dev.ATAFrozen {
 		why = "the drive's ATA security erase is frozen by the firmware, so every block is written with zeros"
-	case dev.Discard:
-		why = "the device takes discards but does not promise zeros afterwards, so every block is written with zeros"
 	}
 	return Plan{Method: Overwrite, Verify: ReadsZero, Why: why}
 }

@@ -10,7 +10,7 @@ import (
 // level's guarantee on each kind of device, and never touching what must
 // not be touched.
 func TestChoose(t *testing.T) {
-	nvme := Device{Discard: true, DiscardZeroes: true, NVMeSanitizeCrypto: true, NVMeSanitizeBlock: true, NVMeFormatCrypto: true, NVMeFormatUserData: true}
+	nvme := Device{WriteZeroes: true, NVMeSanitizeCrypto: true, NVMeSanitizeBlock: true, NVMeFormatCrypto: true, NVMeFormatUserData: true}
 	cases := map[string]struct {
 		level  Level
 		dev    Device
@@ -19,20 +19,19 @@ func TestChoose(t *testing.T) {
 		why    string
 	}{
 		"level none":                      {None, nvme, Skip, NotVerified, "level is none"},
-		"boot medium, even at erase":      {Erase, Device{BootMedium: true, Discard: true}, Skip, NotVerified, "booted from this device"},
+		"boot medium, even at erase":      {Erase, Device{BootMedium: true, WriteZeroes: true}, Skip, NotVerified, "booted from this device"},
 		"boot medium, even at metadata":   {Metadata, Device{BootMedium: true}, Skip, NotVerified, "booted from this device"},
 		"kept by the admin":               {Erase, Device{Kept: true}, Skip, NotVerified, "marked this disk to keep"},
-		"read-only":                       {Erase, Device{ReadOnly: true}, Skip, NotVerified, "read-only"},
-		"metadata on anything":            {Metadata, nvme, WipeMetadata, NoSignatures, "level is metadata"},
+		"read-only":                       {Erase, Device{ReadOnly: true}, Unerasable, NotVerified, "read-only"},
+		"metadata on anything":            {Metadata, nvme, WipeMetadata, MetadataReadsZero, "level is metadata"},
 		"NVMe with crypto sanitize":       {Erase, nvme, NVMeSanitizeCrypto, ReadsChanged, "cryptographic sanitize"},
-		"NVMe with crypto format only":    {Erase, Device{NVMeFormatCrypto: true, NVMeFormatUserData: true, Discard: true}, NVMeFormatCrypto, ReadsChanged, "cryptographic erase on format"},
-		"NVMe with block sanitize":        {Erase, Device{NVMeSanitizeBlock: true, Discard: true, DiscardZeroes: true}, NVMeSanitizeBlock, ReadsChanged, "block-erase sanitize"},
-		"SSD that reads zeros after TRIM": {Erase, Device{Discard: true, DiscardZeroes: true, ATASecurityErase: true}, Discard, ReadsZero, "reads discarded blocks back as zeros"},
-		"SSD without zeros after TRIM":    {Erase, Device{Discard: true, ATASecurityErase: true, ATAEnhancedErase: true}, ATAEnhancedErase, ReadsChanged, "enhanced security erase"},
+		"NVMe with crypto format only":    {Erase, Device{NVMeFormatCrypto: true, NVMeFormatUserData: true, WriteZeroes: true}, NVMeFormatCrypto, ReadsChanged, "cryptographic erase on format"},
+		"NVMe with block sanitize":        {Erase, Device{NVMeSanitizeBlock: true, WriteZeroes: true}, NVMeSanitizeBlock, ReadsChanged, "block-erase sanitize"},
+		"SSD with Write Zeroes":           {Erase, Device{WriteZeroes: true, ATASecurityErase: true}, WriteZeroes, ReadsZero, "zeroes blocks itself"},
+		"SSD without Write Zeroes":        {Erase, Device{ATASecurityErase: true, ATAEnhancedErase: true}, ATAEnhancedErase, ReadsChanged, "enhanced security erase"},
 		"HDD with ATA security erase":     {Erase, Device{ATASecurityErase: true}, ATASecurityErase, ReadsChanged, "ATA security erase"},
 		"ATA erase frozen by firmware":    {Erase, Device{ATASecurityErase: true, ATAEnhancedErase: true, ATAFrozen: true}, Overwrite, ReadsZero, "frozen"},
 		"NVMe with user-data format only": {Erase, Device{NVMeFormatUserData: true}, NVMeFormatUserData, ReadsChanged, "user-data erase on format"},
-		"discard without zeros, nothing":  {Erase, Device{Discard: true}, Overwrite, ReadsZero, "does not promise zeros"},
 		"plain disk (virtio, SAS HDD)":    {Erase, Device{}, Overwrite, ReadsZero, "written with zeros"},
 	}
 	for name, tc := range cases {
@@ -53,4 +52,14 @@ func TestParseLevel(t *testing.T) {
 	}
 	_, err := ParseLevel("full")
 	require.ErrorContains(t, err, `disk sanitization level "full": want none, metadata or erase`)
+}
+
+func TestGives(t *testing.T) {
+	require.True(t, Gives(Overwrite, Erase))
+	require.True(t, Gives(WriteZeroes, Metadata), "more than metadata is enough for metadata")
+	require.True(t, Gives(WipeMetadata, Metadata))
+	require.False(t, Gives(WipeMetadata, Erase))
+	require.False(t, Gives(Skip, Metadata))
+	require.False(t, Gives(Unerasable, Erase))
+	require.False(t, Gives("shred", Erase))
 }

@@ -133,16 +133,17 @@ func requireSerialLog(t *testing.T, v *vm.VM, patterns ...string) {
 }
 
 // `agent sanitize`, run in the discovery OS on real block devices (a
-// virtio disk that takes discards, and an NVMe namespace), erases both:
-// the test then reads the disk images and finds none of the previous
-// tenant's markers. It goes through what only a kernel shows: sysfs, the
-// NVMe Identify ioctls, the exclusive open, BLKDISCARD.
+// virtio disk and an NVMe namespace, which zero ranges themselves, and an
+// ATA disk, which does not), erases them all: the test then reads the disk
+// images and finds none of the previous tenant's markers. It goes through
+// what only a kernel shows: sysfs, the NVMe and ATA identify ioctls, the
+// exclusive open, BLKZEROOUT, O_DIRECT reads.
 func TestAgentSanitizeDisks(t *testing.T) {
 	t.Parallel()
 	marker := []byte("AGENTBOOT-PREVIOUS-TENANT-MARKER")
 	const size = 256 << 20
 	offsets := []int64{0, 1<<20 + 17, 100 << 20, size - 4096, size - int64(len(marker))}
-	disks := make([]string, 2)
+	disks := make([]string, 3)
 	for i := range disks {
 		disks[i] = filepath.Join(t.TempDir(), fmt.Sprintf("disk%d.raw", i))
 		f, err := os.Create(disks[i])
@@ -154,7 +155,7 @@ func TestAgentSanitizeDisks(t *testing.T) {
 		}
 		require.NoError(t, f.Close())
 	}
-	cmd := `/bin/sh -c "/usr/local/bin/agent sanitize --disk /dev/vda --disk /dev/nvme0n1; echo agentboot-sanitize-exit=$?; reboot -f"`
+	cmd := `/bin/sh -c "/usr/local/bin/agent sanitize --disk /dev/vda --disk /dev/nvme0n1 --disk /dev/sda; echo agentboot-sanitize-exit=$?; reboot -f"`
 	override := hosted.IgnitionConfig(t, map[string]any{
 		"systemd": map[string]any{"units": []any{map[string]any{
 			"name": "sanitize.service", "enabled": true,
@@ -164,16 +165,15 @@ func TestAgentSanitizeDisks(t *testing.T) {
 	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) { ie.Spec.IgnitionConfigOverride = string(override) })
 	iso := download(t, ie.Status.ISODownloadURL)
 	v := vm.Start(t, vm.Options{Name: "agent-sanitize", CDROM: iso, Boot: "d", Net: "user", MemoryMB: 1024, Extra: []string{
-		"-drive", "file=" + disks[0] + ",if=virtio,format=raw,discard=unmap",
+		"-drive", "file=" + disks[0] + ",if=virtio,format=raw,discard=unmap,detect-zeroes=unmap",
 		"-drive", "file=" + disks[1] + ",if=none,id=nvm0,format=raw,discard=unmap", "-device", "nvme,serial=agentboot-nvme0,drive=nvm0",
+		"-drive", "file=" + disks[2] + ",if=ide,index=0,format=raw",
 	}})
 	_, err := v.WaitFor(t.Context(), regexp.MustCompile(`agentboot-sanitize-exit=\d+`), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", v.Tail(40))
-	// virtio-blk takes discards but promises nothing about what they read
-	// back: overwritten. qemu's NVMe namespace reports DLFEAT 001b
-	// (deallocated blocks read as zeros) and Dataset Management: discarded.
-	requireSerialLog(t, v, "agentboot-sanitize-exit=0", `"disk":"/dev/vda","method":"overwrite"`,
-		`"disk":"/dev/nvme0n1","method":"discard"`, `"verification":"sampled-reads-zero"`)
+	requireSerialLog(t, v, "agentboot-sanitize-exit=0",
+		`"disk":"/dev/vda","method":"write-zeroes"`, `"disk":"/dev/nvme0n1","method":"write-zeroes"`,
+		`"disk":"/dev/sda","method":"overwrite"`, `"verification":"sampled-reads-zero"`, "(read with O_DIRECT)")
 	require.Eventually(t, v.Exited, bootTimeout, time.Second, "the VM did not end; serial log:\n%s", v.Tail(20))
 	for _, d := range disks {
 		data, err := os.ReadFile(d)

@@ -3,16 +3,21 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -63,6 +68,7 @@ func waitWorker(t *testing.T, v *vm.VM, agent client.ObjectKey) {
 // poolHost is a BMC-managed server of the NodePool scenario.
 type poolHost struct {
 	m     *vm.Machine
+	disk  string // the VM's disk image
 	sim   *bmcsim.Redfish
 	bmh   *metal3.BareMetalHost
 	agent string
@@ -100,7 +106,8 @@ func TestLabNodePool(t *testing.T) {
 	hosts := make([]*poolHost, 2)
 	for i := range hosts {
 		name, mac := fmt.Sprintf("np-%d", i+1), fmt.Sprintf("52:54:00:2d:01:%02d", i+1)
-		h := &poolHost{m: machineOn(t, "br0", vm.Options{Name: name, MAC: mac, MemoryMB: 1536, Disks: []string{sparseDisk(t, 20_000_000_000)}})}
+		disk := sparseDisk(t, 20_000_000_000)
+		h := &poolHost{disk: disk, m: machineOn(t, "br0", vm.Options{Name: name, MAC: mac, MemoryMB: 1536, Disks: []string{disk}})}
 		h.sim = &bmcsim.Redfish{User: "admin", Password: bmcPassword, Machine: h.m, MediaDir: t.TempDir(), Client: &http.Client{Transport: localTransport{}}}
 		h.sim.SetTiming(realBMC)
 		t.Cleanup(h.sim.Close)
@@ -168,9 +175,19 @@ func TestLabNodePool(t *testing.T) {
 		return true
 	}, 2*time.Minute, time.Second, "the AgentMachines never turned Ready")
 
+	// The tenant's data: on each disk, outside the OS image's partitions
+	// (written into the disk images: the dev OS runs from memory), and the
+	// pointer config with the tenant's token inside them.
+	tenantData := []string{tenantMarker, hosted.Token}
+	for _, h := range hosts {
+		writeMarkers(t, h.disk)
+		require.Equal(t, tenantData, findData(t, h.disk, tenantData...), "%s holds the tenant's data before", h.bmh.Name)
+	}
+
 	// 2 → 1: Cluster API deletes the newer Machine; the provider unbinds
-	// its Agent; its BMC boots it into discovery; the provider's hook holds
-	// the Machine until the host is back in the free pool.
+	// its Agent; its BMC boots it into discovery, where it sanitizes its
+	// disks; the provider's hook holds the Machine until the host is back
+	// in discovery, and the host is bindable once its evidence is in.
 	np.Scale(1)
 	var released, kept *poolHost
 	var releasedAt time.Time
@@ -187,10 +204,25 @@ func TestLabNodePool(t *testing.T) {
 		return a.Status.DebugInfo.State == "unbinding" || a.Status.DebugInfo.State == "known-unbound"
 	})
 	getAgents(t, ie.Namespace, "one released", `\s+true\s+auto-assign\b`, released)
-	released.wait(t, "back in the free pool", bootTimeout, func(a *v1beta1.Agent) bool {
-		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == "known-unbound" && a.Status.Progress.CurrentStage == ""
+	released.wait(t, "sanitized, back in the free pool", bootTimeout, func(a *v1beta1.Agent) bool {
+		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == "known-unbound" && a.Status.Progress.CurrentStage == "" &&
+			a.Status.DiskSanitization != nil && a.Status.DiskSanitization.State == v1beta1.SanitizationDone
 	})
-	t.Logf("released host back in the pool %s after the provider unbound it", time.Since(releasedAt).Round(time.Second))
+	t.Logf("released host sanitized and back in the pool %s after the provider unbound it", time.Since(releasedAt).Round(time.Second))
+	ds := released.get(t).Status.DiskSanitization
+	t.Logf("evidence: %s", ds.Message)
+	require.Equal(t, "erase", ds.Level)
+	methods := map[string]string{}
+	for _, d := range ds.Disks {
+		methods[d.Disk] = d.Method
+		if d.Disk == "/dev/vda" {
+			require.Contains(t, d.Checked, "read back as zeros (read with O_DIRECT)")
+		}
+	}
+	require.Equal(t, map[string]string{"/dev/vda": "write-zeroes", "/dev/sr0": "skip"}, methods,
+		"qemu's virtio disk zeroes ranges itself; the virtual media CD is the boot medium")
+	require.Empty(t, findData(t, released.disk, tenantData...), "the released host's disk still holds the tenant's data")
+	require.Equal(t, tenantData, findData(t, kept.disk, tenantData...), "the host still in the cluster keeps its data")
 	require.Eventually(t, func() bool { return len(np.Machines()) == 1 }, 2*time.Minute, time.Second, "the pre-terminate hook was never released")
 	require.Eventually(t, func() bool {
 		_, err := cluster.Admin.CoreV1().Nodes().Get(ctx, strings.ToLower(released.get(t).Hostname()), metav1.GetOptions{})
@@ -203,6 +235,65 @@ func TestLabNodePool(t *testing.T) {
 	})
 	getAgents(t, ie.Namespace, "scaled down to 1", `\s+vcluster2\s+true\s+worker\s+Done`, kept)
 	getAgents(t, ie.Namespace, "scaled down to 1", `\s+true\s+auto-assign\s*$`, released)
+}
+
+// tenantMarker is what the lab writes as a tenant's data.
+const tenantMarker = "AGENTBOOT-LAB-TENANT-DATA"
+
+// writeMarkers writes the tenant marker into a disk image past the OS
+// image (which is well under 1 GiB) and in its last block.
+func writeMarkers(t *testing.T, disk string) {
+	t.Helper()
+	f, err := os.OpenFile(disk, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	st, err := f.Stat()
+	require.NoError(t, err)
+	for _, off := range []int64{1 << 30, 10_000_000_000 + 17, st.Size() - 4096} {
+		_, err := f.WriteAt([]byte(tenantMarker), off)
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.Sync())
+}
+
+// findData says which of texts a sparse disk image holds, reading only its
+// allocated extents (SEEK_DATA), so that a 20 GB image takes a moment.
+func findData(t *testing.T, disk string, texts ...string) []string {
+	t.Helper()
+	f, err := os.Open(disk)
+	require.NoError(t, err)
+	defer f.Close()
+	st, err := f.Stat()
+	require.NoError(t, err)
+	found := map[string]bool{}
+	const overlap = 4096
+	buf := make([]byte, 4<<20+overlap)
+	for off := int64(0); off < st.Size(); {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // nothing but a hole to the end
+		}
+		require.NoError(t, err)
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		require.NoError(t, err)
+		for pos := data; pos < hole; pos += int64(len(buf) - overlap) {
+			n, err := f.ReadAt(buf[:min(int64(len(buf)), hole-pos)], pos)
+			if err != nil && !errors.Is(err, io.EOF) {
+				require.NoError(t, err)
+			}
+			for _, text := range texts {
+				found[text] = found[text] || bytes.Contains(buf[:n], []byte(text))
+			}
+		}
+		off = hole
+	}
+	var out []string
+	for _, text := range texts {
+		if found[text] {
+			out = append(out, text)
+		}
+	}
+	return out
 }
 
 func (h *poolHost) get(t *testing.T) *v1beta1.Agent {

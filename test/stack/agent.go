@@ -229,7 +229,8 @@ func (s *Stack) Silence(t testing.TB, ns, name string) {
 }
 
 // Reregister registers host n again, as it does after rebooting into
-// discovery: its earlier boot fell silent first.
+// discovery (its earlier boot fell silent first), and uploads its
+// inventory, as the agent does first in every boot.
 func (h *Host) Reregister(t testing.TB, ie *v1beta1.InfraEnv, n int) {
 	t.Helper()
 	h.s.Silence(t, h.NS, h.ID)
@@ -249,4 +250,7 @@ func (h *Host) Reregister(t testing.TB, ie *v1beta1.InfraEnv, n int) {
 		t.Fatal(err)
 	}
 	h.Token = resp.AgentToken
+	if err := h.PutInventory(FakeInventory(fmt.Sprintf("host-%d", n), MAC(n))); err != nil {
+		t.Fatal(err)
+	}
 }

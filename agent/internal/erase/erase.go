@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 	"unsafe"
@@ -23,11 +22,13 @@ type Progress func(done, total int64)
 
 // Methods this agent carries out. The NVMe and ATA commands are decided by
 // internal/sanitize but not sent yet (docs/security.md): Supported masks
-// them, so such disks are overwritten, which gives the same guarantee.
+// them, so such disks are zeroed through the block device instead, which
+// leaves nothing readable through it but, unlike those commands, does not
+// reach blocks the drive remapped or keeps in reserve.
 var executable = map[sanitize.Method]bool{
 	sanitize.Skip:         true,
 	sanitize.WipeMetadata: true,
-	sanitize.Discard:      true,
+	sanitize.WriteZeroes:  true,
 	sanitize.Overwrite:    true,
 }
 
@@ -41,7 +42,7 @@ func Supported(dev sanitize.Device) sanitize.Device {
 }
 
 const (
-	chunk       = 4 << 20  // overwrite and discard step, the unit of progress and cancellation
+	chunk       = 4 << 20  // overwrite step, the unit of progress and cancellation
 	syncEvery   = 1 << 30  // overwrite flushes this often, so dirty pages never pile up
 	edge        = 1 << 20  // first and last MiB of a disk or partition
 	sampleSize  = 64 << 10 // one verification read
@@ -52,6 +53,9 @@ const (
 // error: the caller keeps the host quarantined.
 func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (agentwire.DiskSanitization, error) {
 	ev := agentwire.DiskSanitization{Disk: t.Path, Method: string(plan.Method), Why: plan.Why, Verification: string(plan.Verify)}
+	if plan.Method == sanitize.Unerasable {
+		return ev, fmt.Errorf("disk %s: %s", t.Path, plan.Why)
+	}
 	if !executable[plan.Method] {
 		return ev, fmt.Errorf("disk %s: method %s is not one this agent carries out", t.Path, plan.Method)
 	}
@@ -72,9 +76,9 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 	case sanitize.WipeMetadata:
 		regions = metadataRegions(t)
 		err = zeroRegions(ctx, f, regions, progress)
-	case sanitize.Discard:
+	case sanitize.WriteZeroes:
 		regions = []Extent{{0, t.Size}}
-		err = discard(ctx, f, t.Size, progress)
+		err = zeroOut(ctx, f, t.Size, progress)
 	case sanitize.Overwrite:
 		regions = []Extent{{0, t.Size}}
 		err = zeroRegions(ctx, f, regions, progress)
@@ -93,7 +97,7 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 		// The kernel forgets the partitions it knew; a file has none.
 		_ = unix.IoctlSetInt(int(f.Fd()), unix.BLKRRPART, 0)
 	}
-	checked, err := verifyZero(f, t.Size, regions)
+	checked, err := verifyZero(t.Path, t.Size, regions)
 	if err != nil {
 		return ev, fmt.Errorf("disk %s: verify %s: %w", t.Path, plan.Method, err)
 	}
@@ -102,8 +106,9 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 }
 
 // openExclusive opens the disk for writing. On Linux O_EXCL on a block
-// device fails with EBUSY while anything holds it: a mounted file system, a
-// RAID or LVM member in use, the swap.
+// device fails with EBUSY while something claimed the whole disk (a file
+// system mounted from it, device-mapper or RAID on it); partitions held by
+// something are found by the probe (mount table, holders in sysfs).
 func openExclusive(path string) (*os.File, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -115,7 +120,7 @@ func openExclusive(path string) (*os.File, error) {
 	}
 	f, err := os.OpenFile(path, flags, 0)
 	if errors.Is(err, unix.EBUSY) {
-		return nil, fmt.Errorf("disk %s is in use (mounted, or a RAID, LVM or swap member): not erased", path)
+		return nil, fmt.Errorf("disk %s is in use (the kernel refused an exclusive open): not erased", path)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("disk %s: %w", path, err)
@@ -172,16 +177,21 @@ func zeroRegions(ctx context.Context, f *os.File, regions []Extent, progress Pro
 	return nil
 }
 
-// discard discards the whole device (BLKDISCARD) a chunk at a time.
-func discard(ctx context.Context, f *os.File, size int64, progress Progress) error {
+// blkZeroOut is BLKZEROOUT, _IO(0x12, 127): the kernel zeroes a range with
+// the device's Write Zeroes (or by writing zeros where it has none).
+const blkZeroOut = 0x127f
+
+// zeroOut zeroes the whole device with BLKZEROOUT, 256 MiB at a time. The
+// kernel also drops the page cache of each range.
+func zeroOut(ctx context.Context, f *os.File, size int64, progress Progress) error {
 	for off := int64(0); off < size; {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		n := min(int64(chunk)*64, size-off)
 		rng := [2]uint64{uint64(off), uint64(n)}
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKDISCARD, uintptr(unsafe.Pointer(&rng))); errno != 0 {
-			return fmt.Errorf("discard %d bytes at %d: %w", n, off, errno)
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), blkZeroOut, uintptr(unsafe.Pointer(&rng))); errno != 0 {
+			return fmt.Errorf("zero %d bytes at %d: %w", n, off, errno)
 		}
 		off += n
 		progress(off, size)
@@ -192,8 +202,22 @@ func discard(ctx context.Context, f *os.File, size int64, progress Progress) err
 // verifyZero reads back the first and last MiB of each region and
 // sampleCount blocks of sampleSize spread over them (evenly, then at random
 // offsets a pattern-aware firmware cannot predict), and fails at the first
-// byte that is not zero.
-func verifyZero(f *os.File, size int64, regions []Extent) (string, error) {
+// byte that is not zero. It reads the device, not the page cache the erase
+// wrote through: its own descriptor with O_DIRECT.
+func verifyZero(path string, size int64, regions []Extent) (string, error) {
+	f, how, err := openForCheck(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	// O_DIRECT reads must be aligned to the logical block size: 4096
+	// unless something on the disk is aligned to 512 bytes only.
+	align := int64(4096)
+	for _, r := range append(regions, Extent{0, size}) {
+		if r.Offset%4096 != 0 || r.Length%4096 != 0 {
+			align = 512
+		}
+	}
 	var reads []Extent
 	for _, r := range regions {
 		head := min(edge, r.Length)
@@ -217,26 +241,53 @@ func verifyZero(f *os.File, size int64, regions []Extent) (string, error) {
 				_, _ = rand.Read(b[:])
 				pos = int64(binary.LittleEndian.Uint64(b[:]) % uint64(span))
 			}
-			reads = append(reads, at(regions, pos, sampleSize))
+			reads = append(reads, at(regions, pos/align*align, sampleSize))
 			sampled++
 		}
 	}
-	buf := make([]byte, edge)
+	buf := alignedBuffer(edge)
 	zeros := make([]byte, edge)
 	for _, r := range reads {
-		if r.Offset < 0 || r.Offset+r.Length > size || r.Length == 0 {
-			continue
+		if r.Length <= 0 || r.Offset < 0 || r.Offset+r.Length > size || r.Offset%align != 0 || r.Length%align != 0 {
+			return "", fmt.Errorf("internal error: check read %d+%d on a %d-byte disk", r.Offset, r.Length, size)
 		}
 		b := buf[:r.Length]
-		if _, err := f.ReadAt(b, r.Offset); err != nil && !errors.Is(err, io.EOF) {
-			return "", fmt.Errorf("read %d bytes at %d: %w", r.Length, r.Offset, err)
+		if n, err := f.ReadAt(b, r.Offset); n != len(b) {
+			return "", fmt.Errorf("read %d bytes at %d: got %d: %w", r.Length, r.Offset, n, err)
 		}
 		if !bytes.Equal(b, zeros[:r.Length]) {
 			first := firstNonZero(b)
 			return "", fmt.Errorf("byte %d reads %#02x, not zero", r.Offset+int64(first), b[first])
 		}
 	}
-	return fmt.Sprintf("%d sampled %d KiB blocks and the first and last MiB of %d regions read back as zeros", sampled, sampleSize>>10, len(regions)), nil
+	return fmt.Sprintf("%d sampled %d KiB blocks and the first and last MiB of %d regions read back as zeros (%s)", sampled, sampleSize>>10, len(regions), how), nil
+}
+
+// openForCheck opens path to read what is on the media. A file system
+// without O_DIRECT (tmpfs: tests, or a disk image) is read through its
+// cache, and the evidence says so; a block device always takes O_DIRECT.
+func openForCheck(path string) (*os.File, string, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
+	if err == nil {
+		return f, "read with O_DIRECT", nil
+	}
+	st, serr := os.Stat(path)
+	if !errors.Is(err, unix.EINVAL) || serr != nil || !st.Mode().IsRegular() {
+		return nil, "", fmt.Errorf("open %s to check it: %w", path, err)
+	}
+	f, err = os.Open(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("open %s to check it: %w", path, err)
+	}
+	return f, "read through the page cache: the file system has no O_DIRECT", nil
+}
+
+// alignedBuffer is n bytes starting at a 4096-byte boundary, as O_DIRECT
+// needs.
+func alignedBuffer(n int) []byte {
+	b := make([]byte, n+4096)
+	off := int(-uintptr(unsafe.Pointer(&b[0])) & 4095)
+	return b[off : off+n]
 }
 
 // at is the extent of length n at position pos of the regions laid end to

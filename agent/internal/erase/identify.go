@@ -20,18 +20,16 @@ type nvmeController struct {
 	sanitizeCrypto bool // SANICAP bit 0
 	sanitizeBlock  bool // SANICAP bit 1
 	sanitizeOver   bool // SANICAP bit 2 (overwrite; not used: an overwrite is no faster here)
-	deallocate     bool // ONCS bit 2: Dataset Management (deallocate) is supported
 }
 
 // parseNVMeController reads the NVMe base specification's Identify
-// Controller data structure: OACS at bytes 257:256, ONCS at 521:520, FNA at
-// byte 524, SANICAP at bytes 331:328.
+// Controller data structure: OACS at bytes 257:256, FNA at byte 524,
+// SANICAP at bytes 331:328.
 func parseNVMeController(id []byte) (nvmeController, error) {
 	if len(id) < nvmeIdentifySize {
 		return nvmeController{}, errShortIdentify
 	}
 	oacs := binary.LittleEndian.Uint16(id[256:258])
-	oncs := binary.LittleEndian.Uint16(id[520:522])
 	fna := id[524]
 	sanicap := binary.LittleEndian.Uint32(id[328:332])
 	return nvmeController{
@@ -40,24 +38,7 @@ func parseNVMeController(id []byte) (nvmeController, error) {
 		sanitizeCrypto: sanicap&(1<<0) != 0,
 		sanitizeBlock:  sanicap&(1<<1) != 0,
 		sanitizeOver:   sanicap&(1<<2) != 0,
-		deallocate:     oncs&(1<<2) != 0,
 	}, nil
-}
-
-// nvmeNamespace is what Identify Namespace (CNS 00h) says about reading
-// deallocated blocks.
-type nvmeNamespace struct {
-	// deallocatedReadsZero: DLFEAT bits 2:0 are 001b, "a deallocated
-	// logical block returns all bytes cleared to 0h".
-	deallocatedReadsZero bool
-}
-
-// parseNVMeNamespace reads DLFEAT, byte 33 of Identify Namespace.
-func parseNVMeNamespace(id []byte) (nvmeNamespace, error) {
-	if len(id) < nvmeIdentifySize {
-		return nvmeNamespace{}, errShortIdentify
-	}
-	return nvmeNamespace{deallocatedReadsZero: id[33]&0x7 == 0x1}, nil
 }
 
 // ataIdentity is what IDENTIFY DEVICE says about erasing.
@@ -67,20 +48,16 @@ type ataIdentity struct {
 	securityLocked    bool // word 128 bit 2
 	securityFrozen    bool // word 128 bit 3
 	enhancedErase     bool // word 128 bit 5
-	trim              bool // word 169 bit 0
-	// trimReadsZero: both "deterministic read after TRIM" (word 69 bit
-	// 14) and "read zeros after TRIM" (word 69 bit 5).
-	trimReadsZero bool
 }
 
 // parseATAIdentify reads the ACS IDENTIFY DEVICE data: 256 little-endian
-// words (security in words 82 and 128, TRIM in words 169 and 69).
+// words (security in words 82 and 128).
 func parseATAIdentify(id []byte) (ataIdentity, error) {
 	if len(id) < ataIdentifySize {
 		return ataIdentity{}, errShortIdentify
 	}
 	word := func(n int) uint16 { return binary.LittleEndian.Uint16(id[2*n : 2*n+2]) }
-	w82, w128, w169, w69 := word(82), word(128), word(169), word(69)
+	w82, w128 := word(82), word(128)
 	// Word 82 is valid only when it is neither 0000h nor FFFFh.
 	supported := w82 != 0 && w82 != 0xffff && w82&(1<<1) != 0 && w128&1 != 0
 	return ataIdentity{
@@ -89,7 +66,5 @@ func parseATAIdentify(id []byte) (ataIdentity, error) {
 		securityLocked:    supported && w128&(1<<2) != 0,
 		securityFrozen:    supported && w128&(1<<3) != 0,
 		enhancedErase:     supported && w128&(1<<5) != 0,
-		trim:              w169&1 != 0,
-		trimReadsZero:     w169&1 != 0 && w69&(1<<14) != 0 && w69&(1<<5) != 0,
 	}, nil
 }

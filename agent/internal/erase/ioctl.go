@@ -34,43 +34,29 @@ type nvmeAdminCmd struct {
 }
 
 const (
-	// _IO('N', 0x40) and _IOWR('N', 0x41, struct nvme_passthru_cmd).
-	nvmeIoctlID       = 0x4e40
+	// _IOWR('N', 0x41, struct nvme_passthru_cmd).
 	nvmeIoctlAdminCmd = 0xc0484e41
 	nvmeOpIdentify    = 0x06
 	// HDIO_GET_IDENTITY: libata answers it with IDENTIFY DEVICE.
 	hdioGetIdentity = 0x030d
 )
 
-func (ioctlIdentifier) NVMe(path string) (controller, namespace []byte, err error) {
+func (ioctlIdentifier) NVMe(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer f.Close()
-	nsid, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nvmeIoctlID, 0)
+	buf := make([]byte, nvmeIdentifySize)
+	cmd := nvmeAdminCmd{opcode: nvmeOpIdentify, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), dataLen: nvmeIdentifySize, cdw10: 1} // CNS 01h: the controller
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&cmd)))
+	// The command holds buf's address as a number: keep buf alive until
+	// the kernel has written it.
+	runtime.KeepAlive(buf)
 	if errno != 0 {
-		return nil, nil, fmt.Errorf("namespace ID: %w", errno)
+		return nil, fmt.Errorf("identify controller: %w", errno)
 	}
-	identify := func(cns, nsid uint32) ([]byte, error) {
-		buf := make([]byte, nvmeIdentifySize)
-		cmd := nvmeAdminCmd{opcode: nvmeOpIdentify, nsid: nsid, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), dataLen: nvmeIdentifySize, cdw10: cns}
-		_, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&cmd)))
-		// The command holds buf's address as a number: keep buf alive
-		// until the kernel has written it.
-		runtime.KeepAlive(buf)
-		if errno != 0 {
-			return nil, errno
-		}
-		return buf, nil
-	}
-	if controller, err = identify(1, 0); err != nil {
-		return nil, nil, fmt.Errorf("identify controller: %w", err)
-	}
-	if namespace, err = identify(0, uint32(nsid)); err != nil {
-		return nil, nil, fmt.Errorf("identify namespace %d: %w", nsid, err)
-	}
-	return controller, namespace, nil
+	return buf, nil
 }
 
 func (ioctlIdentifier) ATA(path string) ([]byte, error) {

@@ -22,9 +22,9 @@ type Options struct {
 
 // Identifier reads identify data from a device.
 type Identifier interface {
-	// NVMe returns Identify Controller and Identify Namespace of the
-	// namespace block device at path.
-	NVMe(path string) (controller, namespace []byte, err error)
+	// NVMe returns Identify Controller of the namespace block device at
+	// path.
+	NVMe(path string) ([]byte, error)
 	// ATA returns IDENTIFY DEVICE of the disk at path.
 	ATA(path string) ([]byte, error)
 }
@@ -68,9 +68,8 @@ func Probe(o Options, path string, kept bool) (Target, error) {
 		return t, fmt.Errorf("disk %s: %w", path, err)
 	}
 	if st.Mode().IsRegular() {
-		// A disk image (tests, `agent erase` on a file): nothing to ask.
+		// A disk image (tests, `agent sanitize` on a file): nothing to ask.
 		t.Size = st.Size()
-		t.Device.BootMedium = isoImage(real)
 		return t, nil
 	}
 	if st.Mode()&os.ModeDevice == 0 || st.Mode()&os.ModeCharDevice != 0 {
@@ -81,6 +80,11 @@ func Probe(o Options, path string, kept bool) (Target, error) {
 
 // probeDevice reads sysfs and the device's identify data for block device
 // name (t.Path); iso says it holds an ISO 9660 volume.
+//
+// What the disk holds never decides that it is spared: the previous tenant
+// wrote it. An ISO 9660 volume makes a disk the boot medium only on a
+// read-only removable device (a BMC's virtual media); on a fixed disk or a
+// writable USB stick it is data like any other.
 func probeDevice(o Options, t Target, name string, iso bool) (Target, error) {
 	path := t.Path
 	t.Name = name
@@ -98,14 +102,23 @@ func probeDevice(o Options, t Target, name string, iso bool) (Target, error) {
 	if err != nil {
 		return t, fmt.Errorf("disk %s: %w", path, err)
 	}
-	// The discovery OS runs from memory: a disk with a mounted file system
-	// is what it booted from (or something an admin mounted by hand).
-	t.Device.BootMedium = mounted != "" || iso
+	// The discovery OS runs from memory: a disk with a file system it
+	// mounted is what it booted from. Optical drives hold read-only media.
+	removable := readTrim(filepath.Join(sys, "removable")) == "1"
+	optical := strings.HasPrefix(t.Name, "sr") || readTrim(filepath.Join(sys, "device/type")) == "5"
+	t.Device.BootMedium = mounted != "" || optical || removable && iso && t.Device.ReadOnly
 	if t.Partitions, err = partitions(sys, t.Name, t.Size); err != nil {
 		return t, fmt.Errorf("disk %s: %w", path, err)
 	}
-	if n, _ := readInt(filepath.Join(sys, "queue/discard_max_bytes")); n > 0 {
-		t.Device.Discard = true
+	if !t.Device.BootMedium {
+		// O_EXCL on the whole disk does not see a partition held by
+		// device-mapper, RAID or LVM: their holders are in sysfs.
+		if h := holders(sys, t.Name); h != "" {
+			return t, fmt.Errorf("disk %s is in use by %s: not erased", path, h)
+		}
+	}
+	if n, _ := readInt(filepath.Join(sys, "queue/write_zeroes_max_bytes")); n > 0 {
+		t.Device.WriteZeroes = true
 	}
 	switch {
 	case strings.HasPrefix(t.Name, "nvme"):
@@ -117,7 +130,7 @@ func probeDevice(o Options, t Target, name string, iso bool) (Target, error) {
 }
 
 func (t *Target) probeNVMe(id Identifier) {
-	ctrl, ns, err := id.NVMe(t.Path)
+	ctrl, err := id.NVMe(t.Path)
 	if err != nil {
 		t.Notes = append(t.Notes, "NVMe identify: "+err.Error())
 		return
@@ -127,16 +140,10 @@ func (t *Target) probeNVMe(id Identifier) {
 		t.Notes = append(t.Notes, "NVMe identify controller: "+err.Error())
 		return
 	}
-	n, err := parseNVMeNamespace(ns)
-	if err != nil {
-		t.Notes = append(t.Notes, "NVMe identify namespace: "+err.Error())
-		return
-	}
 	t.Device.NVMeSanitizeCrypto = c.sanitizeCrypto
 	t.Device.NVMeSanitizeBlock = c.sanitizeBlock
 	t.Device.NVMeFormatCrypto = c.formatCrypto
 	t.Device.NVMeFormatUserData = c.formatNVM
-	t.Device.DiscardZeroes = t.Device.Discard && c.deallocate && n.deallocatedReadsZero
 }
 
 func (t *Target) probeATA(id Identifier) {
@@ -155,7 +162,26 @@ func (t *Target) probeATA(id Identifier) {
 	t.Device.ATASecurityErase = a.securitySupported && !a.securityLocked
 	t.Device.ATAEnhancedErase = a.enhancedErase
 	t.Device.ATAFrozen = a.securityFrozen
-	t.Device.DiscardZeroes = t.Device.Discard && a.trimReadsZero
+}
+
+// holders names what holds the disk or one of its partitions (dm-0, md127),
+// "" when nothing does.
+func holders(sys, name string) string {
+	dirs := []string{filepath.Join(sys, "holders")}
+	entries, _ := os.ReadDir(sys)
+	for _, e := range entries {
+		if blockdev.IsPartitionOf(e.Name(), name) {
+			dirs = append(dirs, filepath.Join(sys, e.Name(), "holders"))
+		}
+	}
+	var held []string
+	for _, d := range dirs {
+		hs, _ := os.ReadDir(d)
+		for _, h := range hs {
+			held = append(held, h.Name()+" (of "+filepath.Base(filepath.Dir(d))+")")
+		}
+	}
+	return strings.Join(held, ", ")
 }
 
 // Extent is a byte range of a disk.

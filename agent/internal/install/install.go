@@ -225,7 +225,8 @@ type progressReader struct {
 	report func(string, int, string)
 }
 
-// stallReader restarts the watchdog whenever bytes arrive.
+// stallReader runs the watchdog only while it waits for the server: a slow
+// disk write between reads is not the image server's stall.
 type stallReader struct {
 	r        io.Reader
 	watchdog *time.Timer
@@ -233,10 +234,9 @@ type stallReader struct {
 }
 
 func (s *stallReader) Read(b []byte) (int, error) {
+	s.watchdog.Reset(s.limit)
 	n, err := s.r.Read(b)
-	if n > 0 {
-		s.watchdog.Reset(s.limit)
-	}
+	s.watchdog.Stop()
 	return n, err
 }
 

@@ -25,12 +25,13 @@ func hiddenDisk(name string) bool {
 	return false
 }
 
-// Reasons a disk is not eligible for installation.
+// Reasons a disk is not eligible for installation (agentwire's: the
+// service reads them too).
 const (
-	ReasonRemovable = "Disk is removable"
-	ReasonISO       = "Disk holds ISO 9660 media (the discovery image?)"
-	ReasonOptical   = "Disk is an optical drive"
-	ReasonReadOnly  = "Disk is read-only"
+	ReasonRemovable = agentwire.DiskRemovable
+	ReasonISO       = agentwire.DiskHoldsISO
+	ReasonOptical   = agentwire.DiskOptical
+	ReasonReadOnly  = agentwire.DiskReadOnly
 )
 
 func collectDisks(o Options) []agentwire.Disk {
@@ -240,7 +241,7 @@ func eligibility(o Options, d *block.Disk, disk agentwire.Disk, head []byte) age
 		mounted = append(mounted, d.Name+" on "+mp)
 	}
 	if len(mounted) > 0 {
-		reasons = append(reasons, "Disk has mounted partitions ("+strings.Join(mounted, ", ")+")")
+		reasons = append(reasons, agentwire.DiskMounted+" ("+strings.Join(mounted, ", ")+")")
 	}
 	return agentwire.InstallationEligibility{Eligible: len(reasons) == 0, NotEligibleReasons: reasons}
 }

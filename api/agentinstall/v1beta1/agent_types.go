@@ -494,6 +494,86 @@ type AgentStatus struct {
 	// InstallationDiskID is the disk the host installs (or installed) to.
 	// +optional
 	InstallationDiskID string `json:"installation_disk_id,omitempty"`
+	// DiskSanitization is agentboot's own: what the host owes before it
+	// can be bound again after it left a cluster, and the evidence of its
+	// last sanitization. Only the service writes it.
+	// +optional
+	DiskSanitization *AgentDiskSanitization `json:"diskSanitization,omitempty"`
+}
+
+// Disk sanitization states.
+const (
+	// SanitizationPending: owed, not yet handed to the host.
+	SanitizationPending = "Pending"
+	// SanitizationRunning: the host is erasing its disks.
+	SanitizationRunning = "Sanitizing"
+	// SanitizationFailed: the last attempt failed; Message says why and
+	// what an administrator can do. A new boot of the host tries again.
+	SanitizationFailed = "Failed"
+	// SanitizationDone: nothing is owed; Disks is the evidence.
+	SanitizationDone = "Done"
+)
+
+// AgentDiskSanitization records a host's disk sanitization.
+type AgentDiskSanitization struct {
+	// OnRelease is the level the host will owe when its installation is
+	// forgotten (released from its cluster, or failed), recorded when the
+	// installation was handed out, from the policy for the InfraEnv it
+	// installed through.
+	// +optional
+	OnRelease string `json:"onRelease,omitempty"`
+	// Required is the level the host's disks must be sanitized at before
+	// it can be bound again (metadata or erase); empty when nothing is
+	// owed.
+	// +optional
+	Required string `json:"required,omitempty"`
+	// Reason says why it is owed.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// State is Pending, Sanitizing, Failed or Done.
+	// +optional
+	State string `json:"state,omitempty"`
+	// Message says what is happening, or why it failed.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Session is the registration session the last attempt was handed to.
+	// +optional
+	Session string `json:"session,omitempty"`
+	// StartTime and CompletionTime of the last attempt.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+	// Level of the last completed sanitization, and its evidence per disk.
+	// +optional
+	Level string `json:"level,omitempty"`
+	// +optional
+	Disks []DiskSanitizationRecord `json:"disks,omitempty"`
+}
+
+// DiskSanitizationRecord is the evidence of one disk's sanitization, as the
+// host reported it.
+type DiskSanitizationRecord struct {
+	// Disk is the device.
+	Disk string `json:"disk"`
+	// Method used, and why that one.
+	Method string `json:"method"`
+	// +optional
+	Why string `json:"why,omitempty"`
+	// Bytes the method covered.
+	// +optional
+	Bytes int64 `json:"bytes,omitempty"`
+	// Duration of the erase and its check.
+	// +optional
+	Duration metav1.Duration `json:"duration,omitempty"`
+	// Verification names the check, and Checked what it read.
+	// +optional
+	Verification string `json:"verification,omitempty"`
+	// +optional
+	Checked string `json:"checked,omitempty"`
+	// Error says why this disk is not sanitized.
+	// +optional
+	Error string `json:"error,omitempty"`
 }
 
 // Agent is a host that booted a discovery image and registered. agentboot

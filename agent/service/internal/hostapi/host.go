@@ -186,6 +186,11 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 			len(raw), agentwire.MaxStoredInventoryBytes)
 		return
 	}
+	// The report time is the service's: the host's clock may be off, and
+	// whether an inventory is of the host's current session (which a
+	// sanitization needs) is judged against the service's session start.
+	now := metav1.NewTime(s.o.Now())
+	inv.ReportTime = &now
 	a := ref.Agent
 	if lifecycle.Bound(a) && a.Status.Inventory.Hostname != "" && inv.Hostname != a.Status.Inventory.Hostname {
 		// Once bound, the host's name is what it joins its cluster as and
@@ -194,7 +199,7 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 		s.o.Log.Info("kept the hostname of a bound host", "agent", a.Namespace+"/"+a.Name, "reported", inv.Hostname, "kept", a.Status.Inventory.Hostname)
 		inv.Hostname = a.Status.Inventory.Hostname
 	}
-	if sameInventory(&a.Status.Inventory, &inv) {
+	if sameInventory(&a.Status.Inventory, &inv) && lifecycle.InventoryOfThisSession(a) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
@@ -404,7 +409,7 @@ func (s *Server) progress(w http.ResponseWriter, r *http.Request, ref *AgentRef)
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
 		return
 	}
-	known := false
+	known := p.Stage == agentwire.StageSanitizing
 	for _, st := range stages {
 		known = known || string(st) == p.Stage
 	}

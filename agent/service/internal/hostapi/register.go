@@ -483,8 +483,10 @@ func (s *Server) quietBefore() time.Duration {
 
 // rebooted settles an installation when its host registers again in a new
 // boot of the discovery image: released from its cluster, it is back in the
-// pool with its installation forgotten; still bound (which resume allows
-// only for a host its BareMetalHost's BMC booted), its installation failed.
+// pool with its installation forgotten, owing a sanitization of its disks
+// before it can be bound again; still bound (which
+// resume allows only for a host its BareMetalHost's BMC booted), its
+// installation failed.
 func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
 	// Read fresh: the cache may not have an installation claimed a moment ago.
 	a := &v1beta1.Agent{}
@@ -508,9 +510,13 @@ func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
 		writes.WithLabelValues("agent-status").Inc()
 		return s.o.Client.Status().Patch(ctx, a, client.MergeFrom(before))
 	}
-	installprogress.Reset(p)
-	a.Status.InstallationDiskID = ""
-	s.o.Events.Eventf(a, nil, corev1.EventTypeNormal, "BackInDiscovery", "Register", "the host booted the discovery image again and is back in the free pool")
+	msg := "the host booted the discovery image again and is back in the free pool"
+	// One write frees the host and makes it owe its sanitization: there is
+	// no moment when it is bindable with the last tenant's data on it.
+	if lifecycle.ForgetInstallation(&a.Status, fmt.Sprintf("it left a cluster it had been installed into (at %s)", p.CurrentStage)) {
+		msg = fmt.Sprintf("the host booted the discovery image again; it sanitizes its disks (level %s) before it can be bound again", a.Status.DiskSanitization.Required)
+	}
+	s.o.Events.Eventf(a, nil, corev1.EventTypeNormal, "BackInDiscovery", "Register", "%s", msg)
 	writes.WithLabelValues("agent-status").Inc()
 	return s.o.Client.Status().Patch(ctx, a, client.MergeFrom(before))
 }

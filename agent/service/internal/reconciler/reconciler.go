@@ -28,7 +28,6 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
-	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
@@ -277,10 +276,10 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 	// The installation as it will be written.
 	view := &v1beta1.Agent{ObjectMeta: a.ObjectMeta, Spec: a.Spec, Status: v1beta1.AgentStatus{Progress: st.Progress}}
 	if lifecycle.Forgotten(view) {
-		// Unbound before its disk was written: the host still runs
-		// discovery, so the installation is forgotten and it is free.
-		installprogress.Reset(&st.Progress)
-		st.InstallationDiskID = ""
+		// Unbound after its installation failed: the host still runs
+		// discovery, so the installation is forgotten; what it may have
+		// written before it failed makes it owe a sanitization.
+		lifecycle.ForgetInstallation(st, "its installation failed and it was released from its cluster")
 		view.Status.Progress = st.Progress
 	}
 	o := lifecycle.Observed{Connected: f.connected, Silence: r.silence(f), Inventoried: inventoried(f)}

@@ -58,6 +58,10 @@ const (
 	// IdentityUndisputed fails while two hosts were seen alive under the
 	// Agent's identity (lifecycle.DisputedAnnotation).
 	IdentityUndisputed = "identity-undisputed"
+	// DisksSanitized fails while the host owes a disk sanitization
+	// (lifecycle.SanitizationOwed): cluster-api-provider-agent takes only
+	// Validated Agents, so it skips the host until its evidence is in.
+	DisksSanitized = "disks-sanitized"
 )
 
 // facts is everything a validation looks at.
@@ -100,6 +104,7 @@ var validations = []struct {
 		{HostnameValid, hostnameValid},
 		{HostnameUnique, hostnameUnique},
 		{CPUVirt, cpuVirtualization},
+		{DisksSanitized, disksSanitized},
 	}},
 	{"network", []validation{
 		{Connected, connected},
@@ -229,6 +234,23 @@ func identityUndisputed(f *facts) result {
 		return fail("The host's identity is disputed: %s", why)
 	}
 	return ok("No other host claims this host's identity")
+}
+
+func disksSanitized(f *facts) result {
+	ds := f.agent.Status.DiskSanitization
+	if !lifecycle.SanitizationOwed(f.agent) {
+		return ok("The host owes no disk sanitization")
+	}
+	owed := fmt.Sprintf("The host's disks must be sanitized (level %s) before it can be bound again (%s)", ds.Required, ds.Reason)
+	switch ds.State {
+	case v1beta1.SanitizationRunning:
+		// Not its progress: that changes every few seconds, and each
+		// change would be a status write and an event.
+		return fail("%s: sanitizing (status.diskSanitization shows how far)", owed)
+	case v1beta1.SanitizationFailed:
+		return fail("%s: the last attempt failed: %s", owed, ds.Message)
+	}
+	return fail("%s: waiting for the host", owed)
 }
 
 // maxClockOffset is how far a host's clock may be from the service's.

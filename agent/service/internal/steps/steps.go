@@ -28,6 +28,7 @@ import (
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
 // InstallStepID names the install step in step results.
@@ -52,19 +53,29 @@ type Steps struct {
 	Catalog   Catalog
 	Settings  discovery.Settings
 	Ignition  IgnitionFunc
-	Events    events.EventRecorder
-	Log       logr.Logger
-	Now       func() time.Time
+	// Sanitization is the level a host owes when its installation is
+	// forgotten, recorded when the installation is handed out.
+	Sanitization sanitize.Policy
+	Events       events.EventRecorder
+	Log          logr.Logger
+	Now          func() time.Time
 }
 
 var _ hostapi.Steps = (*Steps)(nil)
 
-// Next gives a bound, approved, validated Agent that has not started
-// installing its install step. When something it needs is missing, the
+// Next gives a host that owes a disk sanitization its sanitize step
+// (sanitize.go), and a bound, approved, validated Agent that has not
+// started installing its install step. When something it needs is missing, the
 // reason goes to status.progress.progressInfo (shown in the Installed
 // condition) and the host is asked again on its next heartbeat.
 func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.Step, error) {
 	a := ref.Agent
+	if lifecycle.SanitizationOwed(a) {
+		// Before anything else, bound or not: a binder that took the host
+		// anyway gets it only once its disks hold nothing of the last
+		// tenant.
+		return s.sanitizeStep(ctx, a)
+	}
 	if !lifecycle.Bound(a) || !a.Spec.Approved || lifecycle.Started(a) {
 		return nil, nil
 	}
@@ -83,6 +94,10 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 	claimed := a.DeepCopy()
 	installprogress.Start(&claimed.Status.Progress, fmt.Sprintf("installing to %s (%s) from %s", disk.Path, disk.ID, step.ImageURL), s.Now())
 	claimed.Status.InstallationDiskID = disk.ID
+	if claimed.Status.DiskSanitization == nil {
+		claimed.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{}
+	}
+	claimed.Status.DiskSanitization.OnRelease = string(s.Sanitization.For(ref.InfraEnv.Namespace, ref.InfraEnv.Name))
 	if err := s.Client.Status().Patch(ctx, claimed, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
 			return nil, nil // changed meanwhile: the next heartbeat looks again
@@ -226,6 +241,9 @@ func diskNames(disks []v1beta1.HostDisk) string {
 // it wipes what it wrote instead of rebooting into a system that would
 // join a cluster it no longer belongs to.
 func (s *Steps) Result(ctx context.Context, ref *hostapi.AgentRef, step string, r agentwire.StepResult) error {
+	if step == SanitizeStepID {
+		return s.sanitizeResult(ctx, ref.Agent, r)
+	}
 	if step != InstallStepID {
 		return fmt.Errorf("no step %q was given to this host", step)
 	}
@@ -262,8 +280,9 @@ func (s *Steps) forgetIfReleased(ctx context.Context, a *v1beta1.Agent) (bool, e
 	}
 	if lifecycle.Started(cur) {
 		next := cur.DeepCopy()
-		installprogress.Reset(&next.Status.Progress)
-		next.Status.InstallationDiskID = ""
+		// What it wrote before it was told (the image, the pointer config
+		// with the tenant's token) makes it owe a sanitization too.
+		lifecycle.ForgetInstallation(&next.Status, "it was released from a cluster while it installed")
 		if err := s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{})); err != nil {
 			return false, fmt.Errorf("forget the installation of a released host: %w", err)
 		}
@@ -276,6 +295,9 @@ func (s *Steps) forgetIfReleased(ctx context.Context, a *v1beta1.Agent) (bool, e
 // Progress records a stage the host reports; the stages after Rebooting are
 // the service's to observe.
 func (s *Steps) Progress(ctx context.Context, ref *hostapi.AgentRef, p agentwire.Progress) error {
+	if p.Stage == agentwire.StageSanitizing {
+		return s.sanitizeProgress(ctx, ref.Agent, p)
+	}
 	stage := v1beta1.HostStage(p.Stage)
 	if stage != v1beta1.StageFailed && !slices.Contains(installprogress.HostStages, stage) {
 		return fmt.Errorf("stage %q is not one a host reports", p.Stage)

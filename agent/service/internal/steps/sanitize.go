@@ -1,0 +1,266 @@
+package steps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/sanitize"
+)
+
+// SanitizeStepID names the sanitize step in step results.
+const SanitizeStepID = "sanitize"
+
+// Limits on what a host reports of a sanitization.
+const (
+	maxSanitizedDisks = 256
+	maxEvidenceText   = 512
+)
+
+// sanitizeStep hands a host that owes a sanitization its step, once per
+// boot: an attempt running or failed in this registration session is not
+// handed again (a new boot of the discovery image tries again). The step
+// is claimed like the install step, by a status write with the
+// resourceVersion it was read at; the disks it names are recorded, so that
+// the report must cover exactly those.
+func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire.Step, error) {
+	ds := a.Status.DiskSanitization
+	session := a.Annotations[lifecycle.SessionStartedAnnotation]
+	if ds.Session == session && (ds.State == v1beta1.SanitizationRunning || ds.State == v1beta1.SanitizationFailed) {
+		return nil, nil
+	}
+	// The disks are those of an inventory from this boot: one from an
+	// earlier boot may miss a disk, and a host that was installed has at
+	// least one (none means the host could not list them).
+	disks := inventoryDisks(a)
+	if !lifecycle.InventoryOfThisSession(a) || len(disks) == 0 {
+		return nil, nil
+	}
+	claimed := a.DeepCopy()
+	now := metav1.NewTime(s.Now())
+	cds := claimed.Status.DiskSanitization
+	cds.State, cds.Session, cds.StartTime, cds.CompletionTime = v1beta1.SanitizationRunning, session, &now, nil
+	cds.Message = fmt.Sprintf("erasing %d disks (%s)", len(disks), strings.Join(disks, ", "))
+	cds.Level, cds.Disks = "", nil
+	for _, d := range disks {
+		cds.Disks = append(cds.Disks, v1beta1.DiskSanitizationRecord{Disk: d})
+	}
+	if err := s.Client.Status().Patch(ctx, claimed, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) {
+			return nil, nil // changed meanwhile: the next heartbeat looks again
+		}
+		return nil, fmt.Errorf("claim the sanitization: %w", err)
+	}
+	s.Events.Eventf(a, nil, corev1.EventTypeNormal, "DiskSanitizationStarted", "Sanitize", "sanitizing %d disks at level %s: %s", len(disks), ds.Required, strings.Join(disks, ", "))
+	return []agentwire.Step{{ID: SanitizeStepID, Kind: agentwire.StepSanitize, Sanitize: &agentwire.SanitizeStep{Level: ds.Required, Disks: disks}}}, nil
+}
+
+// sanitizeResult takes the host's evidence. Only a report for the attempt
+// running in the host's current session counts, and only evidence that
+// covers every disk handed to it, each erased by a method that gives the
+// owed level (or spared as the boot medium or a kept disk) and checked,
+// ends the quarantine. Anything else fails the attempt with the reasons.
+func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwire.StepResult) error {
+	var done *v1beta1.AgentDiskSanitization
+	var cur v1beta1.Agent
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), &cur); err != nil {
+			return err
+		}
+		ds := cur.Status.DiskSanitization
+		if !lifecycle.SanitizationOwed(&cur) || ds.State != v1beta1.SanitizationRunning || ds.Session != cur.Annotations[lifecycle.SessionStartedAnnotation] {
+			return errNotRunning
+		}
+		records, problems := judge(ds, cur.Status.Inventory.Disks, r)
+		next := cur.DeepCopy()
+		nds := next.Status.DiskSanitization
+		now := metav1.NewTime(s.Now())
+		nds.CompletionTime = &now
+		nds.Disks = records
+		if len(problems) > 0 {
+			nds.State = v1beta1.SanitizationFailed
+			nds.Message = clip(strings.Join(problems, "; ")+". The host tries again the next time it boots the discovery image (power-cycle it; its BareMetalHost's BMC can)", 2048)
+		} else {
+			nds.Required, nds.State, nds.Level = "", v1beta1.SanitizationDone, ds.Required
+			nds.Message = summary(records, now.Sub(ds.StartTime.Time))
+		}
+		done = nds
+		return s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(&cur, client.MergeFromWithOptimisticLock{}))
+	})
+	if err != nil {
+		if errors.Is(err, errNotRunning) {
+			return err
+		}
+		return fmt.Errorf("record the sanitization: %w", err)
+	}
+	if done.State == v1beta1.SanitizationFailed {
+		s.Events.Eventf(&cur, nil, corev1.EventTypeWarning, "DiskSanitizationFailed", "Sanitize", "%s", done.Message)
+	} else {
+		s.Events.Eventf(&cur, nil, corev1.EventTypeNormal, "DisksSanitized", "Sanitize", "level %s: %s", done.Level, done.Message)
+	}
+	return nil
+}
+
+var errNotRunning = errors.New("no sanitize step is running for this host")
+
+// inventoryDisks are the paths of the disks the host's inventory lists.
+func inventoryDisks(a *v1beta1.Agent) []string {
+	var disks []string
+	for _, d := range a.Status.Inventory.Disks {
+		if d.Path != "" && !slices.Contains(disks, d.Path) {
+			disks = append(disks, d.Path)
+		}
+	}
+	return disks
+}
+
+// judge turns the host's evidence into records and says what keeps the
+// quarantine.
+func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r agentwire.StepResult) ([]v1beta1.DiskSanitizationRecord, []string) {
+	handed := map[string]bool{}
+	for _, d := range ds.Disks {
+		handed[d.Disk] = true
+	}
+	var problems []string
+	if len(r.Sanitization) > len(handed) || len(r.Sanitization) > maxSanitizedDisks {
+		return ds.Disks, []string{fmt.Sprintf("the host reported %d disks, more than the %d it was given", len(r.Sanitization), len(handed))}
+	}
+	size := map[string]int64{}
+	for _, d := range inventory {
+		size[d.Path] = d.SizeBytes
+	}
+	level := sanitize.Level(ds.Required)
+	seen := map[string]bool{}
+	var records []v1beta1.DiskSanitizationRecord
+	for _, e := range r.Sanitization {
+		rec := v1beta1.DiskSanitizationRecord{
+			Disk: clip(e.Disk, 256), Method: clip(e.Method, 64), Why: clip(e.Why, maxEvidenceText), Bytes: e.Bytes,
+			Duration: metav1.Duration{Duration: time.Duration(e.DurationSeconds * float64(time.Second))}, Verification: clip(e.Verification, 64),
+			Checked: clip(e.Checked, maxEvidenceText), Error: clip(e.Error, maxEvidenceText),
+		}
+		records = append(records, rec)
+		switch {
+		case !handed[e.Disk]:
+			problems = append(problems, fmt.Sprintf("%s: not a disk the host was given", rec.Disk))
+		case seen[e.Disk]:
+			problems = append(problems, fmt.Sprintf("%s: reported twice", rec.Disk))
+		case e.Error != "":
+			problems = append(problems, fmt.Sprintf("%s: %s", rec.Disk, rec.Error))
+		case sanitize.Method(e.Method) == sanitize.Skip:
+			if !spared(inventory, e.Disk) {
+				problems = append(problems, fmt.Sprintf("%s: spared, but the host's inventory shows no boot medium there", rec.Disk))
+			}
+		case !sanitize.Gives(sanitize.Method(e.Method), level):
+			problems = append(problems, fmt.Sprintf("%s: method %q does not give level %s", rec.Disk, rec.Method, level))
+		case e.Verification == "" || e.Checked == "":
+			problems = append(problems, fmt.Sprintf("%s: erased by %s but not checked", rec.Disk, rec.Method))
+		case sanitize.Method(e.Method) != sanitize.WipeMetadata && e.Bytes < size[e.Disk]:
+			problems = append(problems, fmt.Sprintf("%s: erased %d bytes of %d", rec.Disk, e.Bytes, size[e.Disk]))
+		}
+		seen[e.Disk] = true
+	}
+	for _, d := range ds.Disks {
+		if !seen[d.Disk] {
+			problems = append(problems, fmt.Sprintf("%s: no evidence", d.Disk))
+			records = append(records, v1beta1.DiskSanitizationRecord{Disk: d.Disk, Error: "no evidence reported"})
+		}
+	}
+	for _, d := range inventory {
+		if d.Path != "" && !handed[d.Path] {
+			problems = append(problems, fmt.Sprintf("%s: the host listed this disk after it was given the step", d.Path))
+		}
+	}
+	if r.ExitCode != 0 && len(problems) == 0 {
+		problems = append(problems, "the sanitize step failed: "+clip(r.Error, maxEvidenceText))
+	}
+	return records, problems
+}
+
+// spared reports whether the inventory shows disk as something the agent
+// spares as the boot medium (agent/internal/erase): an optical drive, a disk
+// with a file system the discovery OS mounted, or a read-only removable
+// device with an ISO 9660 volume (a BMC's virtual media). Kept disks are
+// not spared: no admin keep list exists yet.
+func spared(inventory []v1beta1.HostDisk, disk string) bool {
+	for _, d := range inventory {
+		if d.Path != disk {
+			continue
+		}
+		var removable, iso, readOnly bool
+		for _, r := range d.InstallationEligibility.NotEligibleReasons {
+			switch {
+			case r == agentwire.DiskOptical, strings.HasPrefix(r, agentwire.DiskMounted):
+				return true
+			case r == agentwire.DiskRemovable:
+				removable = true
+			case r == agentwire.DiskHoldsISO:
+				iso = true
+			case r == agentwire.DiskReadOnly:
+				readOnly = true
+			}
+		}
+		return d.DriveType == "ODD" || removable && iso && readOnly
+	}
+	return false
+}
+
+// summary is a Done sanitization in a line.
+func summary(records []v1beta1.DiskSanitizationRecord, took time.Duration) string {
+	var parts []string
+	for _, r := range records {
+		if sanitize.Method(r.Method) == sanitize.Skip {
+			parts = append(parts, fmt.Sprintf("%s spared (%s)", r.Disk, r.Why))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %s, %d bytes in %s, checked", r.Disk, r.Method, r.Bytes, r.Duration.Round(time.Second)))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "the host has no disks")
+	}
+	return clip(strings.Join(parts, "; ")+fmt.Sprintf(" (%s in all)", took.Round(time.Second)), 2048)
+}
+
+// sanitizeProgress records what a sanitizing host reports.
+func (s *Steps) sanitizeProgress(ctx context.Context, a *v1beta1.Agent, p agentwire.Progress) error {
+	msg := clip(fmt.Sprintf("%d%%: %s", p.Percentage, p.Info), maxEvidenceText)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &v1beta1.Agent{}
+		if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
+			return err
+		}
+		ds := cur.Status.DiskSanitization
+		if !lifecycle.SanitizationOwed(cur) || ds.State != v1beta1.SanitizationRunning {
+			return errNotRunning
+		}
+		if ds.Message == msg {
+			return nil
+		}
+		next := cur.DeepCopy()
+		next.Status.DiskSanitization.Message = msg
+		return s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
+	})
+}
+
+// clip cuts s to about n bytes, at a character boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,187 @@
+package steps
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/testenv"
+)
+
+// A host that came back from a cluster owes a sanitization: it gets the
+// step once per boot, its progress is shown, and only evidence that covers
+// every disk it was given, each erased by a method that gives the level
+// and checked (or spared as the boot medium its inventory shows), ends the
+// quarantine. Anything else fails the attempt with the reason, and a new
+// boot tries again.
+func TestSanitizeStep(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{})
+	ctx := context.Background()
+	require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "agents"}}))
+	rec := events.NewFakeRecorder(100)
+	s := &Steps{Client: env.Client, APIReader: env.Client, Events: rec, Log: logr.Discard(), Now: time.Now,
+		Ignition: func(*v1beta1.Agent) (func(context.Context) (string, error), bool) { return nil, true }}
+
+	vda := agentwire.DiskSanitization{Disk: "/dev/vda", Method: "overwrite", Bytes: 20e9, DurationSeconds: 100, Verification: "sampled-reads-zero", Checked: "256 sampled 64 KiB blocks read back as zeros (read with O_DIRECT)"}
+	sr0 := agentwire.DiskSanitization{Disk: "/dev/sr0", Method: "skip", Why: "the host booted from this device"}
+	n := 0
+	boot1 := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	owing := func(t *testing.T, session string) *v1beta1.Agent {
+		t.Helper()
+		n++
+		a := &v1beta1.Agent{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: fmt.Sprintf("00000000-0000-4000-8000-%012d", n),
+			Annotations: map[string]string{lifecycle.SessionStartedAnnotation: session}}, Spec: v1beta1.AgentSpec{Approved: true}}
+		require.NoError(t, env.Client.Create(ctx, a))
+		now := metav1.Now()
+		a.Status.Inventory = v1beta1.HostInventory{ReportTime: &now, Disks: []v1beta1.HostDisk{
+			{ID: "/dev/disk/by-path/pci-0000:00:04.0", Path: "/dev/vda", DriveType: "HDD", SizeBytes: 20e9, InstallationEligibility: v1beta1.HostInstallationEligibility{Eligible: true, NotEligibleReasons: []string{}}},
+			{ID: "/dev/sr0", Path: "/dev/sr0", DriveType: "ODD", InstallationEligibility: v1beta1.HostInstallationEligibility{NotEligibleReasons: []string{agentwire.DiskOptical}}},
+		}}
+		a.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{Required: "erase", Reason: "it left a cluster", State: v1beta1.SanitizationPending}
+		require.NoError(t, env.Client.Status().Update(ctx, a))
+		return a
+	}
+	get := func(t *testing.T, a *v1beta1.Agent) *v1beta1.Agent {
+		t.Helper()
+		got := &v1beta1.Agent{}
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(a), got))
+		return got
+	}
+	next := func(t *testing.T, a *v1beta1.Agent) []agentwire.Step {
+		t.Helper()
+		steps, err := s.Next(ctx, &hostapi.AgentRef{Agent: get(t, a), InfraEnv: &v1beta1.InfraEnv{}})
+		require.NoError(t, err)
+		return steps
+	}
+	result := func(t *testing.T, a *v1beta1.Agent, r agentwire.StepResult) error {
+		t.Helper()
+		return s.Result(ctx, &hostapi.AgentRef{Agent: get(t, a), InfraEnv: &v1beta1.InfraEnv{}}, SanitizeStepID, r)
+	}
+
+	newBoot := func(t *testing.T, a *v1beta1.Agent) {
+		t.Helper()
+		reboot := get(t, a)
+		patch := client.MergeFrom(reboot.DeepCopy())
+		reboot.Annotations[lifecycle.SessionStartedAnnotation] = time.Now().Add(time.Second).UTC().Format(time.RFC3339)
+		require.NoError(t, env.Client.Patch(ctx, reboot, patch))
+	}
+	inventoried := func(t *testing.T, a *v1beta1.Agent) {
+		t.Helper()
+		cur := get(t, a)
+		later := metav1.NewTime(time.Now().Add(2 * time.Second))
+		cur.Status.Inventory.ReportTime = &later
+		require.NoError(t, env.Client.Status().Update(ctx, cur))
+	}
+
+	t.Run("evidence ends the quarantine", func(t *testing.T) {
+		a := owing(t, boot1)
+		steps := next(t, a)
+		require.Equal(t, []agentwire.Step{{ID: SanitizeStepID, Kind: agentwire.StepSanitize, Sanitize: &agentwire.SanitizeStep{Level: "erase", Disks: []string{"/dev/vda", "/dev/sr0"}}}}, steps)
+		require.Empty(t, next(t, a), "handed once per boot")
+		ds := get(t, a).Status.DiskSanitization
+		require.Equal(t, v1beta1.SanitizationRunning, ds.State)
+		require.Equal(t, boot1, ds.Session)
+		require.True(t, lifecycle.SanitizationOwed(get(t, a)))
+
+		require.NoError(t, s.Progress(ctx, &hostapi.AgentRef{Agent: get(t, a)}, agentwire.Progress{Stage: agentwire.StageSanitizing, Percentage: 45, Info: "disk 1 of 2, /dev/vda: 9000 of 19073 MiB"}))
+		require.Equal(t, "45%: disk 1 of 2, /dev/vda: 9000 of 19073 MiB", get(t, a).Status.DiskSanitization.Message)
+
+		require.NoError(t, result(t, a, agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0}}))
+		got := get(t, a)
+		require.False(t, lifecycle.SanitizationOwed(got))
+		ds = got.Status.DiskSanitization
+		require.Equal(t, v1beta1.SanitizationDone, ds.State)
+		require.Equal(t, "erase", ds.Level)
+		require.Equal(t, []v1beta1.DiskSanitizationRecord{
+			{Disk: "/dev/vda", Method: "overwrite", Bytes: 20e9, Duration: metav1.Duration{Duration: 100 * time.Second}, Verification: vda.Verification, Checked: vda.Checked},
+			{Disk: "/dev/sr0", Method: "skip", Why: sr0.Why},
+		}, ds.Disks)
+		require.Contains(t, ds.Message, "/dev/vda overwrite, 20000000000 bytes in 1m40s, checked; /dev/sr0 spared (the host booted from this device)")
+		require.NotNil(t, ds.CompletionTime)
+		require.Empty(t, next(t, a), "nothing is owed any more")
+		require.Error(t, result(t, a, agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0}}), "a second report is refused")
+	})
+
+	unchecked := vda
+	unchecked.Checked = ""
+	skipped := vda
+	skipped.Method, skipped.Why, skipped.Verification, skipped.Checked = "skip", "the host booted from this device", "", ""
+	short := vda
+	short.Bytes = 1e9
+	failed := vda
+	failed.Error = "disk /dev/vda: verify overwrite: byte 4096 reads 0x5a, not zero"
+	for name, tc := range map[string]struct {
+		r    agentwire.StepResult
+		want string
+	}{
+		"a disk left out":            {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda}}, "/dev/sr0: no evidence"},
+		"a disk it was not given":    {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{{Disk: "/dev/vdb", Method: "overwrite", Verification: "x", Checked: "y"}, sr0}}, "/dev/vdb: not a disk the host was given"},
+		"a disk twice":               {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, vda}}, "/dev/vda: reported twice"},
+		"more disks than given":      {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0, vda}}, "the host reported 3 disks, more than the 2 it was given"},
+		"metadata is not erase":      {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{{Disk: "/dev/vda", Method: "wipe-metadata", Verification: "metadata-regions-read-zero", Checked: "y"}, sr0}}, `/dev/vda: method "wipe-metadata" does not give level erase`},
+		"not checked":                {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{unchecked, sr0}}, "/dev/vda: erased by overwrite but not checked"},
+		"spared without a reason":    {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{skipped, sr0}}, "/dev/vda: spared, but the host's inventory shows no boot medium there"},
+		"an erase that failed":       {agentwire.StepResult{ExitCode: 1, Error: "1 disk failed", Sanitization: []agentwire.DiskSanitization{failed, sr0}}, "/dev/vda: disk /dev/vda: verify overwrite: byte 4096 reads 0x5a"},
+		"a step that failed as such": {agentwire.StepResult{ExitCode: 1, Error: "out of memory", Sanitization: []agentwire.DiskSanitization{vda, sr0}}, "the sanitize step failed: out of memory"},
+		"part of a disk":             {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{short, sr0}}, "/dev/vda: erased 1000000000 bytes of 20000000000"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := owing(t, boot1)
+			require.Len(t, next(t, a), 1)
+			require.NoError(t, result(t, a, tc.r))
+			got := get(t, a)
+			require.True(t, lifecycle.SanitizationOwed(got), "still quarantined")
+			require.Equal(t, v1beta1.SanitizationFailed, got.Status.DiskSanitization.State)
+			require.Contains(t, got.Status.DiskSanitization.Message, tc.want)
+			require.Contains(t, got.Status.DiskSanitization.Message, "tries again the next time it boots the discovery image")
+			require.Empty(t, next(t, a), "not again in the same boot")
+
+			// A new boot of the discovery image tries again, once it
+			// reported its inventory in that boot.
+			newBoot(t, a)
+			require.Empty(t, next(t, a), "not with the inventory of the last boot")
+			inventoried(t, a)
+			require.Len(t, next(t, a), 1)
+		})
+	}
+
+	t.Run("no fresh inventory, no disks, a disk listed late", func(t *testing.T) {
+		a := owing(t, boot1)
+		newBoot(t, a)
+		require.Empty(t, next(t, a), "the inventory is from the last boot")
+		cur := get(t, a)
+		later := metav1.NewTime(time.Now().Add(2 * time.Second))
+		cur.Status.Inventory.ReportTime, cur.Status.Inventory.Disks = &later, nil
+		require.NoError(t, env.Client.Status().Update(ctx, cur))
+		require.Empty(t, next(t, a), "an installed host without disks could not list them")
+
+		b := owing(t, boot1)
+		require.Len(t, next(t, b), 1)
+		cur = get(t, b)
+		cur.Status.Inventory.Disks = append(cur.Status.Inventory.Disks, v1beta1.HostDisk{ID: "/dev/sdb", Path: "/dev/sdb",
+			InstallationEligibility: v1beta1.HostInstallationEligibility{Eligible: true, NotEligibleReasons: []string{}}})
+		require.NoError(t, env.Client.Status().Update(ctx, cur))
+		require.NoError(t, result(t, b, agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0}}))
+		require.Contains(t, get(t, b).Status.DiskSanitization.Message, "/dev/sdb: the host listed this disk after it was given the step")
+	})
+
+	t.Run("a report from an earlier boot", func(t *testing.T) {
+		a := owing(t, boot1)
+		require.Len(t, next(t, a), 1)
+		newBoot(t, a)
+		require.ErrorContains(t, result(t, a, agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0}}), "no sanitize step is running for this host")
+		require.True(t, lifecycle.SanitizationOwed(get(t, a)), "a host that lost power mid-erase stays quarantined")
+	})
+}

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/agentboot/agentboot/internal/sanitize"
+)
+
+// The sanitization policy comes from the manager's flags only: a default
+// level and per-InfraEnv levels, each checked as it is parsed.
+func TestSanitizationFlags(t *testing.T) {
+	parse := func(args ...string) (*agentFlags, error) {
+		var a agentFlags
+		fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		a.register(fs)
+		return &a, fs.Parse(args)
+	}
+	a, err := parse()
+	require.NoError(t, err)
+	require.Equal(t, sanitize.Erase, a.config().Sanitization.For("lab", "pool"), "erase unless told otherwise")
+
+	a, err = parse("--disk-sanitization=metadata", "--disk-sanitization-infraenv", "lab/pool=none", "--disk-sanitization-infraenv", "lab/gpu=erase")
+	require.NoError(t, err)
+	p := a.config().Sanitization
+	require.Equal(t, sanitize.None, p.For("lab", "pool"))
+	require.Equal(t, sanitize.Erase, p.For("lab", "gpu"))
+	require.Equal(t, sanitize.Metadata, p.For("lab", "other"))
+
+	_, err = parse("--disk-sanitization=shred")
+	require.ErrorContains(t, err, `disk sanitization level "shred": want none, metadata or erase`)
+	_, err = parse("--disk-sanitization-infraenv", "lab/pool=none", "--disk-sanitization-infraenv", "lab/pool=erase")
+	require.ErrorContains(t, err, "InfraEnv lab/pool is already set to none")
+	_, err = parse("--disk-sanitization-infraenv", "pool=none")
+	require.ErrorContains(t, err, "want namespace/infraenv=level")
+}
