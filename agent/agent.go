@@ -345,11 +345,11 @@ func (a *Agent) runStep(ctx context.Context, s agentwire.Step) {
 	err := a.client.StepResult(ctx, a.ns, a.id, s.ID, res)
 	// A sanitization's evidence is what frees the host: an answer lost to
 	// a network blip is sent again (the service refuses a second one).
-	for try := 1; err != nil && s.Kind == agentwire.StepSanitize && !isRefusal(err) && try < 5 && ctx.Err() == nil; try++ {
+	for try := 1; err != nil && s.Kind == agentwire.StepSanitize && !isRefusal(err) && try < 10 && ctx.Err() == nil; try++ {
 		a.log.Error("report step result; retrying", "step", s.ID, "err", err)
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Duration(try) * 5 * time.Second):
+		case <-time.After(min(time.Duration(try)*5*time.Second, time.Minute)):
 		}
 		err = a.client.StepResult(ctx, a.ns, a.id, s.ID, res)
 	}
@@ -373,11 +373,11 @@ func (a *Agent) runStep(ctx context.Context, s agentwire.Step) {
 	}
 }
 
-// isRefusal reports an answer from the service (4xx): sending the same
-// again would get the same answer.
+// isRefusal reports an answer from the service that sending the same again
+// would get again: a 4xx but 429 (too many requests).
 func isRefusal(err error) bool {
 	var se *client.StatusError
-	return errors.As(err, &se) && se.Status >= 400 && se.Status < 500
+	return errors.As(err, &se) && se.Status >= 400 && se.Status < 500 && se.Status != http.StatusTooManyRequests
 }
 
 // steps maps step kinds to their implementations.

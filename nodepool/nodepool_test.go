@@ -635,6 +635,14 @@ func TestReleasedWhileInstalling(t *testing.T) {
 	e.waitAgent(h, "free again", func(a *v1beta1.Agent) bool {
 		return a.Status.DebugInfo.State == lifecycle.StateKnownUnbound && lifecycle.Bindable(a)
 	})
+	// A second report, or one for a step never given, is refused for good
+	// (400: the agent does not send it again), not "try again" (503).
+	err = h.StepResult("sanitize", agentwire.StepResult{})
+	require.ErrorContains(t, err, ": 400 ")
+	require.ErrorContains(t, err, "no sanitize step is running for this host")
+	err = h.StepResult("format-everything", agentwire.StepResult{})
+	require.ErrorContains(t, err, ": 400 ")
+	require.ErrorContains(t, err, `no step \"format-everything\" was given to this host`)
 }
 
 // TestManagerHandoverMidInstall: the agentboot manager that handed out a

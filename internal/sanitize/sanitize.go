@@ -41,6 +41,9 @@ type Device struct {
 	// BootMedium: the host booted from it (a BMC's virtual media, a USB
 	// stick); it is never erased.
 	BootMedium bool
+	// Empty: a drive without a medium (a card reader, a BMC's virtual
+	// floppy with nothing inserted): nothing to erase.
+	Empty bool
 	// Kept: the admin marked it to keep.
 	Kept bool
 	// ReadOnly devices cannot be erased.
@@ -129,6 +132,8 @@ func Choose(level Level, dev Device) Plan {
 	switch {
 	case level == None:
 		return Plan{Method: Skip, Why: "the sanitization level is none"}
+	case dev.Empty:
+		return Plan{Method: Skip, Why: "the device holds no medium"}
 	case dev.BootMedium:
 		return Plan{Method: Skip, Why: "the host booted from this device"}
 	case dev.Kept:

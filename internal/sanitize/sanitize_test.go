@@ -21,6 +21,7 @@ func TestChoose(t *testing.T) {
 		"level none":                      {None, nvme, Skip, NotVerified, "level is none"},
 		"boot medium, even at erase":      {Erase, Device{BootMedium: true, WriteZeroes: true}, Skip, NotVerified, "booted from this device"},
 		"boot medium, even at metadata":   {Metadata, Device{BootMedium: true}, Skip, NotVerified, "booted from this device"},
+		"no medium":                       {Erase, Device{Empty: true}, Skip, NotVerified, "no medium"},
 		"kept by the admin":               {Erase, Device{Kept: true}, Skip, NotVerified, "marked this disk to keep"},
 		"read-only":                       {Erase, Device{ReadOnly: true}, Unerasable, NotVerified, "read-only"},
 		"metadata on anything":            {Metadata, nvme, WipeMetadata, MetadataReadsZero, "level is metadata"},

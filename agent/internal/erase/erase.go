@@ -220,6 +220,9 @@ func verifyZero(path string, size int64, regions []Extent) (string, error) {
 	}
 	var reads []Extent
 	for _, r := range regions {
+		if r.Length == 0 {
+			continue
+		}
 		head := min(edge, r.Length)
 		reads = append(reads, Extent{r.Offset, head})
 		if tail := min(edge, r.Length-head); tail > 0 {

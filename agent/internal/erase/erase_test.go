@@ -154,6 +154,12 @@ func TestProbeDevice(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, got.Device.BootMedium, "a writable USB stick holds what anyone wrote")
 	})
+	t.Run("no medium", func(t *testing.T) {
+		fakeSys(t, root, "sdg", map[string]string{"size": "0", "removable": "1"})
+		got, err := probeDevice(Options{Root: root}, Target{Path: "/dev/sdg"}, "sdg", false)
+		require.NoError(t, err)
+		require.Equal(t, sanitize.Skip, sanitize.Choose(sanitize.Erase, got.Device).Method)
+	})
 	t.Run("optical drive", func(t *testing.T) {
 		got, err := probeDevice(Options{Root: root}, Target{Path: "/dev/sr0"}, "sr0", false)
 		require.NoError(t, err)

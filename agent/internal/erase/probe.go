@@ -97,6 +97,11 @@ func probeDevice(o Options, t Target, name string, iso bool) (Target, error) {
 		return t, fmt.Errorf("disk %s: size: %w", path, err)
 	}
 	t.Size = sectors * 512 // sysfs counts 512-byte sectors whatever the block size
+	if t.Size == 0 {
+		// A drive without a medium: opening it would fail (ENOMEDIUM).
+		t.Device.Empty = true
+		return t, nil
+	}
 	t.Device.ReadOnly = readTrim(filepath.Join(sys, "ro")) == "1"
 	mounted, err := blockdev.Mounted(o.path("proc/mounts"), "/dev/"+t.Name)
 	if err != nil {

@@ -333,7 +333,8 @@ type HostVirtualization struct {
 
 // HostInventory is the hardware the agent reported.
 type HostInventory struct {
-	// ReportTime is when the agent collected this inventory.
+	// ReportTime is when the service stored this inventory (agentboot
+	// stamps it with its own clock: the host's may be off).
 	// +optional
 	ReportTime *metav1.Time `json:"reportTime,omitempty"`
 	// Hostname the host reported.

@@ -55,6 +55,13 @@ type Options struct {
 	Now   func() time.Time
 }
 
+// RefusedError is a step report the service will never take (no such step
+// is running for the host): the host must not send it again. Any other
+// error from Steps.Result is the service's trouble, and the host retries.
+type RefusedError struct{ Msg string }
+
+func (e *RefusedError) Error() string { return e.Msg }
+
 // ErrReleased is Steps.Result's answer for a host released from its
 // cluster while it installed.
 var ErrReleased = errors.New("the host was released from its cluster while it installed: its installation is void; stay in discovery")
@@ -71,6 +78,9 @@ type Steps interface {
 // Limits of the API.
 const (
 	maxBodyBytes = 64 << 10
+	// A step result carries a sanitization's evidence: a few hundred
+	// bytes for each of up to a few hundred disks.
+	maxStepResultBytes = 256 << 10
 	// Per host: a heartbeat every few seconds at most, with room for
 	// bursts of step reports.
 	hostRate  = 2

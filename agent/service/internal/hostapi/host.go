@@ -377,7 +377,7 @@ func abs(x int64) int64 {
 
 func (s *Server) stepResult(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
 	var res agentwire.StepResult
-	if err := decode(w, r, maxBodyBytes, &res); err != nil {
+	if err := decode(w, r, maxStepResultBytes, &res); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
 		return
 	}
@@ -386,11 +386,19 @@ func (s *Server) stepResult(w http.ResponseWriter, r *http.Request, ref *AgentRe
 		return
 	}
 	if err := s.o.Steps.Result(r.Context(), ref, r.PathValue("step"), res); err != nil {
-		if errors.Is(err, ErrReleased) {
+		var refused *RefusedError
+		switch {
+		case errors.Is(err, ErrReleased):
 			writeError(w, http.StatusConflict, agentwire.CodeReleased, "%v", err)
-			return
+		case errors.As(err, &refused):
+			writeError(w, http.StatusBadRequest, "BadStepResult", "%v", err)
+		default:
+			// The apiserver's trouble, not the report's: the host sends it
+			// again (a sanitization's evidence is what frees it).
+			s.o.Log.Error(err, "take a step result", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name, "step", r.PathValue("step"))
+			w.Header().Set("Retry-After", "5")
+			writeError(w, http.StatusServiceUnavailable, "Unavailable", "could not record the step result; send it again")
 		}
-		writeError(w, http.StatusBadRequest, "BadStepResult", "%v", err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

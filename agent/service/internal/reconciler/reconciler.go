@@ -275,7 +275,8 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 	st := a.Status.DeepCopy()
 	// The installation as it will be written.
 	view := &v1beta1.Agent{ObjectMeta: a.ObjectMeta, Spec: a.Spec, Status: v1beta1.AgentStatus{Progress: st.Progress}}
-	if lifecycle.Forgotten(view) {
+	forgetting := lifecycle.Forgotten(view)
+	if forgetting {
 		// Unbound after its installation failed: the host still runs
 		// discovery, so the installation is forgotten; what it may have
 		// written before it failed makes it owe a sanitization.
@@ -301,6 +302,11 @@ func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts
 	}
 	before := a.Status.DeepCopy()
 	patch := client.MergeFrom(a.DeepCopy())
+	if forgetting {
+		// Forgetting writes the sanitization owed: from a stale cache it
+		// could undo one already under way, so it must be of the latest.
+		patch = client.MergeFromWithOptions(a.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	}
 	a.Status = *st
 	if err := r.Client.Status().Patch(ctx, a, patch); err != nil {
 		return fmt.Errorf("patch Agent status: %w", err)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/lifecycle"
@@ -30,16 +31,20 @@ const (
 	maxEvidenceText   = 512
 )
 
-// sanitizeStep hands a host that owes a sanitization its step, once per
-// boot: an attempt running or failed in this registration session is not
-// handed again (a new boot of the discovery image tries again). The step
+// sanitizeStep hands a host that owes a sanitization its step: an attempt
+// that failed in this registration session is not handed again (a new boot
+// of the discovery image tries again). The step
 // is claimed like the install step, by a status write with the
 // resourceVersion it was read at; the disks it names are recorded, so that
 // the report must cover exactly those.
 func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire.Step, error) {
 	ds := a.Status.DiskSanitization
 	session := a.Annotations[lifecycle.SessionStartedAnnotation]
-	if ds.Session == session && (ds.State == v1beta1.SanitizationRunning || ds.State == v1beta1.SanitizationFailed) {
+	// An attempt that failed in this boot is not tried again in it. One
+	// shown Running in this boot is handed again: the agent runs steps
+	// between heartbeats, so a host asking for instructions is not running
+	// it any more (its result was lost, or its agent restarted).
+	if ds.Session == session && ds.State == v1beta1.SanitizationFailed {
 		return nil, nil
 	}
 	// The disks are those of an inventory from this boot: one from an
@@ -101,7 +106,8 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 		return s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(&cur, client.MergeFromWithOptimisticLock{}))
 	})
 	if err != nil {
-		if errors.Is(err, errNotRunning) {
+		var refused *hostapi.RefusedError
+		if errors.As(err, &refused) {
 			return err
 		}
 		return fmt.Errorf("record the sanitization: %w", err)
@@ -114,7 +120,7 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 	return nil
 }
 
-var errNotRunning = errors.New("no sanitize step is running for this host")
+var errNotRunning = &hostapi.RefusedError{Msg: "no sanitize step is running for this host"}
 
 // inventoryDisks are the paths of the disks the host's inventory lists.
 func inventoryDisks(a *v1beta1.Agent) []string {
@@ -190,9 +196,9 @@ func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r ag
 }
 
 // spared reports whether the inventory shows disk as something the agent
-// spares as the boot medium (agent/internal/erase): an optical drive, a disk
-// with a file system the discovery OS mounted, or a read-only removable
-// device with an ISO 9660 volume (a BMC's virtual media). Kept disks are
+// spares (agent/internal/erase): an optical drive, a disk with a file
+// system the discovery OS mounted, a read-only removable device with an ISO
+// 9660 volume (a BMC's virtual media), or a drive without a medium. Kept disks are
 // not spared: no admin keep list exists yet.
 func spared(inventory []v1beta1.HostDisk, disk string) bool {
 	for _, d := range inventory {
@@ -212,7 +218,7 @@ func spared(inventory []v1beta1.HostDisk, disk string) bool {
 				readOnly = true
 			}
 		}
-		return d.DriveType == "ODD" || removable && iso && readOnly
+		return d.DriveType == "ODD" || d.SizeBytes == 0 || removable && iso && readOnly
 	}
 	return false
 }

@@ -245,7 +245,7 @@ func (s *Steps) Result(ctx context.Context, ref *hostapi.AgentRef, step string, 
 		return s.sanitizeResult(ctx, ref.Agent, r)
 	}
 	if step != InstallStepID {
-		return fmt.Errorf("no step %q was given to this host", step)
+		return &hostapi.RefusedError{Msg: fmt.Sprintf("no step %q was given to this host", step)}
 	}
 	if released, err := s.forgetIfReleased(ctx, ref.Agent); err != nil || released {
 		if err == nil {
