@@ -540,14 +540,16 @@ type AgentDiskSanitization struct {
 	// Session is the registration session the last attempt was handed to.
 	// +optional
 	Session string `json:"session,omitempty"`
-	// StartTime and CompletionTime of the last attempt.
+	// StartTime is when the last attempt was handed to the host.
 	// +optional
 	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// CompletionTime is when the host's report of the last attempt came.
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
-	// Level of the last completed sanitization, and its evidence per disk.
+	// Level of the last completed sanitization.
 	// +optional
 	Level string `json:"level,omitempty"`
+	// Disks is the evidence of the last attempt, per disk.
 	// +optional
 	Disks []DiskSanitizationRecord `json:"disks,omitempty"`
 }
@@ -557,8 +559,9 @@ type AgentDiskSanitization struct {
 type DiskSanitizationRecord struct {
 	// Disk is the device.
 	Disk string `json:"disk"`
-	// Method used, and why that one.
+	// Method used.
 	Method string `json:"method"`
+	// Why that method (or why the disk was spared).
 	// +optional
 	Why string `json:"why,omitempty"`
 	// Bytes the method covered.
@@ -567,9 +570,10 @@ type DiskSanitizationRecord struct {
 	// Duration of the erase and its check.
 	// +optional
 	Duration metav1.Duration `json:"duration,omitempty"`
-	// Verification names the check, and Checked what it read.
+	// Verification names the check.
 	// +optional
 	Verification string `json:"verification,omitempty"`
+	// Checked says what the check read.
 	// +optional
 	Checked string `json:"checked,omitempty"`
 	// Error says why this disk is not sanitized.
