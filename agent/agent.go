@@ -373,6 +373,16 @@ func (a *Agent) runStep(ctx context.Context, s agentwire.Step) {
 	}
 }
 
+// timeLeft estimates what is left of a job going at a steady rate ("about
+// 3m12s left"), "" until a second's worth of it says anything.
+func timeLeft(elapsed time.Duration, done, total int64) string {
+	if done <= 0 || total <= done || elapsed < time.Second {
+		return ""
+	}
+	left := time.Duration(float64(elapsed) * float64(total-done) / float64(done))
+	return "about " + left.Round(time.Second).String() + " left"
+}
+
 // isRefusal reports an answer from the service that sending the same again
 // would get again: a 4xx but 429 (too many requests).
 func isRefusal(err error) bool {
@@ -401,7 +411,11 @@ func (a *Agent) sanitize(ctx context.Context, s agentwire.Step) agentwire.StepRe
 	}
 	n := len(s.Sanitize.Disks)
 	last := time.Time{}
+	current, diskStart := -1, time.Now()
 	progress := func(i int, disk string, done, total int64) {
+		if i != current {
+			current, diskStart = i, time.Now()
+		}
 		// Every 10 s at most: an erase of a large disk takes hours.
 		if time.Since(last) < 10*time.Second && done < total {
 			return
@@ -409,6 +423,9 @@ func (a *Agent) sanitize(ctx context.Context, s agentwire.Step) agentwire.StepRe
 		last = time.Now()
 		pct := 100 * (int64(i)*max(total, 1) + done) / (int64(n) * max(total, 1))
 		info := fmt.Sprintf("disk %d of %d, %s: %d of %d MiB", i+1, n, disk, done>>20, total>>20)
+		if left := timeLeft(time.Since(diskStart), done, total); left != "" {
+			info += ", " + left + " on it"
+		}
 		if err := a.client.Progress(ctx, a.ns, a.id, agentwire.Progress{Stage: agentwire.StageSanitizing, Percentage: int(pct), Info: info}); err != nil {
 			a.log.Error("report progress", "stage", agentwire.StageSanitizing, "err", err)
 		}

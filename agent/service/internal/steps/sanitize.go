@@ -33,10 +33,9 @@ const (
 
 // sanitizeStep hands a host that owes a sanitization its step: an attempt
 // that failed in this registration session is not handed again (a new boot
-// of the discovery image tries again). The step
-// is claimed like the install step, by a status write with the
-// resourceVersion it was read at; the disks it names are recorded, so that
-// the report must cover exactly those.
+// of the discovery image tries again). The step is claimed like the install
+// step, by a status write with the resourceVersion it was read at; the
+// disks it names are recorded, so that the report must cover exactly those.
 func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire.Step, error) {
 	ds := a.Status.DiskSanitization
 	session := a.Annotations[lifecycle.SessionStartedAnnotation]
