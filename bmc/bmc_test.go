@@ -222,6 +222,12 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 	waitEvents(t, sim.Events, "eject", "boot-override Hdd Once")
 	e.wait(h, "cleared its image", func(h *metal3.BareMetalHost) bool { return h.Status.Provisioning.Image.URL == "" })
 	require.Empty(t, sim.Image())
+	// An installed host that loses power is powered on from its disk,
+	// never booted into discovery.
+	require.NoError(t, m.PowerOff())
+	waitEvents(t, sim.Events, "eject", "boot-override Hdd Once", "power on default")
+	require.Empty(t, sim.Image())
+	require.True(t, m.On())
 
 	// Released from its cluster: back into discovery through the BMC, and
 	// the Agent says so until the host registers again.
@@ -245,6 +251,44 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 	e.wait(h, "powered off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn })
 	require.False(t, m.On())
 	require.Equal(t, metal3.StateProvisioned, got.Status.Provisioning.State)
+}
+
+// A host that loses power while it runs discovery (its Agent perhaps
+// erasing its disks, or writing its installation) boots discovery again:
+// its default device might be a half-erased or half-written disk.
+func TestPowerLossInDiscoveryBootsDiscoveryAgain(t *testing.T) {
+	e := start(t)
+	sim, m, hostport := redfish(t)
+	h := e.host("cut", "redfish-virtualmedia+http://"+hostport, 3)
+	e.wait(h, "provisioned", state(metal3.StateProvisioned))
+	media := e.media(h, e.ie.Status.ISODownloadURL)
+	waitEvents(t, sim.Events, "insert "+media, "boot-override Cd Once", "power on cdrom")
+	e.wait(h, "powered on", func(h *metal3.BareMetalHost) bool { return h.Status.PoweredOn })
+
+	require.NoError(t, m.PowerOff()) // the power cut: no request went through the BMC
+	waitEvents(t, sim.Events, "insert "+media, "boot-override Cd Once", "power on cdrom", "boot-override Cd Once", "power on cdrom")
+	requireEvent(t, e, "cut", "found powered off while running discovery")
+	boots := m.Boots()
+	require.Len(t, boots, 2)
+	require.True(t, strings.HasPrefix(boots[1], "cdrom "), "the discovery ISO again, not the disk: %q", boots)
+	e.wait(h, "provisioned again", func(h *metal3.BareMetalHost) bool {
+		return state(metal3.StateProvisioned)(h) && h.Status.PoweredOn && h.Status.Provisioning.Image.URL == e.ie.Status.ISODownloadURL
+	})
+
+	// Powered off on purpose, it stays off; online again, it boots
+	// discovery, not its disk.
+	got := e.wait(h, "read", func(*metal3.BareMetalHost) bool { return true })
+	got.Spec.Online = false
+	require.NoError(t, e.Client.Update(context.Background(), got))
+	e.wait(h, "powered off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn })
+	time.Sleep(2 * fast.Resync)
+	require.False(t, m.On(), "powered on against online: false")
+	require.Len(t, m.Boots(), 2)
+	got = e.wait(h, "read", func(*metal3.BareMetalHost) bool { return true })
+	got.Spec.Online = true
+	require.NoError(t, e.Client.Update(context.Background(), got))
+	require.Eventually(t, func() bool { return len(m.Boots()) == 3 }, 30*time.Second, 100*time.Millisecond)
+	require.True(t, strings.HasPrefix(m.Boots()[2], "cdrom "), "%q", m.Boots())
 }
 
 func TestChangedImageReboots(t *testing.T) {

@@ -301,6 +301,16 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 	case iso != "" && iso != booted && h.host.Spec.Online && !installing(h.agent):
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
+	case booted != "" && iso != "" && h.host.Spec.Online && h.power.Settled() && !h.power.IsOn() && h.r.memoryOf(h.host).power == nil:
+		// Off with no power change of ours under way, while it should be
+		// running discovery: it lost power (a cut, a button, a BMC reset).
+		// Powering it on would boot its default device, which may be a
+		// half-written or half-erased disk; it boots discovery again, where
+		// it registers anew and an erase or installation cut short starts
+		// over.
+		h.r.Events.Eventf(h.host, nil, corev1.EventTypeWarning, "PowerLost", "BootDiscovery", "the host was found powered off while running discovery; booting the discovery image again")
+		h.setState(metal3.StateProvisioning)
+		return h.provision(ctx)
 	}
 	return h.enforcePower(ctx)
 }
