@@ -491,6 +491,33 @@ func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []stri
 	for _, k := range keep {
 		kept[device(k)] = true
 	}
+	// Every disk is probed and its method chosen first; then the
+	// signatures and partition tables of every disk a long erase is planned
+	// for are wiped (erase.Disarm), so that a host that loses power during
+	// the long part cannot boot or mount what it held; then each is erased
+	// and checked.
+	type planned struct {
+		t    erase.Target
+		plan sanitize.Plan
+		err  error
+	}
+	plans := make([]planned, len(disks))
+	for i, d := range disks {
+		p := &plans[i]
+		p.t, p.err = erase.Probe(erase.Options{}, d, kept[device(d)])
+		if p.err != nil {
+			continue
+		}
+		p.plan = sanitize.Choose(level, erase.Supported(p.t.Device))
+		if offered := sanitize.Choose(level, p.t.Device); offered.Method != p.plan.Method {
+			p.plan.Why += "; the device also offers " + string(offered.Method) + ", which this agent does not send yet"
+		}
+	}
+	for i := range plans {
+		if p := &plans[i]; p.err == nil {
+			p.err = erase.Disarm(ctx, p.t, p.plan)
+		}
+	}
 	var out []agentwire.DiskSanitization
 	var errs []error
 	for i, d := range disks {
@@ -499,7 +526,11 @@ func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []stri
 				progress(i, d, done, total)
 			}
 		}
-		ev, err := sanitizeDisk(ctx, level, d, kept[device(d)], log, report)
+		ev := agentwire.DiskSanitization{Disk: d}
+		err := plans[i].err
+		if err == nil {
+			ev, err = sanitizeDisk(ctx, plans[i].t, plans[i].plan, log, report)
+		}
 		if err != nil {
 			ev.Error = err.Error()
 			errs = append(errs, err)
@@ -509,15 +540,8 @@ func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []stri
 	return out, errors.Join(errs...)
 }
 
-func sanitizeDisk(ctx context.Context, level sanitize.Level, disk string, kept bool, log *slog.Logger, report erase.Progress) (agentwire.DiskSanitization, error) {
-	t, err := erase.Probe(erase.Options{}, disk, kept)
-	if err != nil {
-		return agentwire.DiskSanitization{Disk: disk}, err
-	}
-	plan := sanitize.Choose(level, erase.Supported(t.Device))
-	if offered := sanitize.Choose(level, t.Device); offered.Method != plan.Method {
-		plan.Why += "; the device also offers " + string(offered.Method) + ", which this agent does not send yet"
-	}
+func sanitizeDisk(ctx context.Context, t erase.Target, plan sanitize.Plan, log *slog.Logger, report erase.Progress) (agentwire.DiskSanitization, error) {
+	disk := t.Path
 	log.Info("sanitizing", "disk", disk, "bytes", t.Size, "method", plan.Method, "why", plan.Why, "notes", strings.Join(t.Notes, "; "))
 	last := -1
 	return erase.Run(ctx, t, plan, func(done, total int64) {

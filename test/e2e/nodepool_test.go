@@ -107,7 +107,10 @@ func TestLabNodePool(t *testing.T) {
 	for i := range hosts {
 		name, mac := fmt.Sprintf("np-%d", i+1), fmt.Sprintf("52:54:00:2d:01:%02d", i+1)
 		disk := sparseDisk(t, 20_000_000_000)
-		h := &poolHost{disk: disk, m: machineOn(t, "br0", vm.Options{Name: name, MAC: mac, MemoryMB: 1536, Disks: []string{disk}})}
+		// The disks write at a SATA SSD's pace, so that erasing one takes
+		// close to a minute, as on a server, and its power can be cut
+		// in the middle.
+		h := &poolHost{disk: disk, m: machineOn(t, "br0", vm.Options{Name: name, MAC: mac, MemoryMB: 1536, Disks: []string{disk}, DiskWriteBPS: 400_000_000})}
 		h.sim = &bmcsim.Redfish{User: "admin", Password: bmcPassword, Machine: h.m, MediaDir: t.TempDir(), Client: &http.Client{Transport: localTransport{}}}
 		h.sim.SetTiming(realBMC)
 		t.Cleanup(h.sim.Close)
@@ -204,12 +207,45 @@ func TestLabNodePool(t *testing.T) {
 		return a.Status.DebugInfo.State == "unbinding" || a.Status.DebugInfo.State == "known-unbound"
 	})
 	getAgents(t, ie.Namespace, "one released", `\s+true\s+auto-assign\b`, released)
-	released.wait(t, "sanitized, back in the free pool", bootTimeout, func(a *v1beta1.Agent) bool {
-		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == "known-unbound" && a.Status.Progress.CurrentStage == "" &&
-			a.Status.DiskSanitization != nil && a.Status.DiskSanitization.State == v1beta1.SanitizationDone
+
+	// Its power is cut in the middle of the erase, once the host reported
+	// progress. Its disk no longer boots the tenant's OS; the controller
+	// finds the host off and its BMC boots discovery again; the host starts
+	// over in a new session and is never bindable in between.
+	progress := regexp.MustCompile(`^\d+%: `)
+	released.wait(t, "erasing its disks", bootTimeout, func(a *v1beta1.Agent) bool {
+		ds := a.Status.DiskSanitization
+		return ds != nil && ds.State == v1beta1.SanitizationRunning && progress.MatchString(ds.Message)
 	})
+	cut := released.get(t).Status.DiskSanitization
+	require.NoError(t, released.m.PowerOff())
+	t.Logf("power cut %s after the release, the erase at %q", time.Since(releasedAt).Round(time.Second), cut.Message)
+	// The erase goes from the start; its last MiB (the backup GPT, and
+	// a tenant marker) was wiped ahead of it, with the first.
+	f, err := os.Open(released.disk)
+	require.NoError(t, err)
+	st, err := f.Stat()
+	require.NoError(t, err)
+	for _, off := range []int64{0, st.Size() - 1<<20} {
+		b := make([]byte, 1<<20)
+		_, err = f.ReadAt(b, off)
+		require.NoError(t, err)
+		require.Equal(t, make([]byte, len(b)), b, "the MiB at %d was wiped before the long erase", off)
+	}
+	f.Close()
+	bindableEarly := ""
+	released.wait(t, "sanitized, back in the free pool", bootTimeout+installTimeout, func(a *v1beta1.Agent) bool {
+		ds := a.Status.DiskSanitization
+		done := ds != nil && ds.State == v1beta1.SanitizationDone
+		if !done && conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) && bindableEarly == "" {
+			bindableEarly = fmt.Sprintf("%+v", ds)
+		}
+		return a.Spec.ClusterDeploymentName == nil && a.Status.DebugInfo.State == "known-unbound" && a.Status.Progress.CurrentStage == "" && done
+	})
+	require.Empty(t, bindableEarly, "the host was Validated before its disks were sanitized")
 	t.Logf("released host sanitized and back in the pool %s after the provider unbound it", time.Since(releasedAt).Round(time.Second))
 	ds := released.get(t).Status.DiskSanitization
+	require.NotEqual(t, cut.Session, ds.Session, "the erase cut short was done again in the host's next boot")
 	t.Logf("evidence: %s", ds.Message)
 	require.Equal(t, "erase", ds.Level)
 	methods := map[string]string{}
@@ -228,8 +264,8 @@ func TestLabNodePool(t *testing.T) {
 		_, err := cluster.Admin.CoreV1().Nodes().Get(ctx, strings.ToLower(released.get(t).Hostname()), metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	}, 2*time.Minute, time.Second, "Cluster API deletes the released host's Node")
-	require.GreaterOrEqual(t, strings.Count(strings.Join(released.sim.Events(), "\n"), "power on cdrom"), 2,
-		"the BMC booted the released host from the discovery ISO again: %v", released.sim.Events())
+	require.GreaterOrEqual(t, strings.Count(strings.Join(released.sim.Events(), "\n"), "power on cdrom"), 3,
+		"the BMC booted the released host from the discovery ISO after its release and after the power cut: %v", released.sim.Events())
 	kept.wait(t, "still done", time.Second, func(a *v1beta1.Agent) bool {
 		return a.Spec.ClusterDeploymentName != nil && a.Status.Progress.CurrentStage == v1beta1.StageDone
 	})

@@ -47,6 +47,10 @@ type Options struct {
 	CDROM string
 	// Disks are raw or qcow2 disk images (virtio).
 	Disks []string
+	// DiskWriteBPS caps the write rate of every disk (bytes per second,
+	// qemu's throttling, which counts Write Zeroes too), for a disk as slow
+	// to erase as a real one; 0 leaves it as fast as the host.
+	DiskWriteBPS int64
 	// Kernel, Initrd and Append boot a kernel directly.
 	Kernel, Initrd, Append string
 	// Net is qemu -netdev arguments without id ("user,bootfile=...",
@@ -220,7 +224,10 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	}
 	// Disks stay thin, as on a SAN: what a guest discards or zeroes (a
 	// sanitized host) becomes a hole in the image, not gigabytes of zeros.
-	const thin = "discard=unmap,detect-zeroes=unmap"
+	thin := "discard=unmap,detect-zeroes=unmap"
+	if o.DiskWriteBPS > 0 {
+		thin += fmt.Sprintf(",throttling.bps-write=%d", o.DiskWriteBPS)
+	}
 	// OVMF follows bootindex, not -boot, to boot from the network first.
 	netFirst := o.UEFI && strings.HasPrefix(o.Boot, "n")
 	for i, d := range o.Disks {

@@ -105,6 +105,34 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 	return ev, nil
 }
 
+// Disarm zeroes t's signatures and partition tables (the regions of the
+// metadata level) before a long erase of it starts, and asks the kernel to
+// forget its partitions. Done first on every disk of a host, it leaves a
+// host that loses power in the middle of the long part with no disk to boot
+// the previous tenant's OS from and no file system to mount; the firmware
+// goes on to its next boot device. A skipped or unerasable disk is left
+// alone. Disarm is no evidence: the erase and its check are.
+func Disarm(ctx context.Context, t Target, plan sanitize.Plan) error {
+	switch plan.Method {
+	case sanitize.WriteZeroes, sanitize.Overwrite:
+	default:
+		return nil
+	}
+	f, err := openExclusive(t.Path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := zeroRegions(ctx, f, metadataRegions(t), func(int64, int64) {}); err != nil {
+		return fmt.Errorf("disk %s: wipe signatures and partition tables: %w", t.Path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("disk %s: wipe signatures and partition tables: %w", t.Path, err)
+	}
+	_ = unix.IoctlSetInt(int(f.Fd()), unix.BLKRRPART, 0)
+	return nil
+}
+
 // openExclusive opens the disk for writing. On Linux O_EXCL on a block
 // device fails with EBUSY while something claimed the whole disk (a file
 // system mounted from it, device-mapper or RAID on it); partitions held by

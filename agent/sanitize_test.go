@@ -1,0 +1,55 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/agentboot/agentboot/internal/sanitize"
+)
+
+// Before the long erase of the first disk starts, every disk's signatures
+// and partition tables are gone: power lost during it leaves nothing to
+// boot or mount, on the disks not reached yet too.
+func TestSanitizeDisarmsEveryDiskFirst(t *testing.T) {
+	const size = 24 << 20
+	var paths []string
+	var data [][]byte
+	for _, name := range []string{"a.img", "b.img", "kept.img"} {
+		b := make([]byte, size)
+		_, err := rand.Read(b)
+		require.NoError(t, err)
+		p := filepath.Join(t.TempDir(), name)
+		require.NoError(t, os.WriteFile(p, b, 0o644))
+		paths, data = append(paths, p), append(data, b)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	out, err := sanitizeDisks(ctx, sanitize.Erase, paths, paths[2:], log, func(i int, _ string, done, _ int64) {
+		if i == 0 && done >= 8<<20 {
+			cancel() // the power cut, during the first disk's erase
+		}
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Len(t, out, 3)
+	read := func(i int) []byte {
+		b, err := os.ReadFile(paths[i])
+		require.NoError(t, err)
+		return b
+	}
+	zero := make([]byte, 1<<20)
+	a, b := read(0), read(1)
+	require.Equal(t, zero, a[size-1<<20:], "the first disk's last MiB (backup GPT), ahead of its erase")
+	require.Equal(t, zero, b[:1<<20], "the second disk's first MiB, never reached by its erase")
+	require.Equal(t, zero, b[size-1<<20:], "the second disk's last MiB")
+	require.Equal(t, data[1][1<<20:size-1<<20], b[1<<20:size-1<<20], "the second disk was not erased: the cut came first")
+	require.Equal(t, data[2], read(2), "a disk to keep is not touched")
+	require.Equal(t, "skip", out[2].Method)
+}
