@@ -51,6 +51,8 @@ generate: controller-gen ## deepcopy functions and CRDs from api/
 verify: generate ## gofmt, go vet, and generated files up to date
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	go vet -tags e2e ./test/e2e/...
+	go vet -tags bench ./test/bench/...
 	@git diff --exit-code -- api deploy/crds deploy/components test/crds || { echo "generated files are stale: run make generate and commit"; exit 1; }
 
 .PHONY: dev-image
@@ -99,6 +101,12 @@ bench-agents: testbin build ## AGENTS simulated hosts (2000) against the agent A
 .PHONY: bench-bmc
 bench-bmc: testbin ## HOSTS (50) BareMetalHosts on simulated Redfish BMCs, ideal vs realistic timing: enrollment, calls per BMC per minute
 	go test -tags bench -run TestBenchBMC -count=1 -timeout 60m -v ./test/bench/bmc -args -hosts $(HOSTS)
+
+GIB ?= 2
+
+.PHONY: bench-sanitize
+bench-sanitize: testbin dev-image build ## agent disk erase on the VM lab's disks (GIB each, 2): seconds per GiB per method vs dd
+	go test -tags bench -run TestBenchSanitize -count=1 -timeout 90m -v ./test/bench/sanitize -args -gib $(GIB)
 
 .PHONY: bench-pxe
 bench-pxe: build ## DHCP offers/s and TFTP throughput vs dnsmasq in network namespaces (root)

@@ -412,7 +412,7 @@ func (a *Agent) sanitize(ctx context.Context, s agentwire.Step) agentwire.StepRe
 	n := len(s.Sanitize.Disks)
 	last := time.Time{}
 	current, diskStart := -1, time.Now()
-	progress := func(i int, disk string, done, total int64) {
+	progress := func(i int, disk string, done, total int64, overall float64) {
 		if i != current {
 			current, diskStart = i, time.Now()
 		}
@@ -421,12 +421,12 @@ func (a *Agent) sanitize(ctx context.Context, s agentwire.Step) agentwire.StepRe
 			return
 		}
 		last = time.Now()
-		pct := 100 * (int64(i)*max(total, 1) + done) / (int64(n) * max(total, 1))
+		pct := int(100 * overall)
 		info := fmt.Sprintf("disk %d of %d, %s: %d of %d MiB", i+1, n, disk, done>>20, total>>20)
 		if left := timeLeft(time.Since(diskStart), done, total); left != "" {
 			info += ", " + left + " on it"
 		}
-		if err := a.client.Progress(ctx, a.ns, a.id, agentwire.Progress{Stage: agentwire.StageSanitizing, Percentage: int(pct), Info: info}); err != nil {
+		if err := a.client.Progress(ctx, a.ns, a.id, agentwire.Progress{Stage: agentwire.StageSanitizing, Percentage: pct, Info: info}); err != nil {
 			a.log.Error("report progress", "stage", agentwire.StageSanitizing, "err", err)
 		}
 	}
@@ -475,8 +475,9 @@ func Sanitize(ctx context.Context, level sanitize.Level, disks, keep []string, l
 	return sanitizeDisks(ctx, level, disks, keep, log, nil)
 }
 
-// diskProgress receives the progress of the i-th disk.
-type diskProgress func(i int, disk string, done, total int64)
+// diskProgress receives the progress of the i-th disk, and of the whole
+// sanitization (0 to 1), in which each disk weighs its bytes to erase.
+type diskProgress func(i int, disk string, done, total int64, overall float64)
 
 func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []string, log *slog.Logger, progress diskProgress) ([]agentwire.DiskSanitization, error) {
 	// A disk may be named by a link (/dev/disk/by-id/…) on one list and by
@@ -513,18 +514,36 @@ func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []stri
 			p.plan.Why += "; the device also offers " + string(offered.Method) + ", which this agent does not send yet"
 		}
 	}
+	// The whole erase's progress counts bytes: a skipped disk or a
+	// metadata wipe weighs nothing next to a long erase (by disks when
+	// there is none).
+	weights := make([]int64, len(plans))
+	var all int64
 	for i := range plans {
 		if p := &plans[i]; p.err == nil {
 			p.err = erase.Disarm(ctx, p.t, p.plan)
+			if p.plan.Method == sanitize.WriteZeroes || p.plan.Method == sanitize.Overwrite {
+				weights[i] = p.t.Size
+				all += p.t.Size
+			}
 		}
 	}
+	var before int64
 	var out []agentwire.DiskSanitization
 	var errs []error
 	for i, d := range disks {
+		start := before // the bytes of the disks before this one
+		before += weights[i]
 		report := func(done, total int64) {
-			if progress != nil {
-				progress(i, d, done, total)
+			if progress == nil {
+				return
 			}
+			part := float64(done) / float64(max(total, 1))
+			overall := (float64(i) + part) / float64(len(disks))
+			if all > 0 {
+				overall = (float64(start) + part*float64(weights[i])) / float64(all)
+			}
+			progress(i, d, done, total, overall)
 		}
 		ev := agentwire.DiskSanitization{Disk: d}
 		err := plans[i].err

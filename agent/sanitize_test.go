@@ -32,7 +32,7 @@ func TestSanitizeDisarmsEveryDiskFirst(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	out, err := sanitizeDisks(ctx, sanitize.Erase, paths, paths[2:], log, func(i int, _ string, done, _ int64) {
+	out, err := sanitizeDisks(ctx, sanitize.Erase, paths, paths[2:], log, func(i int, _ string, done, _ int64, _ float64) {
 		if i == 0 && done >= 8<<20 {
 			cancel() // the power cut, during the first disk's erase
 		}
@@ -52,4 +52,29 @@ func TestSanitizeDisarmsEveryDiskFirst(t *testing.T) {
 	require.Equal(t, data[1][1<<20:size-1<<20], b[1<<20:size-1<<20], "the second disk was not erased: the cut came first")
 	require.Equal(t, data[2], read(2), "a disk to keep is not touched")
 	require.Equal(t, "skip", out[2].Method)
+}
+
+// The whole erase's progress weighs each disk by its bytes: a small disk
+// done first is a small part of it, and a disk spared is none.
+func TestSanitizeProgressWeighsBytes(t *testing.T) {
+	var paths []string
+	for _, mib := range []int{8, 24, 4} {
+		p := filepath.Join(t.TempDir(), "disk.img")
+		require.NoError(t, os.WriteFile(p, make([]byte, mib<<20), 0o644))
+		paths = append(paths, p)
+	}
+	endOf := map[int]float64{}
+	var calls int
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	_, err := sanitizeDisks(context.Background(), sanitize.Erase, paths, paths[2:], log, func(i int, _ string, done, total int64, overall float64) {
+		calls++
+		require.NotEqual(t, 2, i, "the spared disk reports no progress")
+		if done == total {
+			endOf[i] = overall
+		}
+	})
+	require.NoError(t, err)
+	require.Positive(t, calls)
+	require.InDelta(t, 0.25, endOf[0], 1e-9, "8 of 32 MiB")
+	require.InDelta(t, 1, endOf[1], 1e-9)
 }
