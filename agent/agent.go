@@ -430,7 +430,7 @@ func (a *Agent) sanitize(ctx context.Context, s agentwire.Step) agentwire.StepRe
 			a.log.Error("report progress", "stage", agentwire.StageSanitizing, "err", err)
 		}
 	}
-	evidence, err := sanitizeDisks(ctx, level, s.Sanitize.Disks, nil, a.log, progress)
+	evidence, err := sanitizeDisks(ctx, level, s.Sanitize.Disks, s.Sanitize.Keep, a.log, progress)
 	res := agentwire.StepResult{Sanitization: evidence, Output: fmt.Sprintf("sanitized %d disks at level %s", n, level)}
 	if err != nil {
 		res.ExitCode, res.Error, res.Output = 1, err.Error(), ""
@@ -493,10 +493,10 @@ func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []stri
 		kept[device(k)] = true
 	}
 	// Every disk is probed and its method chosen first; then the
-	// signatures and partition tables of every disk a long erase is planned
-	// for are wiped (erase.Disarm), so that a host that loses power during
-	// the long part cannot boot or mount what it held; then each is erased
-	// and checked.
+	// signatures and partition tables of every disk a long erase is
+	// planned for are wiped (erase.Disarm), so that a host that loses
+	// power during the long part has no partition table or boot code left
+	// to boot; then each is erased and checked.
 	type planned struct {
 		t    erase.Target
 		plan sanitize.Plan
@@ -522,7 +522,7 @@ func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []stri
 	for i := range plans {
 		if p := &plans[i]; p.err == nil {
 			p.err = erase.Disarm(ctx, p.t, p.plan)
-			if p.plan.Method == sanitize.WriteZeroes || p.plan.Method == sanitize.Overwrite {
+			if p.err == nil && (p.plan.Method == sanitize.WriteZeroes || p.plan.Method == sanitize.Overwrite) {
 				weights[i] = p.t.Size
 				all += p.t.Size
 			}

@@ -16,7 +16,7 @@ import (
 
 // Before the long erase of the first disk starts, every disk's signatures
 // and partition tables are gone: power lost during it leaves nothing to
-// boot or mount, on the disks not reached yet too.
+// boot, on the disks not reached yet too.
 func TestSanitizeDisarmsEveryDiskFirst(t *testing.T) {
 	const size = 24 << 20
 	var paths []string

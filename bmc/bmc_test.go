@@ -275,8 +275,8 @@ func TestPowerLossInDiscoveryBootsDiscoveryAgain(t *testing.T) {
 		return state(metal3.StateProvisioned)(h) && h.Status.PoweredOn && h.Status.Provisioning.Image.URL == e.ie.Status.ISODownloadURL
 	})
 
-	// Powered off on purpose, it stays off; online again, it boots
-	// discovery, not its disk.
+	// Powered off on purpose, it stays off; online again, it is powered
+	// on as it always was (its default device): no power was lost.
 	got := e.wait(h, "read", func(*metal3.BareMetalHost) bool { return true })
 	got.Spec.Online = false
 	require.NoError(t, e.Client.Update(context.Background(), got))
@@ -288,7 +288,84 @@ func TestPowerLossInDiscoveryBootsDiscoveryAgain(t *testing.T) {
 	got.Spec.Online = true
 	require.NoError(t, e.Client.Update(context.Background(), got))
 	require.Eventually(t, func() bool { return len(m.Boots()) == 3 }, 30*time.Second, 100*time.Millisecond)
-	require.True(t, strings.HasPrefix(m.Boots()[2], "cdrom "), "%q", m.Boots())
+	require.True(t, strings.HasPrefix(m.Boots()[2], " "), "the default device: %q", m.Boots())
+}
+
+// The administrator's disks to keep and request for a wipe, written on the
+// BareMetalHost (which tenants do not write), reach the host's Agent; the
+// request waits while the Agent is bound and is consumed once recorded.
+func TestDiskAnnotations(t *testing.T) {
+	e := start(t)
+	ctx := context.Background()
+	sim, _, hostport := redfish(t)
+	h := e.host("disks", "redfish-virtualmedia+http://"+hostport, 4)
+	e.wait(h, "provisioned", state(metal3.StateProvisioned))
+	genuine := e.RegisterBooted(t, e.ie, 4, sim.Image())
+	agent := &v1beta1.Agent{}
+	key := client.ObjectKey{Namespace: genuine.NS, Name: genuine.ID}
+	agentHas := func(what string, ok func(*v1beta1.AgentDiskSanitization) bool) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			return e.Client.Get(ctx, key, agent) == nil && agent.Spec.Approved && agent.Status.DiskSanitization != nil && ok(agent.Status.DiskSanitization)
+		}, 30*time.Second, 100*time.Millisecond, "the Agent never %s: %+v", what, agent.Status.DiskSanitization)
+	}
+	annotate := func(kv ...string) {
+		t.Helper()
+		got := &metal3.BareMetalHost{}
+		require.NoError(t, e.Client.Get(ctx, client.ObjectKeyFromObject(h), got))
+		patch := client.MergeFrom(got.DeepCopy())
+		for i := 0; i < len(kv); i += 2 {
+			got.Annotations[kv[i]] = kv[i+1]
+		}
+		require.NoError(t, e.Client.Patch(ctx, got, patch))
+	}
+	hostAnnotation := func(k string) (string, bool) {
+		got := &metal3.BareMetalHost{}
+		require.NoError(t, e.Client.Get(ctx, client.ObjectKeyFromObject(h), got))
+		v, ok := got.Annotations[k]
+		return v, ok
+	}
+
+	annotate("agentboot.io/sanitize-keep", " /dev/disk/by-id/wwn-0x5000c500a1b2c3d4 ,ZA1B2C3D,,ZA1B2C3D")
+	agentHas("got the disks to keep", func(ds *v1beta1.AgentDiskSanitization) bool {
+		return slices.Equal(ds.Keep, []string{"/dev/disk/by-id/wwn-0x5000c500a1b2c3d4", "ZA1B2C3D"})
+	})
+	require.Empty(t, agent.Status.DiskSanitization.Required, "keeping disks asks for no wipe")
+
+	// Bound: the request waits.
+	patch := client.MergeFrom(agent.DeepCopy())
+	agent.Spec.ClusterDeploymentName = &v1beta1.ClusterReference{Name: "vcluster2", Namespace: "clusters-vcluster2"}
+	require.NoError(t, e.Client.Patch(ctx, agent, patch))
+	annotate("agentboot.io/sanitize-disks", "metadata")
+	time.Sleep(3 * fast.Resync)
+	require.NoError(t, e.Client.Get(ctx, key, agent))
+	require.Empty(t, agent.Status.DiskSanitization.Required, "a bound host is not asked to wipe its disks")
+	_, pending := hostAnnotation("agentboot.io/sanitize-disks")
+	require.True(t, pending, "the request stays until it is recorded")
+
+	// Unbound: recorded, and the annotation is consumed.
+	require.NoError(t, e.Client.Get(ctx, key, agent))
+	patch = client.MergeFrom(agent.DeepCopy())
+	agent.Spec.ClusterDeploymentName = nil
+	require.NoError(t, e.Client.Patch(ctx, agent, patch))
+	agentHas("owed the requested wipe", func(ds *v1beta1.AgentDiskSanitization) bool {
+		return ds.Required == "metadata" && ds.State == v1beta1.SanitizationPending
+	})
+	require.Equal(t, "requested by an administrator on BareMetalHost disks", agent.Status.DiskSanitization.Reason)
+	require.Eventually(t, func() bool { _, ok := hostAnnotation("agentboot.io/sanitize-disks"); return !ok }, 30*time.Second, 100*time.Millisecond)
+	require.Contains(t, conditions.Find(agent.Status.Conditions, v1beta1.ValidatedCondition).Message, "disks must be sanitized")
+
+	// A stronger request raises the level; a bad one is refused, saying so.
+	annotate("agentboot.io/sanitize-disks", "erase")
+	agentHas("owed the stronger wipe", func(ds *v1beta1.AgentDiskSanitization) bool { return ds.Required == "erase" })
+	annotate("agentboot.io/sanitize-disks", "shred")
+	requireEvent(t, e, "disks", `annotation agentboot.io/sanitize-disks: "shred": want metadata or erase`)
+	annotate("agentboot.io/sanitize-keep", "/dev/sdb /dev/sdc")
+	requireEvent(t, e, "disks", "the host's next sanitization waits until it is corrected")
+	agentHas("held by the invalid keep list", func(ds *v1beta1.AgentDiskSanitization) bool {
+		return slices.Equal(ds.Keep, []string{"/dev/sdb /dev/sdc"})
+	})
+	require.Equal(t, "erase", agent.Status.DiskSanitization.Required)
 }
 
 func TestChangedImageReboots(t *testing.T) {

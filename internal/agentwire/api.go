@@ -160,6 +160,9 @@ type SanitizeStep struct {
 	// Disks are the disks to sanitize (/dev paths); the agent spares the
 	// boot medium and says so.
 	Disks []string `json:"disks"`
+	// Keep are those of Disks the administrator marked to keep: never
+	// erased, reported as skipped.
+	Keep []string `json:"keep,omitempty"`
 }
 
 // StageSanitizing is the progress stage of a sanitize step: Percentage

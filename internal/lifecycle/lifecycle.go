@@ -114,7 +114,9 @@ func ForgetInstallation(st *v1beta1.AgentStatus, why string) bool {
 	if ds == nil || ds.OnRelease == "" || ds.OnRelease == string(sanitize.None) {
 		return false
 	}
-	ds.Required, ds.Reason, ds.State, ds.Message, ds.Session = ds.OnRelease, why, v1beta1.SanitizationPending, "", ""
+	// A level already owed (an administrator's request) is never
+	// weakened by the release's.
+	ds.Required, ds.Reason, ds.State, ds.Message, ds.Session = sanitize.Stronger(ds.Required, ds.OnRelease), why, v1beta1.SanitizationPending, "", ""
 	ds.StartTime, ds.CompletionTime = nil, nil
 	return true
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/require"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 )
@@ -129,4 +130,23 @@ func TestReleasedOrForgotten(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Forgetting an installation makes the host owe the release's level, and
+// never less than an administrator's request it already owed.
+func TestForgetInstallationOwes(t *testing.T) {
+	for _, tc := range []struct{ owed, onRelease, want string }{
+		{"", "metadata", "metadata"},
+		{"", "erase", "erase"},
+		{"erase", "metadata", "erase"},
+		{"metadata", "erase", "erase"},
+	} {
+		st := v1beta1.AgentStatus{DiskSanitization: &v1beta1.AgentDiskSanitization{Required: tc.owed, OnRelease: tc.onRelease, State: v1beta1.SanitizationDone}}
+		require.True(t, ForgetInstallation(&st, "it left a cluster"))
+		require.Equal(t, tc.want, st.DiskSanitization.Required, "owed %q, release %q", tc.owed, tc.onRelease)
+		require.Equal(t, v1beta1.SanitizationPending, st.DiskSanitization.State)
+	}
+	st := v1beta1.AgentStatus{DiskSanitization: &v1beta1.AgentDiskSanitization{Required: "erase", OnRelease: "none"}}
+	require.False(t, ForgetInstallation(&st, "it left a cluster"), "a release that owes nothing")
+	require.Equal(t, "erase", st.DiskSanitization.Required, "leaves what was owed")
 }

@@ -2,8 +2,10 @@ package sanitize
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
+	"unicode"
 )
 
 // Policy is the sanitization level hosts owe when they leave a cluster, set
@@ -64,4 +66,57 @@ func (p Policy) String() string {
 		parts = append(parts, k+"="+string(p.PerInfraEnv[k]))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// Disks to keep, as an administrator lists them (docs/security.md).
+const (
+	maxKeep      = 64
+	maxKeepEntry = 256
+)
+
+// ParseKeep reads a comma-separated list of disks never to erase: by-id or
+// by-path links, serial numbers or WWNs. Kernel names (/dev/sdb, /dev/nvme0n1)
+// are refused: they can name another disk at the next boot.
+func ParseKeep(v string) ([]string, error) {
+	var out []string
+	for _, e := range strings.Split(v, ",") {
+		e = strings.TrimSpace(e)
+		switch {
+		case e == "":
+			continue
+		case len(e) > maxKeepEntry:
+			return nil, fmt.Errorf("an entry is %d bytes long, more than %d", len(e), maxKeepEntry)
+		case strings.ContainsFunc(e, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }):
+			return nil, fmt.Errorf("entry %q holds a space or a control character", e)
+		case strings.HasPrefix(e, "/dev/") && !strings.HasPrefix(e, "/dev/disk/by-id/") && !strings.HasPrefix(e, "/dev/disk/by-path/"):
+			return nil, fmt.Errorf("entry %q: kernel names can name another disk at the next boot; use a /dev/disk/by-id or by-path link, a serial number or a WWN", e)
+		}
+		if !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	if len(out) > maxKeep {
+		return nil, fmt.Errorf("%d disks, more than %d", len(out), maxKeep)
+	}
+	return out, nil
+}
+
+// KeepAnnotation is the BareMetalHost annotation that lists its disks to
+// keep (ParseKeep); an administrator writes it, the BareMetalHost
+// controller copies it to the host's Agent (KeepRecord), and the agent API
+// holds a sanitization while the copy differs.
+const KeepAnnotation = "agentboot.io/sanitize-keep"
+
+// KeepRecord is what the Agent records of a keep annotation: its disks,
+// or, when it does not parse, the annotation as written (clipped), which
+// names no disk and so holds every erase until it is corrected.
+func KeepRecord(raw string) ([]string, error) {
+	keep, err := ParseKeep(raw)
+	if err != nil {
+		if len(raw) > maxKeepEntry {
+			raw = raw[:maxKeepEntry]
+		}
+		return []string{raw}, err
+	}
+	return keep, nil
 }

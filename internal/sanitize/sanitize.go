@@ -174,3 +174,13 @@ func Choose(level Level, dev Device) Plan {
 	}
 	return Plan{Method: Overwrite, Verify: ReadsZero, Why: why}
 }
+
+// Stronger is the stronger of two levels as recorded on an Agent (an empty
+// or unknown one counts as none).
+func Stronger(a, b string) string {
+	rank := map[string]int{string(Metadata): 1, string(Erase): 2}
+	if rank[b] > rank[a] {
+		return b
+	}
+	return a
+}

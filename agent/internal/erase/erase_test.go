@@ -173,6 +173,9 @@ func TestProbeDevice(t *testing.T) {
 	t.Run("held by RAID", func(t *testing.T) {
 		_, err := probeDevice(Options{Root: root, Identify: fakeIdentify{err: errors.New("no")}}, Target{Path: "/dev/sde"}, "sde", false)
 		require.EqualError(t, err, "disk /dev/sde is in use by md127 (of sde2): not erased")
+		kept, err := probeDevice(Options{Root: root, Identify: fakeIdentify{err: errors.New("no")}}, Target{Path: "/dev/sde", Device: sanitize.Device{Kept: true}}, "sde", false)
+		require.NoError(t, err, "a disk to keep is never written: its RAID does not matter")
+		require.Equal(t, sanitize.Skip, sanitize.Choose(sanitize.Erase, Supported(kept.Device)).Method)
 	})
 	t.Run("partition outside", func(t *testing.T) {
 		_, err := probeDevice(Options{Root: root, Identify: fakeIdentify{}}, Target{Path: "/dev/sdc"}, "sdc", false)

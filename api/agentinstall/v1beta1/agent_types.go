@@ -552,6 +552,13 @@ type AgentDiskSanitization struct {
 	// Disks is the evidence of the last attempt, per disk.
 	// +optional
 	Disks []DiskSanitizationRecord `json:"disks,omitempty"`
+	// Keep lists the disks an administrator marked never to erase (the
+	// agentboot.io/sanitize-keep annotation of the host's
+	// BareMetalHost): /dev/disk/by-id or by-path links, serial numbers or
+	// WWNs, as the host's inventory reports them. Written by the
+	// BareMetalHost controller only.
+	// +optional
+	Keep []string `json:"keep,omitempty"`
 }
 
 // DiskSanitizationRecord is the evidence of one disk's sanitization, as the

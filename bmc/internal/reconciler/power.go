@@ -32,6 +32,16 @@ type memory struct {
 	// written are the resourceVersions the host had before the last pass
 	// wrote it; seeing one again means the cache is behind.
 	written []string
+	// seenOn: the host was seen on since the controller last powered it
+	// off or booted it; found off after that, it lost power.
+	seenOn bool
+	// autoBoot is when the controller last booted a host it found off
+	// into discovery, until the host is seen on: one that does not come
+	// on is not booted again at every pass.
+	autoBoot time.Time
+	// offSince is when the host was first found off while it should run
+	// discovery; a power-off that short is a reboot's, not a loss.
+	offSince time.Time
 }
 
 // memoryOf returns the host's memory, a fresh one for a new UID. Only the

@@ -212,6 +212,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if agent != nil {
+		// What the admin asks of the disks never stops the pass (the
+		// power and boots of the host): a failure is said, and retried
+		// at the next pass.
+		if err := r.diskRequests(ctx, host, agent); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "disk requests", "host", req.NamespacedName)
+			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "DiskRequestsFailed", "Sanitize", "%v", err)
+		}
+	}
 	var res step
 	if _, detached := host.Annotations[DetachedAnnotation]; detached {
 		host.Status.OperationalStatus = metal3.OperationalStatusDetached

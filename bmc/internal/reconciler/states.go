@@ -275,8 +275,15 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 		return failed(metal3.ProvisioningError, err)
 	}
 	booted := h.host.Status.Provisioning.Image.URL
-	if mem := h.r.memoryOf(h.host); mem.boot != nil && mem.boot.iso == booted {
+	mem := h.r.memoryOf(h.host)
+	if mem.boot != nil && mem.boot.iso == booted {
 		mem.boot = nil // the boot is on record
+	}
+	switch {
+	case !h.host.Spec.Online:
+		mem.seenOn = false
+	case h.power.Settled() && h.power.IsOn():
+		mem.seenOn, mem.autoBoot, mem.offSince = true, time.Time{}, time.Time{}
 	}
 	switch {
 	case iso == "" && !wait:
@@ -301,14 +308,25 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 	case iso != "" && iso != booted && h.host.Spec.Online && !installing(h.agent):
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
-	case booted != "" && iso != "" && h.host.Spec.Online && h.power.Settled() && !h.power.IsOn() && h.r.memoryOf(h.host).power == nil:
-		// Off with no power change of ours under way, while it should be
-		// running discovery: it lost power (a cut, a button, a BMC reset).
-		// Powering it on would boot its default device, which may be a
-		// half-written or half-erased disk; it boots discovery again, where
-		// it registers anew and an erase or installation cut short starts
-		// over.
+	case booted != "" && iso != "" && h.host.Spec.Online && h.power.Settled() && !h.power.IsOn() && mem.power == nil && mem.seenOn &&
+		time.Since(mem.autoBoot) > 5*h.r.PowerTimeout:
+		// Seen on, now off with no power change of ours under way, while
+		// it should be running discovery: it lost power (a cut, a
+		// button). Powering it on would boot its default device, which
+		// may be a half-written or half-erased disk: it boots discovery
+		// again, where it registers anew (an erase cut short starts
+		// over; an installation cut short is Failed). Off for less than
+		// a power timeout may be a reboot (some servers cut the power in
+		// one; the installed disk's boot comes next, which the Agent in
+		// the cache may not show yet): look again.
+		if mem.offSince.IsZero() {
+			mem.offSince = time.Now()
+		}
+		if time.Since(mem.offSince) < h.r.PowerTimeout {
+			return poll(h.r.PowerPoll)
+		}
 		h.r.Events.Eventf(h.host, nil, corev1.EventTypeWarning, "PowerLost", "BootDiscovery", "the host was found powered off while running discovery; booting the discovery image again")
+		mem.seenOn, mem.autoBoot, mem.offSince = false, time.Now(), time.Time{}
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
 	}

@@ -11,12 +11,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/sanitize"
@@ -53,6 +55,27 @@ func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire
 	if !lifecycle.InventoryOfThisSession(a) || len(disks) == 0 {
 		return nil, nil
 	}
+	// A disk to keep that names no disk of the host (a typo, a disk
+	// pulled or renamed) holds the erase: erasing what the admin meant to
+	// keep cannot be undone.
+	keep, held := keptDisks(a.Status.Inventory.Disks, ds.Keep)
+	if why, err := s.keepNotRecorded(ctx, a); err != nil {
+		return nil, err
+	} else if why != "" {
+		held = append(held, why)
+	}
+	if len(held) > 0 {
+		msg := fmt.Sprintf("waiting: %s; see the agentboot.io/sanitize-keep annotation of its BareMetalHost", strings.Join(held, "; "))
+		if ds.Message != msg {
+			held := a.DeepCopy()
+			held.Status.DiskSanitization.Message = msg
+			if err := s.Client.Status().Patch(ctx, held, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsConflict(err) {
+				return nil, fmt.Errorf("record why the sanitization waits: %w", err)
+			}
+			s.Events.Eventf(a, nil, corev1.EventTypeWarning, "DiskSanitizationHeld", "Sanitize", "%s", msg)
+		}
+		return nil, nil
+	}
 	claimed := a.DeepCopy()
 	now := metav1.NewTime(s.Now())
 	cds := claimed.Status.DiskSanitization
@@ -69,7 +92,77 @@ func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire
 		return nil, fmt.Errorf("claim the sanitization: %w", err)
 	}
 	s.Events.Eventf(a, nil, corev1.EventTypeNormal, "DiskSanitizationStarted", "Sanitize", "sanitizing %d disks at level %s: %s", len(disks), ds.Required, strings.Join(disks, ", "))
-	return []agentwire.Step{{ID: SanitizeStepID, Kind: agentwire.StepSanitize, Sanitize: &agentwire.SanitizeStep{Level: ds.Required, Disks: disks}}}, nil
+	return []agentwire.Step{{ID: SanitizeStepID, Kind: agentwire.StepSanitize, Sanitize: &agentwire.SanitizeStep{Level: ds.Required, Disks: disks, Keep: keep}}}, nil
+}
+
+// keepNotRecorded says why the disks to keep the Agent records may not be
+// those the administrator listed now, or "". The BareMetalHost controller
+// copies the list; until its copy matches the annotation of every
+// BareMetalHost that may be this host's (named by the Agent's label, or
+// booting from a MAC its inventory lists), the erase waits: a list written
+// a moment ago, on a paused host, or on a host the controller has not
+// matched yet, is still the administrator's.
+func (s *Steps) keepNotRecorded(ctx context.Context, a *v1beta1.Agent) (string, error) {
+	var hosts metal3.BareMetalHostList
+	if err := s.Client.List(ctx, &hosts, client.InNamespace(a.Namespace)); err != nil {
+		if meta.IsNoMatchError(err) {
+			return "", nil // no BareMetalHost CRD: no host has disks to keep
+		}
+		return "", fmt.Errorf("list BareMetalHosts for their disks to keep: %w", err)
+	}
+	macs := map[string]bool{}
+	for _, i := range a.Status.Inventory.Interfaces {
+		macs[strings.ToLower(i.MacAddress)] = true
+	}
+	var recorded []string
+	if a.Status.DiskSanitization != nil {
+		recorded = a.Status.DiskSanitization.Keep
+	}
+	for _, h := range hosts.Items {
+		mac := strings.ToLower(h.Spec.BootMACAddress)
+		if h.Name != a.Labels[v1beta1.BMHLabel] && (mac == "" || !macs[mac]) {
+			continue
+		}
+		var want []string
+		if raw, ok := h.Annotations[sanitize.KeepAnnotation]; ok {
+			want, _ = sanitize.KeepRecord(raw)
+		}
+		if !slices.Equal(want, recorded) {
+			return fmt.Sprintf("the disks to keep of BareMetalHost %s are not recorded on the Agent yet", h.Name), nil
+		}
+	}
+	return "", nil
+}
+
+// keptDisks resolves the admin's disks to keep against the host's
+// inventory: each entry is a by-id or by-path link, a serial number or a
+// WWN (sanitize.ParseKeep refuses kernel names). Every path of a kept
+// disk's WWN is kept (a multipath LUN seen twice). It returns the device
+// paths to keep, and what holds the erase: an entry that names no disk, or
+// disks that are not one (a serial two drives share).
+func keptDisks(inventory []v1beta1.HostDisk, keep []string) (paths, problems []string) {
+	for _, k := range keep {
+		var matched []v1beta1.HostDisk
+		for _, d := range inventory {
+			if d.Path != "" && k != "" && (k == d.ByID || k == d.ByPath || k == d.ID || k == d.Serial || k == d.Wwn) {
+				matched = append(matched, d)
+			}
+		}
+		switch {
+		case len(matched) == 0:
+			problems = append(problems, fmt.Sprintf("the disk to keep %q matches no disk of the host's inventory", k))
+			continue
+		case len(matched) > 1 && slices.ContainsFunc(matched, func(d v1beta1.HostDisk) bool { return d.Wwn == "" || d.Wwn != matched[0].Wwn }):
+			problems = append(problems, fmt.Sprintf("the disk to keep %q matches %d disks that are not one (%s)", k, len(matched), diskNames(matched)))
+			continue
+		}
+		for _, d := range inventory {
+			if d.Path != "" && (slices.ContainsFunc(matched, func(m v1beta1.HostDisk) bool { return m.Path == d.Path }) || d.Wwn != "" && d.Wwn == matched[0].Wwn) && !slices.Contains(paths, d.Path) {
+				paths = append(paths, d.Path)
+			}
+		}
+	}
+	return paths, problems
 }
 
 // sanitizeResult takes the host's evidence. Only a report for the attempt
@@ -148,6 +241,7 @@ func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r ag
 		size[d.Path] = d.SizeBytes
 	}
 	level := sanitize.Level(ds.Required)
+	kept, _ := keptDisks(inventory, ds.Keep)
 	seen := map[string]bool{}
 	var records []v1beta1.DiskSanitizationRecord
 	for _, e := range r.Sanitization {
@@ -164,9 +258,13 @@ func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r ag
 			problems = append(problems, fmt.Sprintf("%s: reported twice", rec.Disk))
 		case e.Error != "":
 			problems = append(problems, fmt.Sprintf("%s: %s", rec.Disk, rec.Error))
+		case slices.Contains(kept, e.Disk) && sanitize.Method(e.Method) != sanitize.Skip:
+			// The agent did not keep it (one older than the keep list):
+			// done is done, but the record and the event say so.
+			problems = append(problems, fmt.Sprintf("%s: a disk to keep, but the host reports it erased by %s", rec.Disk, rec.Method))
 		case sanitize.Method(e.Method) == sanitize.Skip:
-			if !spared(inventory, e.Disk) {
-				problems = append(problems, fmt.Sprintf("%s: spared, but the host's inventory shows no boot medium there", rec.Disk))
+			if !spared(inventory, e.Disk) && !slices.Contains(kept, e.Disk) {
+				problems = append(problems, fmt.Sprintf("%s: spared, but the host's inventory shows no boot medium there and it is not a disk to keep", rec.Disk))
 			}
 		case !sanitize.Gives(sanitize.Method(e.Method), level):
 			problems = append(problems, fmt.Sprintf("%s: method %q does not give level %s", rec.Disk, rec.Method, level))
@@ -197,8 +295,8 @@ func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r ag
 // spared reports whether the inventory shows disk as something the agent
 // spares (agent/internal/erase): an optical drive, a disk with a file
 // system the discovery OS mounted, a read-only removable device with an ISO
-// 9660 volume (a BMC's virtual media), or a drive without a medium. Kept disks are
-// not spared: no admin keep list exists yet.
+// 9660 volume (a BMC's virtual media), or a drive without a medium. The
+// admin's disks to keep are judged apart (keptDisks).
 func spared(inventory []v1beta1.HostDisk, disk string) bool {
 	for _, d := range inventory {
 		if d.Path != disk {

@@ -15,8 +15,10 @@ import (
 
 	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/sanitize"
 	"github.com/agentboot/agentboot/internal/testenv"
 )
 
@@ -175,6 +177,104 @@ func TestSanitizeStep(t *testing.T) {
 		require.NoError(t, env.Client.Status().Update(ctx, cur))
 		require.NoError(t, result(t, b, agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0}}))
 		require.Contains(t, get(t, b).Status.DiskSanitization.Message, "/dev/sdb: the host listed this disk after it was given the step")
+	})
+
+	t.Run("disks to keep", func(t *testing.T) {
+		withKeep := func(t *testing.T, keep ...string) *v1beta1.Agent {
+			a := owing(t, boot1)
+			cur := get(t, a)
+			cur.Status.Inventory.Disks = append(cur.Status.Inventory.Disks, v1beta1.HostDisk{ID: "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4", Path: "/dev/sdb",
+				ByID: "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4", Serial: "ZA1B2C3D", Wwn: "0x5000c500a1b2c3d4", DriveType: "HDD", SizeBytes: 4e12,
+				InstallationEligibility: v1beta1.HostInstallationEligibility{Eligible: true, NotEligibleReasons: []string{}}})
+			cur.Status.DiskSanitization.Keep = keep
+			require.NoError(t, env.Client.Status().Update(ctx, cur))
+			return a
+		}
+		keptSdb := agentwire.DiskSanitization{Disk: "/dev/sdb", Method: "skip", Why: "an administrator marked it to keep"}
+		for _, name := range []string{"/dev/disk/by-id/wwn-0x5000c500a1b2c3d4", "ZA1B2C3D", "0x5000c500a1b2c3d4"} {
+			a := withKeep(t, name)
+			steps := next(t, a)
+			require.Len(t, steps, 1)
+			require.Equal(t, &agentwire.SanitizeStep{Level: "erase", Disks: []string{"/dev/vda", "/dev/sr0", "/dev/sdb"}, Keep: []string{"/dev/sdb"}}, steps[0].Sanitize, "kept as %s", name)
+		}
+		a := withKeep(t, "ZA1B2C3D")
+		require.Len(t, next(t, a), 1)
+		require.NoError(t, result(t, a, agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0, keptSdb}}))
+		require.Equal(t, v1beta1.SanitizationDone, get(t, a).Status.DiskSanitization.State, "%s", get(t, a).Status.DiskSanitization.Message)
+
+		// Skipping a disk nobody marked to keep is no sanitization.
+		a = withKeep(t)
+		require.Len(t, next(t, a), 1)
+		require.NoError(t, result(t, a, agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0, keptSdb}}))
+		require.Contains(t, get(t, a).Status.DiskSanitization.Message, "/dev/sdb: spared, but the host's inventory shows no boot medium there and it is not a disk to keep")
+
+		// The agent erased a disk to keep (one older than the keep
+		// list): the record says so and the host stays quarantined.
+		a = withKeep(t, "ZA1B2C3D")
+		require.Len(t, next(t, a), 1)
+		erasedSdb := vda
+		erasedSdb.Disk, erasedSdb.Bytes = "/dev/sdb", 4e12
+		require.NoError(t, result(t, a, agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0, erasedSdb}}))
+		require.Contains(t, get(t, a).Status.DiskSanitization.Message, "/dev/sdb: a disk to keep, but the host reports it erased by overwrite")
+
+		// What holds the erase, saying why: an entry that names no disk (a
+		// kernel name recorded as written), a serial two drives share.
+		for keep, want := range map[string]string{
+			"ZA1B2C3X": `the disk to keep "ZA1B2C3X" matches no disk of the host's inventory`,
+			"/dev/sdb": `the disk to keep "/dev/sdb" matches no disk of the host's inventory`,
+			"SHARED":   `the disk to keep "SHARED" matches 2 disks that are not one`,
+		} {
+			a = withKeep(t, keep)
+			cur := get(t, a)
+			cur.Status.Inventory.Disks[0].Serial, cur.Status.Inventory.Disks[2].Serial = "SHARED", "SHARED"
+			require.NoError(t, env.Client.Status().Update(ctx, cur))
+			require.Empty(t, next(t, a), keep)
+			ds := get(t, a).Status.DiskSanitization
+			require.Equal(t, v1beta1.SanitizationPending, ds.State)
+			require.Contains(t, ds.Message, want)
+			require.True(t, lifecycle.SanitizationOwed(get(t, a)))
+			_, err := ChooseDisk(get(t, a))
+			require.NoError(t, err)
+		}
+
+		// A multipath LUN: keeping one path keeps every path to it.
+		a = withKeep(t, "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4")
+		cur := get(t, a)
+		cur.Status.Inventory.Disks = append(cur.Status.Inventory.Disks, v1beta1.HostDisk{ID: "/dev/sdc", Path: "/dev/sdc", Wwn: "0x5000c500a1b2c3d4", SizeBytes: 4e12,
+			InstallationEligibility: v1beta1.HostInstallationEligibility{Eligible: true, NotEligibleReasons: []string{}}})
+		require.NoError(t, env.Client.Status().Update(ctx, cur))
+		steps := next(t, a)
+		require.Len(t, steps, 1)
+		require.Equal(t, []string{"/dev/sdb", "/dev/sdc"}, steps[0].Sanitize.Keep)
+
+		// An installation never writes a disk to keep.
+		a = withKeep(t, "ZA1B2C3D")
+		inst := get(t, a)
+		inst.Spec.InstallationDiskID = "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"
+		_, err := ChooseDisk(inst)
+		require.ErrorContains(t, err, "is a disk an administrator marked to keep")
+		inst.Spec.InstallationDiskID = ""
+		inst.Status.Inventory.Disks[0].InstallationEligibility.Eligible = false
+		_, err = ChooseDisk(inst)
+		require.ErrorContains(t, err, "no eligible installation disk", "the kept disk is not chosen")
+
+		// The disks to keep on the host's BareMetalHost, not yet copied to
+		// the Agent by its controller, hold the erase.
+		a = withKeep(t)
+		cur = get(t, a)
+		cur.Status.Inventory.Interfaces = []v1beta1.HostInterface{{MacAddress: "52:54:00:aa:bb:01", Flags: []string{}, IPV4Addresses: []string{}, IPV6Addresses: []string{}}}
+		require.NoError(t, env.Client.Status().Update(ctx, cur))
+		bmh := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "server-1",
+			Annotations: map[string]string{sanitize.KeepAnnotation: "ZA1B2C3D"}},
+			Spec: metal3.BareMetalHostSpec{BootMACAddress: "52:54:00:AA:BB:01", BMC: metal3.BMCDetails{Address: "redfish://192.0.2.1", CredentialsName: "c"}}}
+		require.NoError(t, env.Client.Create(ctx, bmh))
+		require.Eventually(t, func() bool { return len(next(t, a)) == 0 }, 10*time.Second, 100*time.Millisecond)
+		require.Contains(t, get(t, a).Status.DiskSanitization.Message, "the disks to keep of BareMetalHost server-1 are not recorded on the Agent yet")
+		cur = get(t, a)
+		cur.Status.DiskSanitization.Keep = []string{"ZA1B2C3D"}
+		require.NoError(t, env.Client.Status().Update(ctx, cur))
+		require.Eventually(t, func() bool { return len(next(t, a)) == 1 }, 10*time.Second, 100*time.Millisecond, "handed once the copy matches")
+		require.NoError(t, env.Client.Delete(ctx, bmh))
 	})
 
 	t.Run("a report from an earlier boot", func(t *testing.T) {

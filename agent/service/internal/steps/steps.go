@@ -168,10 +168,19 @@ func (s *Steps) block(ctx context.Context, a *v1beta1.Agent, why, reason string)
 // larger disks free for data.
 func ChooseDisk(a *v1beta1.Agent) (v1beta1.HostDisk, error) {
 	disks := a.Status.Inventory.Disks
+	// A disk an administrator marked to keep is never written, by an
+	// installation either (docs/security.md).
+	var kept []string
+	if ds := a.Status.DiskSanitization; ds != nil {
+		kept, _ = keptDisks(disks, ds.Keep)
+	}
 	named := func(field, want string, match func(d v1beta1.HostDisk) bool) (v1beta1.HostDisk, error) {
 		for _, d := range disks {
 			if !match(d) {
 				continue
+			}
+			if slices.Contains(kept, d.Path) {
+				return d, fmt.Errorf("%s %q is a disk an administrator marked to keep (annotation %s of its BareMetalHost)", field, want, sanitize.KeepAnnotation)
 			}
 			if !d.InstallationEligibility.Eligible {
 				return d, fmt.Errorf("%s %q is not eligible for installation: %s", field, want, strings.Join(d.InstallationEligibility.NotEligibleReasons, "; "))
@@ -188,7 +197,7 @@ func ChooseDisk(a *v1beta1.Agent) (v1beta1.HostDisk, error) {
 	}
 	var eligible []v1beta1.HostDisk
 	for _, d := range disks {
-		if d.InstallationEligibility.Eligible && d.Path != "" {
+		if d.InstallationEligibility.Eligible && d.Path != "" && !slices.Contains(kept, d.Path) {
 			eligible = append(eligible, d)
 		}
 	}
