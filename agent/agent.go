@@ -505,7 +505,14 @@ func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []stri
 	plans := make([]planned, len(disks))
 	for i, d := range disks {
 		p := &plans[i]
-		p.t, p.err = erase.Probe(erase.Options{}, d, kept[device(d)])
+		if kept[device(d)] {
+			// Never opened, never asked anything: what it holds or what
+			// holds it is the administrator's business.
+			p.t = erase.Target{Path: d, Device: sanitize.Device{Kept: true}}
+			p.plan = sanitize.Choose(level, p.t.Device)
+			continue
+		}
+		p.t, p.err = erase.Probe(erase.Options{}, d, false)
 		if p.err != nil {
 			continue
 		}

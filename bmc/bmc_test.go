@@ -292,7 +292,7 @@ func TestPowerLossInDiscoveryBootsDiscoveryAgain(t *testing.T) {
 }
 
 // The administrator's disks to keep and request for a wipe, written on the
-// BareMetalHost (which tenants do not write), reach the host's Agent; the
+// BareMetalHost (which holds the server's BMC credentials), reach the host's Agent; the
 // request waits while the Agent is bound and is consumed once recorded.
 func TestDiskAnnotations(t *testing.T) {
 	e := start(t)

@@ -116,10 +116,10 @@ func probeDevice(o Options, t Target, name string, iso bool) (Target, error) {
 		return t, fmt.Errorf("disk %s: %w", path, err)
 	}
 	if !t.Device.BootMedium && !t.Device.Kept {
-		// A disk to keep is never opened for writing, so what holds it
-		// does not matter. O_EXCL on the whole disk does not see a
-		// partition held by device-mapper, RAID or LVM: their holders
-		// are in sysfs.
+		// A disk to keep is never opened for writing (the agent does not
+		// even probe it), so what holds it does not matter. O_EXCL on
+		// the whole disk does not see a partition held by device-mapper,
+		// RAID or LVM: their holders are in sysfs.
 		if h := holders(sys, t.Name); h != "" {
 			return t, fmt.Errorf("disk %s is in use by %s: not erased", path, h)
 		}

@@ -566,6 +566,10 @@ type AgentDiskSanitization struct {
 type DiskSanitizationRecord struct {
 	// Disk is the device.
 	Disk string `json:"disk"`
+	// Kept is true for a disk the host was told to keep (an
+	// administrator's mark, resolved when the attempt was handed out).
+	// +optional
+	Kept bool `json:"kept,omitempty"`
 	// Method used.
 	Method string `json:"method"`
 	// Why that method (or why the disk was spared).

@@ -32,15 +32,10 @@ type memory struct {
 	// written are the resourceVersions the host had before the last pass
 	// wrote it; seeing one again means the cache is behind.
 	written []string
-	// seenOn: the host was seen on since the controller last powered it
-	// off or booted it; found off after that, it lost power.
-	seenOn bool
-	// autoBoot is when the controller last booted a host it found off
-	// into discovery, until the host is seen on: one that does not come
-	// on is not booted again at every pass.
-	autoBoot time.Time
-	// offSince is when the host was first found off while it should run
-	// discovery; a power-off that short is a reboot's, not a loss.
+	// offSince is when a host that was on was first found off while it
+	// should run discovery: off for less than a power timeout is a
+	// reboot's, not a loss. Lost with a restart within that time, the
+	// host is then powered on as any host found off.
 	offSince time.Time
 }
 

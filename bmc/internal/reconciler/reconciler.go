@@ -225,7 +225,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if _, detached := host.Annotations[DetachedAnnotation]; detached {
 		host.Status.OperationalStatus = metal3.OperationalStatusDetached
 	} else {
-		res = r.drive(ctx, host, agent)
+		res = r.drive(ctx, host, agent, before.PoweredOn)
 	}
 	if err := r.writeStatus(ctx, host, before, res); err != nil {
 		return ctrl.Result{}, err
@@ -235,12 +235,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 // drive opens the BMC and runs the handler of the host's state.
-func (r *Reconciler) drive(ctx context.Context, host *metal3.BareMetalHost, agent *v1beta1.Agent) step {
+func (r *Reconciler) drive(ctx context.Context, host *metal3.BareMetalHost, agent *v1beta1.Agent, wasOn bool) step {
 	if host.Status.Provisioning.State == metal3.StateNone {
 		host.Status.Provisioning.State = metal3.StateRegistering
 	}
 	return r.withBMC(ctx, host, func(bmc driver.BMC, addr address.Address, power driver.Power) step {
-		h := &hostRun{r: r, host: host, bmc: bmc, addr: addr, agent: agent, power: power}
+		h := &hostRun{r: r, host: host, bmc: bmc, addr: addr, agent: agent, power: power, wasOn: wasOn}
 		handler, ok := stateHandlers[h.state()]
 		if !ok {
 			// A state only metal3 uses (inspecting, preparing, ...): start over.

@@ -15,8 +15,9 @@ import (
 	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
-// What an administrator asks of a host's disks, on its BareMetalHost: an
-// object tenants do not write (docs/security.md).
+// What the owner of a host asks of its disks, on its BareMetalHost, which
+// holds its BMC credentials: whoever writes it owns the server already
+// (docs/bmc.md, docs/security.md).
 const (
 	// SanitizeRequestAnnotation asks for the host's disks to be sanitized
 	// at the level it names (metadata or erase; empty is erase) before it
@@ -79,6 +80,7 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 		case bootEvidence(host, a) != nil:
 			// An Agent matched by its MAC alone may not be this host:
 			// the request waits for the one that booted its ISO.
+			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "DiskSanitizationRequestWaits", "Sanitize", "not recorded on Agent %s: %v", a.Name, bootEvidence(host, a))
 		default:
 			ds.Required = sanitize.Stronger(ds.Required, string(level))
 			ds.Reason = fmt.Sprintf("requested by an administrator on BareMetalHost %s", host.Name)
@@ -103,9 +105,35 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 	// With the resourceVersion read: a request changed meanwhile (a
 	// stronger level) is a conflict, and recorded at the next pass, not
 	// removed unseen.
+	// On a copy: this pass's status (written at its end) stays as it is.
+	cp := host.DeepCopy()
 	patch := client.MergeFromWithOptions(host.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	delete(host.Annotations, SanitizeRequestAnnotation)
-	return r.update(host, func() error { return r.Client.Patch(ctx, host, patch) })
+	delete(cp.Annotations, SanitizeRequestAnnotation)
+	if err := r.update(host, func() error { return r.Client.Patch(ctx, cp, patch) }); err != nil {
+		return err
+	}
+	host.Annotations, host.ResourceVersion = cp.Annotations, cp.ResourceVersion
+	return nil
+}
+
+// forgetKeep clears the disks to keep a deleted host's Agents record.
+func (r *Reconciler) forgetKeep(ctx context.Context, host *metal3.BareMetalHost) error {
+	var agents v1beta1.AgentList
+	if err := r.Client.List(ctx, &agents, client.InNamespace(host.Namespace), client.MatchingLabels{v1beta1.BMHLabel: host.Name}); err != nil {
+		return err
+	}
+	for i := range agents.Items {
+		a := &agents.Items[i]
+		if a.Status.DiskSanitization == nil || len(a.Status.DiskSanitization.Keep) == 0 {
+			continue
+		}
+		next := a.DeepCopy()
+		next.Status.DiskSanitization.Keep = nil
+		if err := r.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("clear the disks to keep of Agent %s: %w", a.Name, err)
+		}
+	}
+	return nil
 }
 
 func clip(s string, n int) string {

@@ -29,6 +29,9 @@ type hostRun struct {
 	addr  address.Address
 	agent *v1beta1.Agent // the matched Agent, or nil
 	power driver.Power   // as the BMC reported it at the start of the pass
+	// wasOn is status.poweredOn as the last pass wrote it: kept in the
+	// host, so it survives a restart of the manager.
+	wasOn bool
 }
 
 func (h *hostRun) state() metal3.ProvisioningState { return h.host.Status.Provisioning.State }
@@ -279,11 +282,8 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 	if mem.boot != nil && mem.boot.iso == booted {
 		mem.boot = nil // the boot is on record
 	}
-	switch {
-	case !h.host.Spec.Online:
-		mem.seenOn = false
-	case h.power.Settled() && h.power.IsOn():
-		mem.seenOn, mem.autoBoot, mem.offSince = true, time.Time{}, time.Time{}
+	if h.power.Settled() && h.power.IsOn() {
+		mem.offSince = time.Time{}
 	}
 	switch {
 	case iso == "" && !wait:
@@ -308,17 +308,18 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 	case iso != "" && iso != booted && h.host.Spec.Online && !installing(h.agent):
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
-	case booted != "" && iso != "" && h.host.Spec.Online && h.power.Settled() && !h.power.IsOn() && mem.power == nil && mem.seenOn &&
-		time.Since(mem.autoBoot) > 5*h.r.PowerTimeout:
-		// Seen on, now off with no power change of ours under way, while
-		// it should be running discovery: it lost power (a cut, a
-		// button). Powering it on would boot its default device, which
-		// may be a half-written or half-erased disk: it boots discovery
-		// again, where it registers anew (an erase cut short starts
-		// over; an installation cut short is Failed). Off for less than
-		// a power timeout may be a reboot (some servers cut the power in
-		// one; the installed disk's boot comes next, which the Agent in
-		// the cache may not show yet): look again.
+	case booted != "" && iso != "" && h.host.Spec.Online && h.power.Settled() && !h.power.IsOn() && mem.power == nil &&
+		(h.wasOn || !mem.offSince.IsZero()):
+		// Reported on by the last pass, now off with no power change of
+		// ours under way, while it should be running discovery: it lost
+		// power (a cut, a button). Powering it on would boot its default
+		// device, which may be a half-written or half-erased disk: it
+		// boots discovery again, where it registers anew (an erase cut
+		// short starts over; an installation cut short is Failed). Off
+		// for less than a power timeout may be a reboot (some servers
+		// cut the power in one; the installed disk's boot comes next,
+		// which the Agent in the cache may not show yet): look again,
+		// holding the power-on meanwhile.
 		if mem.offSince.IsZero() {
 			mem.offSince = time.Now()
 		}
@@ -326,7 +327,7 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 			return poll(h.r.PowerPoll)
 		}
 		h.r.Events.Eventf(h.host, nil, corev1.EventTypeWarning, "PowerLost", "BootDiscovery", "the host was found powered off while running discovery; booting the discovery image again")
-		mem.seenOn, mem.autoBoot, mem.offSince = false, time.Now(), time.Time{}
+		mem.offSince = time.Time{}
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
 	}
@@ -413,6 +414,11 @@ func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ct
 			res.errCount = host.Status.ErrorCount
 			return res.result(r), nil
 		}
+	}
+	// The disks to keep it listed go with it: the agent API holds the
+	// erase of a host whose Agent records a list no BareMetalHost keeps.
+	if err := r.forgetKeep(ctx, host); err != nil {
+		return ctrl.Result{}, err
 	}
 	controllerutil.RemoveFinalizer(host, Finalizer)
 	if err := r.Client.Update(ctx, host); err != nil {

@@ -65,11 +65,22 @@ func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire
 		held = append(held, why)
 	}
 	if len(held) > 0 {
-		msg := fmt.Sprintf("waiting: %s; see the agentboot.io/sanitize-keep annotation of its BareMetalHost", strings.Join(held, "; "))
-		if ds.Message != msg {
+		msg := fmt.Sprintf("waiting: %s; see the %s annotation of its BareMetalHost", strings.Join(held, "; "), sanitize.KeepAnnotation)
+		if ds.Message != msg || ds.State == v1beta1.SanitizationRunning {
+			// An attempt shown running in this boot is over (the host
+			// asks for instructions): Pending again, so that the
+			// BareMetalHost controller may record the new list.
 			held := a.DeepCopy()
-			held.Status.DiskSanitization.Message = msg
-			if err := s.Client.Status().Patch(ctx, held, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsConflict(err) {
+			hds := held.Status.DiskSanitization
+			hds.Message = msg
+			if hds.State == v1beta1.SanitizationRunning {
+				hds.State, hds.Session = v1beta1.SanitizationPending, ""
+			}
+			err := s.Client.Status().Patch(ctx, held, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{}))
+			switch {
+			case apierrors.IsConflict(err):
+				return nil, nil
+			case err != nil:
 				return nil, fmt.Errorf("record why the sanitization waits: %w", err)
 			}
 			s.Events.Eventf(a, nil, corev1.EventTypeWarning, "DiskSanitizationHeld", "Sanitize", "%s", msg)
@@ -83,7 +94,7 @@ func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire
 	cds.Message = fmt.Sprintf("erasing %d disks (%s)", len(disks), strings.Join(disks, ", "))
 	cds.Level, cds.Disks = "", nil
 	for _, d := range disks {
-		cds.Disks = append(cds.Disks, v1beta1.DiskSanitizationRecord{Disk: d})
+		cds.Disks = append(cds.Disks, v1beta1.DiskSanitizationRecord{Disk: d, Kept: slices.Contains(keep, d)})
 	}
 	if err := s.Client.Status().Patch(ctx, claimed, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
@@ -118,11 +129,13 @@ func (s *Steps) keepNotRecorded(ctx context.Context, a *v1beta1.Agent) (string, 
 	if a.Status.DiskSanitization != nil {
 		recorded = a.Status.DiskSanitization.Keep
 	}
+	matched := false
 	for _, h := range hosts.Items {
 		mac := strings.ToLower(h.Spec.BootMACAddress)
 		if h.Name != a.Labels[v1beta1.BMHLabel] && (mac == "" || !macs[mac]) {
 			continue
 		}
+		matched = true
 		var want []string
 		if raw, ok := h.Annotations[sanitize.KeepAnnotation]; ok {
 			want, _ = sanitize.KeepRecord(raw)
@@ -130,6 +143,12 @@ func (s *Steps) keepNotRecorded(ctx context.Context, a *v1beta1.Agent) (string, 
 		if !slices.Equal(want, recorded) {
 			return fmt.Sprintf("the disks to keep of BareMetalHost %s are not recorded on the Agent yet", h.Name), nil
 		}
+	}
+	if !matched && len(recorded) > 0 {
+		// The BareMetalHost that listed them is gone, or no longer
+		// this host's: a list nobody keeps up is not honoured, and not
+		// ignored either.
+		return "the Agent records disks to keep, but no BareMetalHost of this host lists them any more; the BareMetalHost controller clears them once the host has one again, or an administrator clears status.diskSanitization.keep", nil
 	}
 	return "", nil
 }
@@ -141,10 +160,14 @@ func (s *Steps) keepNotRecorded(ctx context.Context, a *v1beta1.Agent) (string, 
 // paths to keep, and what holds the erase: an entry that names no disk, or
 // disks that are not one (a serial two drives share).
 func keptDisks(inventory []v1beta1.HostDisk, keep []string) (paths, problems []string) {
+	// One disk seen twice (multipath): the same WWN, serial and size.
+	same := func(x, y v1beta1.HostDisk) bool {
+		return x.Wwn != "" && strings.EqualFold(x.Wwn, y.Wwn) && x.Serial == y.Serial && x.SizeBytes == y.SizeBytes
+	}
 	for _, k := range keep {
 		var matched []v1beta1.HostDisk
 		for _, d := range inventory {
-			if d.Path != "" && k != "" && (k == d.ByID || k == d.ByPath || k == d.ID || k == d.Serial || k == d.Wwn) {
+			if d.Path != "" && k != "" && names(d, k) {
 				matched = append(matched, d)
 			}
 		}
@@ -152,17 +175,34 @@ func keptDisks(inventory []v1beta1.HostDisk, keep []string) (paths, problems []s
 		case len(matched) == 0:
 			problems = append(problems, fmt.Sprintf("the disk to keep %q matches no disk of the host's inventory", k))
 			continue
-		case len(matched) > 1 && slices.ContainsFunc(matched, func(d v1beta1.HostDisk) bool { return d.Wwn == "" || d.Wwn != matched[0].Wwn }):
+		case slices.ContainsFunc(matched, func(d v1beta1.HostDisk) bool { return d.Path != matched[0].Path && !same(d, matched[0]) }):
 			problems = append(problems, fmt.Sprintf("the disk to keep %q matches %d disks that are not one (%s)", k, len(matched), diskNames(matched)))
 			continue
 		}
 		for _, d := range inventory {
-			if d.Path != "" && (slices.ContainsFunc(matched, func(m v1beta1.HostDisk) bool { return m.Path == d.Path }) || d.Wwn != "" && d.Wwn == matched[0].Wwn) && !slices.Contains(paths, d.Path) {
+			if d.Path != "" && (d.Path == matched[0].Path || same(d, matched[0])) && !slices.Contains(paths, d.Path) {
 				paths = append(paths, d.Path)
 			}
 		}
 	}
 	return paths, problems
+}
+
+// names reports whether an entry of a keep list names disk d: its by-id or
+// by-path link, serial or WWN, or the by-id link udev makes of its WWN
+// (the inventory reports one by-id link per disk, which may be another).
+// Never its kernel name, nor an ID that is one.
+func names(d v1beta1.HostDisk, k string) bool {
+	if k == d.ByID || k == d.ByPath || k == d.Serial || strings.HasPrefix(d.ID, "/dev/disk/") && k == d.ID {
+		return true
+	}
+	if d.Wwn == "" {
+		return false
+	}
+	w := strings.TrimPrefix(strings.ToLower(d.Wwn), "naa.")
+	k = strings.ToLower(k)
+	return k == strings.ToLower(d.Wwn) || k == w || k == "/dev/disk/by-id/wwn-"+w || k == "/dev/disk/by-id/wwn-0x"+strings.TrimPrefix(w, "0x") ||
+		k == "/dev/disk/by-id/nvme-"+w
 }
 
 // sanitizeResult takes the host's evidence. Only a report for the attempt
@@ -241,12 +281,17 @@ func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r ag
 		size[d.Path] = d.SizeBytes
 	}
 	level := sanitize.Level(ds.Required)
-	kept, _ := keptDisks(inventory, ds.Keep)
+	var kept []string // as handed out with the attempt
+	for _, d := range ds.Disks {
+		if d.Kept {
+			kept = append(kept, d.Disk)
+		}
+	}
 	seen := map[string]bool{}
 	var records []v1beta1.DiskSanitizationRecord
 	for _, e := range r.Sanitization {
 		rec := v1beta1.DiskSanitizationRecord{
-			Disk: clip(e.Disk, 256), Method: clip(e.Method, 64), Why: clip(e.Why, maxEvidenceText), Bytes: e.Bytes,
+			Disk: clip(e.Disk, 256), Kept: slices.Contains(kept, e.Disk), Method: clip(e.Method, 64), Why: clip(e.Why, maxEvidenceText), Bytes: e.Bytes,
 			Duration: metav1.Duration{Duration: time.Duration(e.DurationSeconds * float64(time.Second))}, Verification: clip(e.Verification, 64),
 			Checked: clip(e.Checked, maxEvidenceText), Error: clip(e.Error, maxEvidenceText),
 		}

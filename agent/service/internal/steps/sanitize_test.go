@@ -3,6 +3,7 @@ package steps
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,6 +189,25 @@ func TestSanitizeStep(t *testing.T) {
 				InstallationEligibility: v1beta1.HostInstallationEligibility{Eligible: true, NotEligibleReasons: []string{}}})
 			cur.Status.DiskSanitization.Keep = keep
 			require.NoError(t, env.Client.Status().Update(ctx, cur))
+			if len(keep) > 0 {
+				// The host's BareMetalHost lists them, as the controller
+				// copied them.
+				bmh := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "bmh-" + a.Name[len(a.Name)-4:],
+					Annotations: map[string]string{sanitize.KeepAnnotation: strings.Join(keep, ",")}},
+					Spec: metal3.BareMetalHostSpec{BMC: metal3.BMCDetails{Address: "redfish://192.0.2.1", CredentialsName: "c"}}}
+				require.NoError(t, env.Client.Create(ctx, bmh))
+				cur = get(t, a)
+				patch := client.MergeFrom(cur.DeepCopy())
+				if cur.Labels == nil {
+					cur.Labels = map[string]string{}
+				}
+				cur.Labels[v1beta1.BMHLabel] = bmh.Name
+				require.NoError(t, env.Client.Patch(ctx, cur, patch))
+				require.Eventually(t, func() bool {
+					var got metal3.BareMetalHost
+					return env.Client.Get(ctx, client.ObjectKeyFromObject(bmh), &got) == nil
+				}, 10*time.Second, 50*time.Millisecond)
+			}
 			return a
 		}
 		keptSdb := agentwire.DiskSanitization{Disk: "/dev/sdb", Method: "skip", Why: "an administrator marked it to keep"}
@@ -201,6 +221,7 @@ func TestSanitizeStep(t *testing.T) {
 		require.Len(t, next(t, a), 1)
 		require.NoError(t, result(t, a, agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0, keptSdb}}))
 		require.Equal(t, v1beta1.SanitizationDone, get(t, a).Status.DiskSanitization.State, "%s", get(t, a).Status.DiskSanitization.Message)
+		require.True(t, get(t, a).Status.DiskSanitization.Disks[2].Kept, "the record says it was kept")
 
 		// Skipping a disk nobody marked to keep is no sanitization.
 		a = withKeep(t)
@@ -234,18 +255,42 @@ func TestSanitizeStep(t *testing.T) {
 			require.Contains(t, ds.Message, want)
 			require.True(t, lifecycle.SanitizationOwed(get(t, a)))
 			_, err := ChooseDisk(get(t, a))
-			require.NoError(t, err)
+			require.ErrorContains(t, err, want, "nor is anything installed meanwhile")
 		}
 
 		// A multipath LUN: keeping one path keeps every path to it.
 		a = withKeep(t, "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4")
 		cur := get(t, a)
-		cur.Status.Inventory.Disks = append(cur.Status.Inventory.Disks, v1beta1.HostDisk{ID: "/dev/sdc", Path: "/dev/sdc", Wwn: "0x5000c500a1b2c3d4", SizeBytes: 4e12,
+		cur.Status.Inventory.Disks = append(cur.Status.Inventory.Disks, v1beta1.HostDisk{ID: "/dev/sdc", Path: "/dev/sdc", Wwn: "0x5000c500a1b2c3d4", Serial: "ZA1B2C3D", SizeBytes: 4e12,
 			InstallationEligibility: v1beta1.HostInstallationEligibility{Eligible: true, NotEligibleReasons: []string{}}})
 		require.NoError(t, env.Client.Status().Update(ctx, cur))
 		steps := next(t, a)
 		require.Len(t, steps, 1)
 		require.Equal(t, []string{"/dev/sdb", "/dev/sdc"}, steps[0].Sanitize.Keep)
+
+		// The list changes while an attempt shows running, and the host
+		// asks again in the same boot: held, and Pending again, so that
+		// the controller (which defers while one runs) can record it.
+		a = withKeep(t, "ZA1B2C3D")
+		require.Len(t, next(t, a), 1)
+		require.Equal(t, v1beta1.SanitizationRunning, get(t, a).Status.DiskSanitization.State)
+		var listed metal3.BareMetalHost
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: "agents", Name: get(t, a).Labels[v1beta1.BMHLabel]}, &listed))
+		listed.Annotations[sanitize.KeepAnnotation] = "ZA1B2C3D,/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"
+		require.NoError(t, env.Client.Update(ctx, &listed))
+		require.Eventually(t, func() bool {
+			return len(next(t, a)) == 0 && get(t, a).Status.DiskSanitization.State == v1beta1.SanitizationPending
+		}, 10*time.Second, 100*time.Millisecond)
+		require.Contains(t, get(t, a).Status.DiskSanitization.Message, "are not recorded on the Agent yet")
+
+		// The inventory reports one by-id link per disk; the WWN's link
+		// names the disk too.
+		ata := v1beta1.HostDisk{Path: "/dev/sdb", ByID: "/dev/disk/by-id/ata-ST4000_ZA1B2C3D", Wwn: "0x5000C500A1B2C3D4"}
+		nvme := v1beta1.HostDisk{Path: "/dev/nvme0n1", ByID: "/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_deadbeef", Wwn: "eui.0025388b71b0f1e2"}
+		for d, k := range map[*v1beta1.HostDisk]string{&ata: "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4", &nvme: "/dev/disk/by-id/nvme-eui.0025388b71b0f1e2"} {
+			require.True(t, names(*d, k), "%s names %s", k, d.Path)
+		}
+		require.False(t, names(v1beta1.HostDisk{Path: "/dev/sdb", ID: "/dev/sdb"}, "/dev/sdb"), "never a kernel name")
 
 		// An installation never writes a disk to keep.
 		a = withKeep(t, "ZA1B2C3D")
@@ -275,6 +320,11 @@ func TestSanitizeStep(t *testing.T) {
 		require.NoError(t, env.Client.Status().Update(ctx, cur))
 		require.Eventually(t, func() bool { return len(next(t, a)) == 1 }, 10*time.Second, 100*time.Millisecond, "handed once the copy matches")
 		require.NoError(t, env.Client.Delete(ctx, bmh))
+
+		// A list no BareMetalHost of the host keeps any more holds the
+		// erase until it is cleared.
+		require.Eventually(t, func() bool { return len(next(t, a)) == 0 }, 10*time.Second, 100*time.Millisecond)
+		require.Contains(t, get(t, a).Status.DiskSanitization.Message, "no BareMetalHost of this host lists them any more")
 	})
 
 	t.Run("a report from an earlier boot", func(t *testing.T) {

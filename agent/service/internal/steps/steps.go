@@ -84,7 +84,7 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 		return nil, nil
 	}
 	// The cheap checks first: fetching the config reads the apiserver.
-	step, disk, err := s.installStep(ref)
+	step, disk, err := s.installStep(ctx, ref)
 	if err == nil {
 		step.Ignition, err = fetch(ctx)
 	}
@@ -110,7 +110,7 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 
 // installStep assembles the step but its config: the disk, the OS disk
 // image.
-func (s *Steps) installStep(ref *hostapi.AgentRef) (*agentwire.InstallStep, v1beta1.HostDisk, error) {
+func (s *Steps) installStep(ctx context.Context, ref *hostapi.AgentRef) (*agentwire.InstallStep, v1beta1.HostDisk, error) {
 	a := ref.Agent
 	if !conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) {
 		return nil, v1beta1.HostDisk{}, errors.New("waiting for the host's validations to pass")
@@ -118,6 +118,11 @@ func (s *Steps) installStep(ref *hostapi.AgentRef) (*agentwire.InstallStep, v1be
 	disk, err := ChooseDisk(a)
 	if err != nil {
 		return nil, disk, err
+	}
+	if why, err := s.keepNotRecorded(ctx, a); err != nil {
+		return nil, disk, err
+	} else if why != "" {
+		return nil, disk, fmt.Errorf("waiting: %s", why)
 	}
 	k, err := s.Catalog.Resolve(ref.InfraEnv.Spec.CPUArchitecture, ref.InfraEnv.Spec.OSImageVersion)
 	if err != nil {
@@ -172,7 +177,10 @@ func ChooseDisk(a *v1beta1.Agent) (v1beta1.HostDisk, error) {
 	// installation either (docs/security.md).
 	var kept []string
 	if ds := a.Status.DiskSanitization; ds != nil {
-		kept, _ = keptDisks(disks, ds.Keep)
+		var held []string
+		if kept, held = keptDisks(disks, ds.Keep); len(held) > 0 {
+			return v1beta1.HostDisk{}, fmt.Errorf("waiting: %s (annotation %s of its BareMetalHost)", strings.Join(held, "; "), sanitize.KeepAnnotation)
+		}
 	}
 	named := func(field, want string, match func(d v1beta1.HostDisk) bool) (v1beta1.HostDisk, error) {
 		for _, d := range disks {
