@@ -353,7 +353,9 @@ func TestDiskAnnotations(t *testing.T) {
 	})
 	require.Equal(t, "requested by an administrator on BareMetalHost disks", agent.Status.DiskSanitization.Reason)
 	require.Eventually(t, func() bool { _, ok := hostAnnotation("agentboot.io/sanitize-disks"); return !ok }, 30*time.Second, 100*time.Millisecond)
-	require.Contains(t, conditions.Find(agent.Status.Conditions, v1beta1.ValidatedCondition).Message, "disks must be sanitized")
+	require.Eventually(t, func() bool {
+		return e.Client.Get(ctx, key, agent) == nil && strings.Contains(conditions.Find(agent.Status.Conditions, v1beta1.ValidatedCondition).Message, "disks must be sanitized")
+	}, 30*time.Second, 100*time.Millisecond, "the Agent is not Validated while it owes the wipe: %+v", agent.Status.Conditions)
 
 	// A stronger request raises the level; a bad one is refused, saying so.
 	annotate("agentboot.io/sanitize-disks", "erase")

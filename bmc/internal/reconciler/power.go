@@ -37,6 +37,11 @@ type memory struct {
 	// reboot's, not a loss. Lost with a restart within that time, the
 	// host is then powered on as any host found off.
 	offSince time.Time
+	// powerLost is when the host was last booted into discovery after a
+	// power loss: one that keeps losing it (a failing power supply) is
+	// booted so again only five power timeouts later, and powered on as
+	// any host found off meanwhile.
+	powerLost time.Time
 }
 
 // memoryOf returns the host's memory, a fresh one for a new UID. Only the

@@ -116,26 +116,6 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 	return nil
 }
 
-// forgetKeep clears the disks to keep a deleted host's Agents record.
-func (r *Reconciler) forgetKeep(ctx context.Context, host *metal3.BareMetalHost) error {
-	var agents v1beta1.AgentList
-	if err := r.Client.List(ctx, &agents, client.InNamespace(host.Namespace), client.MatchingLabels{v1beta1.BMHLabel: host.Name}); err != nil {
-		return err
-	}
-	for i := range agents.Items {
-		a := &agents.Items[i]
-		if a.Status.DiskSanitization == nil || len(a.Status.DiskSanitization.Keep) == 0 {
-			continue
-		}
-		next := a.DeepCopy()
-		next.Status.DiskSanitization.Keep = nil
-		if err := r.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("clear the disks to keep of Agent %s: %w", a.Name, err)
-		}
-	}
-	return nil
-}
-
 func clip(s string, n int) string {
 	if len(s) <= n {
 		return s

@@ -282,7 +282,7 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 	if mem.boot != nil && mem.boot.iso == booted {
 		mem.boot = nil // the boot is on record
 	}
-	if h.power.Settled() && h.power.IsOn() {
+	if !h.host.Spec.Online || h.power.Settled() && h.power.IsOn() {
 		mem.offSince = time.Time{}
 	}
 	switch {
@@ -309,7 +309,7 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
 	case booted != "" && iso != "" && h.host.Spec.Online && h.power.Settled() && !h.power.IsOn() && mem.power == nil &&
-		(h.wasOn || !mem.offSince.IsZero()):
+		(h.wasOn || !mem.offSince.IsZero()) && time.Since(mem.powerLost) > 5*h.r.PowerTimeout:
 		// Reported on by the last pass, now off with no power change of
 		// ours under way, while it should be running discovery: it lost
 		// power (a cut, a button). Powering it on would boot its default
@@ -327,7 +327,7 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 			return poll(h.r.PowerPoll)
 		}
 		h.r.Events.Eventf(h.host, nil, corev1.EventTypeWarning, "PowerLost", "BootDiscovery", "the host was found powered off while running discovery; booting the discovery image again")
-		mem.offSince = time.Time{}
+		mem.offSince, mem.powerLost = time.Time{}, time.Now()
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
 	}
@@ -414,11 +414,6 @@ func (r *Reconciler) delete(ctx context.Context, host *metal3.BareMetalHost) (ct
 			res.errCount = host.Status.ErrorCount
 			return res.result(r), nil
 		}
-	}
-	// The disks to keep it listed go with it: the agent API holds the
-	// erase of a host whose Agent records a list no BareMetalHost keeps.
-	if err := r.forgetKeep(ctx, host); err != nil {
-		return ctrl.Result{}, err
 	}
 	controllerutil.RemoveFinalizer(host, Finalizer)
 	if err := r.Client.Update(ctx, host); err != nil {

@@ -59,7 +59,7 @@ func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire
 	// pulled or renamed) holds the erase: erasing what the admin meant to
 	// keep cannot be undone.
 	keep, held := keptDisks(a.Status.Inventory.Disks, ds.Keep)
-	if why, err := s.keepNotRecorded(ctx, a); err != nil {
+	if why, _, err := s.keepNotRecorded(ctx, a); err != nil {
 		return nil, err
 	} else if why != "" {
 		held = append(held, why)
@@ -113,13 +113,13 @@ func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire
 // booting from a MAC its inventory lists), the erase waits: a list written
 // a moment ago, on a paused host, or on a host the controller has not
 // matched yet, is still the administrator's.
-func (s *Steps) keepNotRecorded(ctx context.Context, a *v1beta1.Agent) (string, error) {
+func (s *Steps) keepNotRecorded(ctx context.Context, a *v1beta1.Agent) (why string, orphan bool, err error) {
 	var hosts metal3.BareMetalHostList
 	if err := s.Client.List(ctx, &hosts, client.InNamespace(a.Namespace)); err != nil {
 		if meta.IsNoMatchError(err) {
-			return "", nil // no BareMetalHost CRD: no host has disks to keep
+			return "", false, nil // no BareMetalHost CRD: no host has disks to keep
 		}
-		return "", fmt.Errorf("list BareMetalHosts for their disks to keep: %w", err)
+		return "", false, fmt.Errorf("list BareMetalHosts for their disks to keep: %w", err)
 	}
 	macs := map[string]bool{}
 	for _, i := range a.Status.Inventory.Interfaces {
@@ -141,16 +141,17 @@ func (s *Steps) keepNotRecorded(ctx context.Context, a *v1beta1.Agent) (string, 
 			want, _ = sanitize.KeepRecord(raw)
 		}
 		if !slices.Equal(want, recorded) {
-			return fmt.Sprintf("the disks to keep of BareMetalHost %s are not recorded on the Agent yet", h.Name), nil
+			return fmt.Sprintf("the disks to keep of BareMetalHost %s are not recorded on the Agent yet", h.Name), false, nil
 		}
 	}
 	if !matched && len(recorded) > 0 {
-		// The BareMetalHost that listed them is gone, or no longer
-		// this host's: a list nobody keeps up is not honoured, and not
-		// ignored either.
-		return "the Agent records disks to keep, but no BareMetalHost of this host lists them any more; the BareMetalHost controller clears them once the host has one again, or an administrator clears status.diskSanitization.keep", nil
+		// The BareMetalHost that listed them is gone (deleted to be
+		// re-created, handed to another tool), or no longer this
+		// host's: what it said to keep is neither erased nor trusted
+		// blindly; a BareMetalHost of the host records its own list.
+		return "the Agent records disks to keep, but no BareMetalHost of this host lists them any more; give the host a BareMetalHost again (its list replaces this one), or clear status.diskSanitization.keep", true, nil
 	}
-	return "", nil
+	return "", false, nil
 }
 
 // keptDisks resolves the admin's disks to keep against the host's
@@ -162,7 +163,7 @@ func (s *Steps) keepNotRecorded(ctx context.Context, a *v1beta1.Agent) (string, 
 func keptDisks(inventory []v1beta1.HostDisk, keep []string) (paths, problems []string) {
 	// One disk seen twice (multipath): the same WWN, serial and size.
 	same := func(x, y v1beta1.HostDisk) bool {
-		return x.Wwn != "" && strings.EqualFold(x.Wwn, y.Wwn) && x.Serial == y.Serial && x.SizeBytes == y.SizeBytes
+		return x.Wwn != "" && x.Serial != "" && strings.EqualFold(x.Wwn, y.Wwn) && x.Serial == y.Serial && x.SizeBytes == y.SizeBytes
 	}
 	for _, k := range keep {
 		var matched []v1beta1.HostDisk
@@ -286,6 +287,10 @@ func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r ag
 		if d.Kept {
 			kept = append(kept, d.Disk)
 		}
+	}
+	if kept == nil && len(ds.Keep) > 0 {
+		// Claimed by a service that did not record them yet.
+		kept, _ = keptDisks(inventory, ds.Keep)
 	}
 	seen := map[string]bool{}
 	var records []v1beta1.DiskSanitizationRecord

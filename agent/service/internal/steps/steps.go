@@ -119,9 +119,12 @@ func (s *Steps) installStep(ctx context.Context, ref *hostapi.AgentRef) (*agentw
 	if err != nil {
 		return nil, disk, err
 	}
-	if why, err := s.keepNotRecorded(ctx, a); err != nil {
+	// A list on the host's BareMetalHost not on the Agent yet may name
+	// the disk chosen. (A list no BareMetalHost keeps any more holds the
+	// erase, not the installation: ChooseDisk honours it.)
+	if why, orphan, err := s.keepNotRecorded(ctx, a); err != nil {
 		return nil, disk, err
-	} else if why != "" {
+	} else if why != "" && !orphan {
 		return nil, disk, fmt.Errorf("waiting: %s", why)
 	}
 	k, err := s.Catalog.Resolve(ref.InfraEnv.Spec.CPUArchitecture, ref.InfraEnv.Spec.OSImageVersion)
