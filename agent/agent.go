@@ -430,7 +430,7 @@ func (a *Agent) sanitize(ctx context.Context, s agentwire.Step) agentwire.StepRe
 			a.log.Error("report progress", "stage", agentwire.StageSanitizing, "err", err)
 		}
 	}
-	evidence, err := sanitizeDisks(ctx, level, s.Sanitize.Disks, s.Sanitize.Keep, a.log, progress)
+	evidence, err := sanitizeDisks(ctx, level, "", s.Sanitize.Disks, s.Sanitize.Keep, a.log, progress)
 	res := agentwire.StepResult{Sanitization: evidence, Output: fmt.Sprintf("sanitized %d disks at level %s", n, level)}
 	if err != nil {
 		res.ExitCode, res.Error, res.Output = 1, err.Error(), ""
@@ -468,18 +468,20 @@ func Install(ctx context.Context, step agentwire.InstallStep, progress func(stag
 
 // Sanitize erases disks at level, for `agent sanitize`: each disk is
 // probed, the method chosen (internal/sanitize) among those this agent
-// carries out, erased and read back. Disks in keep are left alone. Every
+// carries out, erased and read back. A method, when not empty, is used on
+// every disk that the level erases and that offers it (sanitize.Force);
+// a disk that does not offer it fails. Disks in keep are left alone. Every
 // disk gets its evidence, a failed one with its Error; the error joins the
 // failures.
-func Sanitize(ctx context.Context, level sanitize.Level, disks, keep []string, log *slog.Logger) ([]agentwire.DiskSanitization, error) {
-	return sanitizeDisks(ctx, level, disks, keep, log, nil)
+func Sanitize(ctx context.Context, level sanitize.Level, method sanitize.Method, disks, keep []string, log *slog.Logger) ([]agentwire.DiskSanitization, error) {
+	return sanitizeDisks(ctx, level, method, disks, keep, log, nil)
 }
 
 // diskProgress receives the progress of the i-th disk, and of the whole
 // sanitization (0 to 1), in which each disk weighs its bytes to erase.
 type diskProgress func(i int, disk string, done, total int64, overall float64)
 
-func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []string, log *slog.Logger, progress diskProgress) ([]agentwire.DiskSanitization, error) {
+func sanitizeDisks(ctx context.Context, level sanitize.Level, method sanitize.Method, disks, keep []string, log *slog.Logger, progress diskProgress) ([]agentwire.DiskSanitization, error) {
 	// A disk may be named by a link (/dev/disk/by-id/…) on one list and by
 	// its device on the other.
 	device := func(p string) string {
@@ -516,20 +518,24 @@ func sanitizeDisks(ctx context.Context, level sanitize.Level, disks, keep []stri
 		if p.err != nil {
 			continue
 		}
+		if method != "" {
+			p.plan = sanitize.Force(level, erase.Supported(p.t.Device), method)
+			continue
+		}
 		p.plan = sanitize.Choose(level, erase.Supported(p.t.Device))
 		if offered := sanitize.Choose(level, p.t.Device); offered.Method != p.plan.Method {
-			p.plan.Why += "; the device also offers " + string(offered.Method) + ", which this agent does not send yet"
+			p.plan.Why += "; the device also offers " + string(offered.Method) + ", which this agent does not send"
 		}
 	}
 	// The whole erase's progress counts bytes: a skipped disk or a
-	// metadata wipe weighs nothing next to a long erase (by disks when
-	// there is none).
+	// metadata wipe weighs nothing next to an erase of every block (by
+	// disks when there is none).
 	weights := make([]int64, len(plans))
 	var all int64
 	for i := range plans {
 		if p := &plans[i]; p.err == nil {
 			p.err = erase.Disarm(ctx, p.t, p.plan)
-			if p.err == nil && (p.plan.Method == sanitize.WriteZeroes || p.plan.Method == sanitize.Overwrite) {
+			if p.err == nil && p.plan.Method.ErasesEveryBlock() {
 				weights[i] = p.t.Size
 				all += p.t.Size
 			}

@@ -32,7 +32,7 @@ func TestSanitizeDisarmsEveryDiskFirst(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	out, err := sanitizeDisks(ctx, sanitize.Erase, paths, paths[2:], log, func(i int, _ string, done, _ int64, _ float64) {
+	out, err := sanitizeDisks(ctx, sanitize.Erase, "", paths, paths[2:], log, func(i int, _ string, done, _ int64, _ float64) {
 		if i == 0 && done >= 8<<20 {
 			cancel() // the power cut, during the first disk's erase
 		}
@@ -66,7 +66,7 @@ func TestSanitizeProgressWeighsBytes(t *testing.T) {
 	endOf := map[int]float64{}
 	var calls int
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	_, err := sanitizeDisks(context.Background(), sanitize.Erase, paths, paths[2:], log, func(i int, _ string, done, total int64, overall float64) {
+	_, err := sanitizeDisks(context.Background(), sanitize.Erase, "", paths, paths[2:], log, func(i int, _ string, done, total int64, overall float64) {
 		calls++
 		require.NotEqual(t, 2, i, "the spared disk reports no progress")
 		if done == total {

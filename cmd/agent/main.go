@@ -162,6 +162,7 @@ func sanitizeDisks(ctx context.Context, args []string, log *slog.Logger) error {
 	fs.Var(&disks, "disk", "a disk to sanitize (repeat for more; everything on it is erased)")
 	fs.Var(&keep, "keep", "a disk given with --disk to leave alone (repeat for more)")
 	levelFlag := fs.String("level", string(sanitize.Erase), "none, metadata or erase")
+	method := fs.String("method", "", "at level erase, this method on every disk (one the disk offers: nvme-format-user-data, write-zeroes, overwrite) instead of the fastest")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -172,7 +173,10 @@ func sanitizeDisks(ctx context.Context, args []string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	evidence, err := agent.Sanitize(ctx, level, disks, keep, log)
+	if m := sanitize.Method(*method); m != "" && (level != sanitize.Erase || !m.ErasesEveryBlock()) {
+		return fmt.Errorf("--method %q: want a method of the erase level (nvme-format-user-data, write-zeroes, overwrite), with --level erase", *method)
+	}
+	evidence, err := agent.Sanitize(ctx, level, sanitize.Method(*method), disks, keep, log)
 	enc := json.NewEncoder(os.Stdout)
 	for _, ev := range evidence {
 		if encErr := enc.Encode(ev); encErr != nil {

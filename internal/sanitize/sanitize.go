@@ -96,10 +96,12 @@ const (
 	// ReadsZero: sampled blocks across the disk, and its first and last
 	// MiB, all read back as zeros.
 	ReadsZero Verification = "sampled-reads-zero"
-	// ReadsChanged: no sampled block that held anything but one repeated
-	// byte before the erase reads back as it did (a cryptographic erase
-	// leaves noise, an ATA erase zeros or ones or the maker's pattern),
-	// and the drive's own status says the operation completed.
+	// ReadsChanged: random data written just before the erase to the
+	// first and last MiB and to sampled blocks across the disk no longer
+	// reads back in any logical block (a cryptographic erase leaves
+	// noise, a user-data erase or an ATA erase zeros, ones or the maker's
+	// pattern: the standards promise only that the data is gone), and the
+	// drive reported the command complete.
 	ReadsChanged Verification = "sampled-reads-changed"
 	// MetadataReadsZero: the first and last MiB of the disk and of each
 	// partition, where partition tables and the signatures of file
@@ -114,16 +116,85 @@ type Plan struct {
 	Why    string
 }
 
+// verification is how each method's result is checked.
+var verification = map[Method]Verification{
+	WipeMetadata:       MetadataReadsZero,
+	NVMeSanitizeCrypto: ReadsChanged,
+	NVMeFormatCrypto:   ReadsChanged,
+	NVMeSanitizeBlock:  ReadsChanged,
+	WriteZeroes:        ReadsZero,
+	ATAEnhancedErase:   ReadsChanged,
+	ATASecurityErase:   ReadsChanged,
+	NVMeFormatUserData: ReadsChanged,
+	Overwrite:          ReadsZero,
+}
+
+// VerificationOf is how a disk erased by m is checked; NotVerified for
+// Skip, Unerasable and a method this package does not know.
+func VerificationOf(m Method) Verification { return verification[m] }
+
+// ErasesEveryBlock reports whether m reaches every block of the disk (it
+// gives the erase level), as opposed to sparing the disk or wiping its
+// metadata only. Such an erase can take hours: the agent disarms every
+// disk before the first starts, and weighs progress by their bytes.
+func (m Method) ErasesEveryBlock() bool {
+	return verification[m] != NotVerified && m != WipeMetadata
+}
+
 // Gives reports whether a disk erased by m meets level. Skip and
 // Unerasable never do: a spared disk is judged by why it was spared.
 func Gives(m Method, level Level) bool {
-	switch m {
-	case WipeMetadata:
+	switch {
+	case m == WipeMetadata:
 		return level == Metadata
-	case NVMeSanitizeCrypto, NVMeFormatCrypto, NVMeSanitizeBlock, WriteZeroes, ATAEnhancedErase, ATASecurityErase, NVMeFormatUserData, Overwrite:
+	case m.ErasesEveryBlock():
 		return level == Metadata || level == Erase
 	}
 	return false
+}
+
+// Offers reports whether dev can be erased by m: the device supports the
+// command (and, for the ATA security erase, the firmware has not frozen
+// it). Every writable disk can be overwritten.
+func Offers(dev Device, m Method) bool {
+	switch m {
+	case NVMeSanitizeCrypto:
+		return dev.NVMeSanitizeCrypto
+	case NVMeFormatCrypto:
+		return dev.NVMeFormatCrypto
+	case NVMeSanitizeBlock:
+		return dev.NVMeSanitizeBlock
+	case WriteZeroes:
+		return dev.WriteZeroes
+	case ATAEnhancedErase:
+		return dev.ATASecurityErase && dev.ATAEnhancedErase && !dev.ATAFrozen
+	case ATASecurityErase:
+		return dev.ATASecurityErase && !dev.ATAFrozen
+	case NVMeFormatUserData:
+		return dev.NVMeFormatUserData
+	case Overwrite:
+		return true
+	}
+	return false
+}
+
+// Force is Choose with the method of the erase level given: for an admin
+// trying a drive's own command by hand (agent sanitize --method), and for
+// the lab, whose devices also offer faster methods. A disk Choose spares,
+// refuses or only wipes the metadata of gets Choose's plan; one that does
+// not offer m is Unerasable, saying so.
+func Force(level Level, dev Device, m Method) Plan {
+	p := Choose(level, dev)
+	if !p.Method.ErasesEveryBlock() {
+		return p
+	}
+	if !m.ErasesEveryBlock() {
+		return Plan{Method: Unerasable, Why: fmt.Sprintf("%q is not a method of the erase level", m)}
+	}
+	if !Offers(dev, m) {
+		return Plan{Method: Unerasable, Why: fmt.Sprintf("the device does not offer %s (it would get %s)", m, p.Method)}
+	}
+	return Plan{Method: m, Verify: VerificationOf(m), Why: fmt.Sprintf("%s was asked for (the device would get %s)", m, p.Method)}
 }
 
 // Choose picks the method for dev at level: the fastest one that gives the

@@ -41,6 +41,42 @@ func TestChoose(t *testing.T) {
 			require.Equal(t, tc.method, p.Method)
 			require.Equal(t, tc.verify, p.Verify)
 			require.Contains(t, p.Why, tc.why)
+			require.Equal(t, VerificationOf(p.Method), p.Verify, "one verification per method")
+			if p.Method.ErasesEveryBlock() {
+				require.True(t, Offers(tc.dev, p.Method), "the device offers what it gets")
+			}
+		})
+	}
+}
+
+// An admin (or the lab) may ask for a slower method a device offers; never
+// for one it does not, and never so as to erase a disk Choose spares.
+func TestForce(t *testing.T) {
+	nvme := Device{WriteZeroes: true, NVMeFormatUserData: true}
+	cases := map[string]struct {
+		level  Level
+		dev    Device
+		asked  Method
+		method Method
+		why    string
+	}{
+		"a format the device offers":   {Erase, nvme, NVMeFormatUserData, NVMeFormatUserData, "nvme-format-user-data was asked for (the device would get write-zeroes)"},
+		"an overwrite, always offered": {Erase, nvme, Overwrite, Overwrite, "overwrite was asked for"},
+		"a command the device lacks":   {Erase, nvme, NVMeSanitizeCrypto, Unerasable, "the device does not offer nvme-sanitize-crypto (it would get write-zeroes)"},
+		"a frozen ATA erase":           {Erase, Device{ATASecurityErase: true, ATAFrozen: true}, ATASecurityErase, Unerasable, "does not offer ata-security-erase"},
+		"not an erase method":          {Erase, nvme, WipeMetadata, Unerasable, `"wipe-metadata" is not a method of the erase level`},
+		"an unknown method":            {Erase, nvme, "shred", Unerasable, `"shred" is not a method`},
+		"the boot medium stays spared": {Erase, Device{BootMedium: true, NVMeFormatUserData: true}, NVMeFormatUserData, Skip, "booted from this device"},
+		"a kept disk stays spared":     {Erase, Device{Kept: true, NVMeFormatUserData: true}, NVMeFormatUserData, Skip, "marked this disk to keep"},
+		"metadata level stays":         {Metadata, nvme, NVMeFormatUserData, WipeMetadata, "level is metadata"},
+		"level none stays":             {None, nvme, NVMeFormatUserData, Skip, "level is none"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			p := Force(tc.level, tc.dev, tc.asked)
+			require.Equal(t, tc.method, p.Method)
+			require.Equal(t, VerificationOf(p.Method), p.Verify)
+			require.Contains(t, p.Why, tc.why)
 		})
 	}
 }

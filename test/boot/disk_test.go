@@ -134,16 +134,19 @@ func requireSerialLog(t *testing.T, v *vm.VM, patterns ...string) {
 
 // `agent sanitize`, run in the discovery OS on real block devices (a
 // virtio disk and an NVMe namespace, which zero ranges themselves, and an
-// ATA disk, which does not), erases them all: the test then reads the disk
-// images and finds none of the previous tenant's markers. It goes through
-// what only a kernel shows: sysfs, the NVMe and ATA identify ioctls, the
-// exclusive open, BLKZEROOUT, O_DIRECT reads.
+// ATA disk, which does not), erases them all; a second NVMe controller's
+// namespace is erased by the drive's own command, Format NVM with the
+// user-data erase (forced: the agent would choose Write Zeroes). The test
+// then reads the disk images and finds none of the previous tenant's
+// markers. It goes through what only a kernel shows: sysfs, the NVMe and
+// ATA identify ioctls, the NVMe admin passthrough, the exclusive open,
+// BLKZEROOUT, O_DIRECT reads.
 func TestAgentSanitizeDisks(t *testing.T) {
 	t.Parallel()
 	marker := []byte("AGENTBOOT-PREVIOUS-TENANT-MARKER")
 	const size = 256 << 20
 	offsets := []int64{0, 1<<20 + 17, 100 << 20, size - 4096, size - int64(len(marker))}
-	disks := make([]string, 3)
+	disks := make([]string, 4)
 	for i := range disks {
 		disks[i] = filepath.Join(t.TempDir(), fmt.Sprintf("disk%d.raw", i))
 		f, err := os.Create(disks[i])
@@ -155,11 +158,23 @@ func TestAgentSanitizeDisks(t *testing.T) {
 		}
 		require.NoError(t, f.Close())
 	}
-	cmd := `/bin/sh -c "/usr/local/bin/agent sanitize --disk /dev/vda --disk /dev/nvme0n1 --disk /dev/sda; echo agentboot-sanitize-exit=$?; reboot -f"`
+	// The kernel numbers NVMe controllers in the order they finish
+	// probing: each namespace is found by its controller's serial.
+	script := `ns() { echo /dev/$(grep -l "$1" /sys/class/nvme/nvme*/serial | cut -d/ -f5)n1; }
+/usr/local/bin/agent sanitize --disk /dev/vda --disk $(ns agentboot-nvme0) --disk /dev/sda
+echo agentboot-sanitize-exit=$?
+/usr/local/bin/agent sanitize --method nvme-format-user-data --disk $(ns agentboot-nvme1)
+echo agentboot-format-exit=$?
+reboot -f
+`
 	override := hosted.IgnitionConfig(t, map[string]any{
+		"storage": map[string]any{"files": []any{map[string]any{
+			"path": "/usr/local/bin/sanitize.sh", "mode": 0o755,
+			"contents": map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString([]byte(script))},
+		}}},
 		"systemd": map[string]any{"units": []any{map[string]any{
 			"name": "sanitize.service", "enabled": true,
-			"contents": "[Service]\nExecStart=" + cmd + "\n[Install]\nWantedBy=multi-user.target\n",
+			"contents": "[Service]\nExecStart=/bin/sh /usr/local/bin/sanitize.sh\n[Install]\nWantedBy=multi-user.target\n",
 		}}},
 	})
 	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) { ie.Spec.IgnitionConfigOverride = string(override) })
@@ -168,12 +183,16 @@ func TestAgentSanitizeDisks(t *testing.T) {
 		"-drive", "file=" + disks[0] + ",if=virtio,format=raw,discard=unmap,detect-zeroes=unmap",
 		"-drive", "file=" + disks[1] + ",if=none,id=nvm0,format=raw,discard=unmap", "-device", "nvme,serial=agentboot-nvme0,drive=nvm0",
 		"-drive", "file=" + disks[2] + ",if=ide,index=0,format=raw",
+		"-drive", "file=" + disks[3] + ",if=none,id=nvm1,format=raw,discard=unmap", "-device", "nvme,serial=agentboot-nvme1,drive=nvm1",
 	}})
-	_, err := v.WaitFor(t.Context(), regexp.MustCompile(`agentboot-sanitize-exit=\d+`), bootTimeout)
+	_, err := v.WaitFor(t.Context(), regexp.MustCompile(`agentboot-format-exit=\d+`), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", v.Tail(40))
-	requireSerialLog(t, v, "agentboot-sanitize-exit=0",
-		`"disk":"/dev/vda","method":"write-zeroes"`, `"disk":"/dev/nvme0n1","method":"write-zeroes"`,
-		`"disk":"/dev/sda","method":"overwrite"`, `"verification":"sampled-reads-zero"`, "(read with O_DIRECT)")
+	requireSerialLog(t, v, "agentboot-sanitize-exit=0", "agentboot-format-exit=0",
+		`"disk":"/dev/vda","method":"write-zeroes"`, `"method":"write-zeroes","why":"the device zeroes blocks itself (Write Zeroes)`,
+		`"disk":"/dev/sda","method":"overwrite"`, `"verification":"sampled-reads-zero"`, "(read with O_DIRECT)",
+		`"method":"nvme-format-user-data","why":"nvme-format-user-data was asked for (the device would get write-zeroes)"`,
+		`"verification":"sampled-reads-changed"`, "no longer reads back in any 512-byte block")
+	require.Regexp(t, `"disk":"/dev/nvme\dn1","method":"write-zeroes"`, v.Log())
 	require.Eventually(t, v.Exited, bootTimeout, time.Second, "the VM did not end; serial log:\n%s", v.Tail(20))
 	for _, d := range disks {
 		data, err := os.ReadFile(d)

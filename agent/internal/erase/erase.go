@@ -20,23 +20,25 @@ import (
 // Progress receives the bytes done of the total as an erase goes.
 type Progress func(done, total int64)
 
-// Methods this agent carries out. The NVMe and ATA commands are decided by
-// internal/sanitize but not sent yet (docs/security.md): Supported masks
-// them, so such disks are zeroed through the block device instead, which
-// leaves nothing readable through it but, unlike those commands, does not
-// reach blocks the drive remapped or keeps in reserve.
+// Methods this agent carries out. NVMe sanitize, the NVMe format with a
+// cryptographic erase and the ATA security erase are decided by
+// internal/sanitize but not sent (docs/security.md): no device the lab can
+// emulate has them, and a command never run against a device is not sent
+// to a customer's drives. Supported masks them, so such disks get the next
+// method their device offers.
 var executable = map[sanitize.Method]bool{
-	sanitize.Skip:         true,
-	sanitize.WipeMetadata: true,
-	sanitize.WriteZeroes:  true,
-	sanitize.Overwrite:    true,
+	sanitize.Skip:               true,
+	sanitize.WipeMetadata:       true,
+	sanitize.WriteZeroes:        true,
+	sanitize.NVMeFormatUserData: true,
+	sanitize.Overwrite:          true,
 }
 
 // Supported is dev without the capabilities whose commands this agent does
 // not send, so that the decision is one the agent can carry out.
 func Supported(dev sanitize.Device) sanitize.Device {
 	dev.NVMeSanitizeCrypto, dev.NVMeSanitizeBlock = false, false
-	dev.NVMeFormatCrypto, dev.NVMeFormatUserData = false, false
+	dev.NVMeFormatCrypto = false
 	dev.ATASecurityErase, dev.ATAEnhancedErase = false, false
 	return dev
 }
@@ -72,6 +74,7 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 	defer f.Close()
 	start := time.Now()
 	var regions []Extent
+	var canaries []canary
 	switch plan.Method {
 	case sanitize.WipeMetadata:
 		regions = metadataRegions(t)
@@ -82,6 +85,17 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 	case sanitize.Overwrite:
 		regions = []Extent{{0, t.Size}}
 		err = zeroRegions(ctx, f, regions, progress)
+	case sanitize.NVMeFormatUserData:
+		regions = []Extent{{0, t.Size}}
+		canaries, err = plantCanaries(f, t.Size)
+		if err == nil {
+			// One command: the drive says nothing until it is done.
+			progress(0, t.Size)
+			err = t.driveOrKernel().FormatNVM(f, sesUserData, formatTimeout(t.Size))
+		}
+		if err == nil {
+			progress(t.Size, t.Size)
+		}
 	}
 	for _, r := range regions {
 		ev.Bytes += r.Length
@@ -93,11 +107,15 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 	if err != nil {
 		return ev, fmt.Errorf("disk %s: %s: %w", t.Path, plan.Method, err)
 	}
-	if plan.Method == sanitize.WipeMetadata {
-		// The kernel forgets the partitions it knew; a file has none.
-		_ = unix.IoctlSetInt(int(f.Fd()), unix.BLKRRPART, 0)
+	// The kernel forgets the partitions it knew; a file has none.
+	_ = unix.IoctlSetInt(int(f.Fd()), unix.BLKRRPART, 0)
+	var checked string
+	switch plan.Verify {
+	case sanitize.ReadsChanged:
+		checked, err = verifyChanged(t.Path, canaries)
+	default:
+		checked, err = verifyZero(t.Path, t.Size, regions)
 	}
-	checked, err := verifyZero(t.Path, t.Size, regions)
 	if err != nil {
 		return ev, fmt.Errorf("disk %s: verify %s: %w", t.Path, plan.Method, err)
 	}
@@ -114,9 +132,7 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 // the firmware goes on to its next boot device. A skipped or unerasable disk is left
 // alone. Disarm is no evidence: the erase and its check are.
 func Disarm(ctx context.Context, t Target, plan sanitize.Plan) error {
-	switch plan.Method {
-	case sanitize.WriteZeroes, sanitize.Overwrite:
-	default:
+	if !plan.Method.ErasesEveryBlock() {
 		return nil
 	}
 	f, err := openExclusive(t.Path)

@@ -1,18 +1,22 @@
 package erase
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
@@ -24,10 +28,13 @@ func TestParseNVMeIdentify(t *testing.T) {
 		binary.LittleEndian.PutUint32(b[328:], sanicap)
 		return b
 	}
+	manyNamespaces := ctrl(0, 0, 0)
+	binary.LittleEndian.PutUint32(manyNamespaces[516:], 1024)
 	for name, tc := range map[string]struct {
 		id   []byte
 		want nvmeController
 	}{
+		"NN":                          {manyNamespaces, nvmeController{namespaces: 1024}},
 		"nothing":                     {ctrl(0, 0, 0), nvmeController{}},
 		"format without crypto":       {ctrl(1<<1, 0, 0), nvmeController{formatNVM: true}},
 		"format with crypto":          {ctrl(1<<1, 1<<2, 0), nvmeController{formatNVM: true, formatCrypto: true}},
@@ -35,6 +42,7 @@ func TestParseNVMeIdentify(t *testing.T) {
 		"sanitize crypto and block":   {ctrl(0, 0, 0b011), nvmeController{sanitizeCrypto: true, sanitizeBlock: true}},
 		"sanitize overwrite only":     {ctrl(0, 0, 0b100), nvmeController{sanitizeOver: true}},
 		"NODMMAS bits are not a verb": {ctrl(0, 0, 0xc000_0000), nvmeController{}},
+		"format and erase reach all":  {ctrl(1<<1, 0b011, 0), nvmeController{formatNVM: true, formatAll: true, eraseAll: true}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got, err := parseNVMeController(tc.id)
@@ -81,13 +89,18 @@ func TestNVMePassthroughLayout(t *testing.T) {
 	require.Equal(t, uint32(0xc0000000|72<<16|'N'<<8|0x41), uint32(nvmeIoctlAdminCmd))
 }
 
-type fakeIdentify struct {
+type fakeDrive struct {
 	ctrl, ata []byte
 	err       error
+	// format plays the drive's Format NVM on the file standing in for it.
+	format func(f *os.File, ses uint32) error
 }
 
-func (f fakeIdentify) NVMe(string) ([]byte, error) { return f.ctrl, f.err }
-func (f fakeIdentify) ATA(string) ([]byte, error)  { return f.ata, f.err }
+func (f fakeDrive) NVMe(string) ([]byte, error) { return f.ctrl, f.err }
+func (f fakeDrive) ATA(string) ([]byte, error)  { return f.ata, f.err }
+func (f fakeDrive) FormatNVM(file *os.File, ses uint32, _ time.Duration) error {
+	return f.format(file, ses)
+}
 
 // fakeSys writes a sysfs disk directory under root.
 func fakeSys(t *testing.T, root, name string, files map[string]string) {
@@ -104,6 +117,7 @@ func TestProbeDevice(t *testing.T) {
 	binary.LittleEndian.PutUint16(nvmeCtrl[256:], 1<<1)
 	nvmeCtrl[524] = 1 << 2
 	binary.LittleEndian.PutUint32(nvmeCtrl[328:], 1)
+	binary.LittleEndian.PutUint32(nvmeCtrl[516:], 1) // NN: one namespace
 	ata := make([]byte, ataIdentifySize)
 	binary.LittleEndian.PutUint16(ata[2*82:], 1<<1)
 	binary.LittleEndian.PutUint16(ata[2*128:], 1|1<<3)
@@ -122,7 +136,7 @@ func TestProbeDevice(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(root, "proc/mounts"), []byte("/dev/sdb1 /run/media/iso vfat ro 0 0\n"), 0o644))
 
 	t.Run("nvme", func(t *testing.T) {
-		o := Options{Root: root, Identify: fakeIdentify{ctrl: nvmeCtrl}}
+		o := Options{Root: root, Drive: fakeDrive{ctrl: nvmeCtrl}}
 		_, err := probeDevice(o, Target{Path: "/dev/nvme0n1"}, "nvme0n1", false)
 		// The partition claims sectors beyond the 2000-sector disk.
 		require.ErrorContains(t, err, "partition nvme0n1p1 (1048576+512000 bytes) lies outside the disk (1024000 bytes)")
@@ -135,22 +149,36 @@ func TestProbeDevice(t *testing.T) {
 		require.Equal(t, sanitize.Plan{Method: sanitize.WriteZeroes, Verify: sanitize.ReadsZero, Why: "the device zeroes blocks itself (Write Zeroes)"},
 			sanitize.Choose(sanitize.Erase, Supported(got.Device)), "the agent's own choice skips the commands it does not send")
 	})
+	t.Run("nvme with several namespaces", func(t *testing.T) {
+		shared := bytes.Clone(nvmeCtrl)
+		binary.LittleEndian.PutUint32(shared[516:], 32)
+		got, err := probeDevice(Options{Root: root, Drive: fakeDrive{ctrl: shared}}, Target{Path: "/dev/nvme0n1"}, "nvme0n1", false)
+		require.NoError(t, err)
+		require.Equal(t, sanitize.Device{WriteZeroes: true, NVMeFormatCrypto: true, NVMeFormatUserData: true}, got.Device,
+			"a sanitize erases every namespace: not offered; a format per namespace is")
+		require.Contains(t, strings.Join(got.Notes, "; "), "NVMe sanitize not used: it erases every namespace, and the controller can have 32")
+		shared[524] |= 1 << 0 // FNA: a format formats every namespace
+		got, err = probeDevice(Options{Root: root, Drive: fakeDrive{ctrl: shared}}, Target{Path: "/dev/nvme0n1"}, "nvme0n1", false)
+		require.NoError(t, err)
+		require.Equal(t, sanitize.Device{WriteZeroes: true}, got.Device)
+		require.Contains(t, strings.Join(got.Notes, "; "), "NVMe format not used: the controller formats or erases all of its namespaces at once (FNA), and can have 32")
+	})
 	t.Run("sata, frozen", func(t *testing.T) {
-		got, err := probeDevice(Options{Root: root, Identify: fakeIdentify{ata: ata}}, Target{Path: "/dev/sda"}, "sda", false)
+		got, err := probeDevice(Options{Root: root, Drive: fakeDrive{ata: ata}}, Target{Path: "/dev/sda"}, "sda", false)
 		require.NoError(t, err)
 		require.Equal(t, sanitize.Device{ATASecurityErase: true, ATAFrozen: true}, got.Device)
 	})
 	t.Run("ISO content on a fixed disk is data", func(t *testing.T) {
-		got, err := probeDevice(Options{Root: root, Identify: fakeIdentify{err: errors.New("inappropriate ioctl for device")}}, Target{Path: "/dev/sda"}, "sda", true)
+		got, err := probeDevice(Options{Root: root, Drive: fakeDrive{err: errors.New("inappropriate ioctl for device")}}, Target{Path: "/dev/sda"}, "sda", true)
 		require.NoError(t, err)
 		require.Equal(t, sanitize.Device{}, got.Device, "the previous tenant could have written CD001 there")
 		require.Equal(t, []string{"no ATA IDENTIFY: inappropriate ioctl for device"}, got.Notes)
 	})
 	t.Run("ISO on a read-only removable device is the boot medium", func(t *testing.T) {
-		got, err := probeDevice(Options{Root: root, Identify: fakeIdentify{err: errors.New("no")}}, Target{Path: "/dev/sdd"}, "sdd", true)
+		got, err := probeDevice(Options{Root: root, Drive: fakeDrive{err: errors.New("no")}}, Target{Path: "/dev/sdd"}, "sdd", true)
 		require.NoError(t, err)
 		require.True(t, got.Device.BootMedium)
-		got, err = probeDevice(Options{Root: root, Identify: fakeIdentify{err: errors.New("no")}}, Target{Path: "/dev/sdf"}, "sdf", true)
+		got, err = probeDevice(Options{Root: root, Drive: fakeDrive{err: errors.New("no")}}, Target{Path: "/dev/sdf"}, "sdf", true)
 		require.NoError(t, err)
 		require.False(t, got.Device.BootMedium, "a writable USB stick holds what anyone wrote")
 	})
@@ -166,19 +194,19 @@ func TestProbeDevice(t *testing.T) {
 		require.True(t, got.Device.BootMedium)
 	})
 	t.Run("mounted", func(t *testing.T) {
-		got, err := probeDevice(Options{Root: root, Identify: fakeIdentify{err: errors.New("no")}}, Target{Path: "/dev/sdb"}, "sdb", false)
+		got, err := probeDevice(Options{Root: root, Drive: fakeDrive{err: errors.New("no")}}, Target{Path: "/dev/sdb"}, "sdb", false)
 		require.NoError(t, err)
 		require.True(t, got.Device.BootMedium, "sdb1 is mounted")
 	})
 	t.Run("held by RAID", func(t *testing.T) {
-		_, err := probeDevice(Options{Root: root, Identify: fakeIdentify{err: errors.New("no")}}, Target{Path: "/dev/sde"}, "sde", false)
+		_, err := probeDevice(Options{Root: root, Drive: fakeDrive{err: errors.New("no")}}, Target{Path: "/dev/sde"}, "sde", false)
 		require.EqualError(t, err, "disk /dev/sde is in use by md127 (of sde2): not erased")
-		kept, err := probeDevice(Options{Root: root, Identify: fakeIdentify{err: errors.New("no")}}, Target{Path: "/dev/sde", Device: sanitize.Device{Kept: true}}, "sde", false)
+		kept, err := probeDevice(Options{Root: root, Drive: fakeDrive{err: errors.New("no")}}, Target{Path: "/dev/sde", Device: sanitize.Device{Kept: true}}, "sde", false)
 		require.NoError(t, err, "a disk to keep is never written: its RAID does not matter")
 		require.Equal(t, sanitize.Skip, sanitize.Choose(sanitize.Erase, Supported(kept.Device)).Method)
 	})
 	t.Run("partition outside", func(t *testing.T) {
-		_, err := probeDevice(Options{Root: root, Identify: fakeIdentify{}}, Target{Path: "/dev/sdc"}, "sdc", false)
+		_, err := probeDevice(Options{Root: root, Drive: fakeDrive{}}, Target{Path: "/dev/sdc"}, "sdc", false)
 		require.ErrorContains(t, err, "lies outside the disk")
 	})
 	t.Run("no sysfs", func(t *testing.T) {
@@ -191,9 +219,11 @@ func TestProbeDevice(t *testing.T) {
 func disk(t *testing.T, size int64) (string, []byte) {
 	t.Helper()
 	data := make([]byte, size)
-	r := rand.New(rand.NewPCG(3, 4))
-	for i := range data {
-		data[i] = byte(r.UintN(255) + 1) // never zero: every byte left shows
+	_, _ = rand.NewChaCha8([32]byte{3, 4}).Read(data)
+	for i, b := range data {
+		if b == 0 {
+			data[i] = 1 // never zero: every byte left shows
+		}
 	}
 	p := filepath.Join(t.TempDir(), "disk.img")
 	require.NoError(t, os.WriteFile(p, data, 0o644))
@@ -286,4 +316,140 @@ func TestEraseRefusesAndReports(t *testing.T) {
 		_, err = Probe(Options{}, filepath.Join(t.TempDir(), "nope"), false)
 		require.True(t, strings.Contains(err.Error(), "no such file"), err)
 	})
+}
+
+func TestParseNVMeNamespace(t *testing.T) {
+	ns := func(nlbaf, flbas, dps byte) []byte {
+		b := make([]byte, nvmeIdentifySize)
+		b[25], b[26], b[29] = nlbaf, flbas, dps
+		return b
+	}
+	for name, tc := range map[string]struct {
+		id    []byte
+		want  nvmeNamespace
+		cdw10 uint32 // with the user-data erase
+		err   string
+	}{
+		"first format, no metadata":   {ns(0, 0, 0), nvmeNamespace{}, 1 << 9, ""},
+		"4 KiB format of two":         {ns(1, 1, 0), nvmeNamespace{lbaf: 1}, 1 | 1<<9, ""},
+		"extended metadata, PI 1":     {ns(4, 3|1<<4, 1|1<<3), nvmeNamespace{lbaf: 3, extended: true, pi: 1, piFirst: true}, 3 | 1<<4 | 1<<5 | 1<<8 | 1<<9, ""},
+		"format 17 of 20 (high bits)": {ns(19, 1|1<<5, 0), nvmeNamespace{lbaf: 17}, 1 | 1<<9 | 1<<12, ""},
+		"a format it does not list":   {ns(0, 2, 0), nvmeNamespace{}, 0, "LBA format 2 in use, but only 1 listed"},
+		"a protection type not known": {ns(0, 0, 5), nvmeNamespace{}, 0, "protection information type 5"},
+		"short":                       {make([]byte, 100), nvmeNamespace{}, 0, "too short"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, err := parseNVMeNamespace(tc.id)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.cdw10, got.formatCDW10(sesUserData), "%#x", got.formatCDW10(sesUserData))
+		})
+	}
+}
+
+// Format NVM with the user-data erase: the standard leaves what the blocks
+// read afterwards open, so the check is that random data written just
+// before no longer reads back anywhere it was written.
+func TestNVMeFormat(t *testing.T) {
+	const size = 8<<20 + 4096
+	fill := func(b byte) func(*os.File, uint32) error {
+		return func(f *os.File, ses uint32) error {
+			if ses != sesUserData {
+				return errors.New("not a user-data erase")
+			}
+			buf := bytes.Repeat([]byte{b}, 1<<20)
+			for off := int64(0); off < size; off += int64(len(buf)) {
+				n := min(int64(len(buf)), size-off)
+				if _, err := f.WriteAt(buf[:n], off); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	run := func(t *testing.T, format func(*os.File, uint32) error) (string, agentwire.DiskSanitization, []int64, error) {
+		path, _ := disk(t, size)
+		target, err := Probe(Options{Drive: fakeDrive{format: format}}, path, false)
+		require.NoError(t, err)
+		target.Device.NVMeFormatUserData = true
+		plan := sanitize.Force(sanitize.Erase, target.Device, sanitize.NVMeFormatUserData)
+		require.Equal(t, sanitize.NVMeFormatUserData, plan.Method, plan.Why)
+		var seen []int64
+		ev, err := Run(context.Background(), target, plan, func(done, total int64) {
+			require.Equal(t, int64(size), total)
+			seen = append(seen, done)
+		})
+		return path, ev, seen, err
+	}
+	t.Run("zeros", func(t *testing.T) {
+		path, ev, seen, err := run(t, fill(0))
+		require.NoError(t, err)
+		require.Equal(t, []int64{0, size}, seen, "nothing in between: the drive says nothing until it is done")
+		require.Equal(t, string(sanitize.ReadsChanged), ev.Verification)
+		require.Equal(t, int64(size), ev.Bytes)
+		require.Regexp(t, `^random data written just before the erase to \d+ places \(the first and last MiB, sampled 64 KiB blocks\) no longer reads back in any 512-byte block; 100% of it reads as zeros \(read `, ev.Checked)
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.Equal(t, make([]byte, size), got)
+	})
+	t.Run("the maker's pattern", func(t *testing.T) {
+		_, ev, _, err := run(t, fill(0xff))
+		require.NoError(t, err)
+		require.Contains(t, ev.Checked, "; 0% of it reads as zeros")
+	})
+	t.Run("a drive that did nothing", func(t *testing.T) {
+		_, _, _, err := run(t, func(*os.File, uint32) error { return nil })
+		require.ErrorContains(t, err, "verify nvme-format-user-data: the 512 bytes at 0 still hold the random data written there just before the erase")
+	})
+	t.Run("a drive that skipped one block", func(t *testing.T) {
+		_, _, _, err := run(t, func(f *os.File, ses uint32) error {
+			keep := make([]byte, 512)
+			if _, err := f.ReadAt(keep, size-1024); err != nil {
+				return err
+			}
+			if err := fill(0)(f, ses); err != nil {
+				return err
+			}
+			_, err := f.WriteAt(keep, size-1024)
+			return err
+		})
+		require.ErrorContains(t, err, fmt.Sprintf("the 512 bytes at %d still hold the random data", size-1024))
+	})
+	t.Run("the controller refuses", func(t *testing.T) {
+		_, _, _, err := run(t, func(*os.File, uint32) error { return errors.New("the controller answered status 0x4002") })
+		require.ErrorContains(t, err, "nvme-format-user-data: the controller answered status 0x4002")
+	})
+}
+
+// The random data the format's check compares against always covers the
+// first and last MiB, and no piece of it writes over another.
+func TestCanaries(t *testing.T) {
+	for _, size := range []int64{4 << 20, 2<<20 + 512, 1 << 20, 64 << 10} {
+		path, _ := disk(t, size)
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		require.NoError(t, err)
+		for range 20 {
+			cs, err := plantCanaries(f, size)
+			require.NoError(t, err)
+			require.Equal(t, int64(0), cs[0].offset)
+			require.Len(t, cs[0].data, int(min(edge, size)))
+			if size > edge {
+				require.Equal(t, size-edge, cs[1].offset, "size %d", size)
+			}
+			covered := make([]bool, size)
+			for _, c := range cs {
+				for i := c.offset; i < c.offset+int64(len(c.data)); i++ {
+					if covered[i] {
+						t.Fatalf("size %d: byte %d written twice", size, i)
+					}
+					covered[i] = true
+				}
+			}
+		}
+		require.NoError(t, f.Close())
+	}
 }

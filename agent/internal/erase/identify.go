@@ -3,6 +3,7 @@ package erase
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 )
 
 // Sizes of the identify data the parsers read.
@@ -20,11 +21,24 @@ type nvmeController struct {
 	sanitizeCrypto bool // SANICAP bit 0
 	sanitizeBlock  bool // SANICAP bit 1
 	sanitizeOver   bool // SANICAP bit 2 (overwrite; not used: an overwrite is no faster here)
+	// A format of one namespace formats them all (FNA bit 0), or its
+	// secure erase erases them all (FNA bit 1).
+	formatAll, eraseAll bool
+	// namespaces is how many the controller can have (NN).
+	namespaces uint32
+}
+
+// formatsOnlyOne reports whether a Format NVM sent to one namespace
+// erases that namespace alone: the controller formats namespaces one by
+// one, or it can have only one. Otherwise it could erase another
+// namespace: a disk to keep, or the boot medium.
+func (c nvmeController) formatsOnlyOne() bool {
+	return !c.formatAll && !c.eraseAll || c.namespaces == 1
 }
 
 // parseNVMeController reads the NVMe base specification's Identify
-// Controller data structure: OACS at bytes 257:256, FNA at byte 524,
-// SANICAP at bytes 331:328.
+// Controller data structure: OACS at bytes 257:256, SANICAP at bytes
+// 331:328, NN at bytes 519:516, FNA at byte 524.
 func parseNVMeController(id []byte) (nvmeController, error) {
 	if len(id) < nvmeIdentifySize {
 		return nvmeController{}, errShortIdentify
@@ -38,7 +52,64 @@ func parseNVMeController(id []byte) (nvmeController, error) {
 		sanitizeCrypto: sanicap&(1<<0) != 0,
 		sanitizeBlock:  sanicap&(1<<1) != 0,
 		sanitizeOver:   sanicap&(1<<2) != 0,
+		formatAll:      fna&(1<<0) != 0,
+		eraseAll:       fna&(1<<1) != 0,
+		namespaces:     binary.LittleEndian.Uint32(id[516:520]),
 	}, nil
+}
+
+// nvmeNamespace is how a namespace is formatted now (Identify Namespace,
+// CNS 00h), which a Format NVM that erases must keep.
+type nvmeNamespace struct {
+	lbaf     uint8 // the LBA format in use, 0 to 63
+	extended bool  // metadata travels at the end of each block (MSET)
+	pi       uint8 // protection information type, 0 for none
+	piFirst  bool  // protection information in the first bytes of the metadata (PIL)
+}
+
+// parseNVMeNamespace reads Identify Namespace: NLBAF at byte 25, FLBAS at
+// byte 26 (format index bits 3:0 and, for more than 16 formats, 6:5;
+// MSET bit 4), DPS at byte 29 (type bits 2:0, PIL bit 3).
+func parseNVMeNamespace(id []byte) (nvmeNamespace, error) {
+	if len(id) < nvmeIdentifySize {
+		return nvmeNamespace{}, errShortIdentify
+	}
+	nlbaf, flbas, dps := id[25], id[26], id[29]
+	n := nvmeNamespace{
+		lbaf:     flbas&0x0f | (flbas>>5&0x03)<<4,
+		extended: flbas&(1<<4) != 0,
+		pi:       dps & 0x07,
+		piFirst:  dps&(1<<3) != 0,
+	}
+	// NLBAF is zero-based: a namespace in a format it does not list is a
+	// reply not to act on.
+	if n.lbaf > nlbaf {
+		return nvmeNamespace{}, fmt.Errorf("identify namespace: LBA format %d in use, but only %d listed", n.lbaf, int(nlbaf)+1)
+	}
+	if n.pi > 3 {
+		return nvmeNamespace{}, fmt.Errorf("identify namespace: protection information type %d", n.pi)
+	}
+	return n, nil
+}
+
+// Secure erase settings of Format NVM (SES).
+const (
+	sesUserData = 1
+	sesCrypto   = 2
+)
+
+// formatCDW10 is Format NVM's command dword 10 that keeps the namespace as
+// it is formatted and erases with ses: LBAF bits 3:0 and 13:12, MSET bit
+// 4, PI bits 7:5, PIL bit 8, SES bits 11:9.
+func (n nvmeNamespace) formatCDW10(ses uint32) uint32 {
+	v := uint32(n.lbaf&0x0f) | uint32(n.lbaf>>4)<<12 | uint32(n.pi)<<5 | (ses&0x7)<<9
+	if n.extended {
+		v |= 1 << 4
+	}
+	if n.piFirst {
+		v |= 1 << 8
+	}
+	return v
 }
 
 // ataIdentity is what IDENTIFY DEVICE says about erasing.

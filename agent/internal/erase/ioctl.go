@@ -2,15 +2,18 @@ package erase
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// ioctlIdentifier asks the device through the kernel.
-type ioctlIdentifier struct{}
+// kernel asks devices, and sends them commands, through the kernel's
+// ioctls.
+type kernel struct{}
 
 // nvmeAdminCmd is the kernel's struct nvme_passthru_cmd (linux/nvme_ioctl.h).
 type nvmeAdminCmd struct {
@@ -36,30 +39,80 @@ type nvmeAdminCmd struct {
 const (
 	// _IOWR('N', 0x41, struct nvme_passthru_cmd).
 	nvmeIoctlAdminCmd = 0xc0484e41
-	nvmeOpIdentify    = 0x06
+	// _IO('N', 0x40): the namespace ID of a namespace block device.
+	nvmeIoctlID     = 0x4e40
+	nvmeOpIdentify  = 0x06
+	nvmeOpFormatNVM = 0x80
 	// HDIO_GET_IDENTITY: libata answers it with IDENTIFY DEVICE.
 	hdioGetIdentity = 0x030d
 )
 
-func (ioctlIdentifier) NVMe(path string) ([]byte, error) {
+func (kernel) NVMe(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	return identify(f, 0, 1) // CNS 01h: the controller
+}
+
+// identify sends Identify with cns for namespace nsid.
+func identify(f *os.File, nsid, cns uint32) ([]byte, error) {
 	buf := make([]byte, nvmeIdentifySize)
-	cmd := nvmeAdminCmd{opcode: nvmeOpIdentify, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), dataLen: nvmeIdentifySize, cdw10: 1} // CNS 01h: the controller
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&cmd)))
+	cmd := nvmeAdminCmd{opcode: nvmeOpIdentify, nsid: nsid, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), dataLen: nvmeIdentifySize, cdw10: cns}
+	_, err := admin(f, &cmd)
 	// The command holds buf's address as a number: keep buf alive until
 	// the kernel has written it.
 	runtime.KeepAlive(buf)
-	if errno != 0 {
-		return nil, fmt.Errorf("identify controller: %w", errno)
+	if err != nil {
+		return nil, fmt.Errorf("identify (CNS %02xh): %w", cns, err)
 	}
 	return buf, nil
 }
 
-func (ioctlIdentifier) ATA(path string) ([]byte, error) {
+// admin sends an NVMe admin command. The ioctl returns a negative errno
+// when the kernel could not send it, and the NVMe status (non-zero: the
+// controller refused or failed it) otherwise.
+func admin(f *os.File, cmd *nvmeAdminCmd) (uint32, error) {
+	r, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(cmd)))
+	if errno != 0 {
+		return 0, errno
+	}
+	if status := int32(r); status != 0 {
+		return cmd.result, fmt.Errorf("the controller answered status %#x (type %d, code %#02x%s)", status, status>>8&7, status&0xff, dnr(status))
+	}
+	return cmd.result, nil
+}
+
+func dnr(status int32) string {
+	if status&0x4000 != 0 {
+		return ", do not retry"
+	}
+	return ""
+}
+
+func (kernel) FormatNVM(f *os.File, ses uint32, timeout time.Duration) error {
+	r, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nvmeIoctlID, 0)
+	if errno != 0 {
+		return fmt.Errorf("namespace ID: %w", errno)
+	}
+	nsid := uint32(r)
+	raw, err := identify(f, nsid, 0) // CNS 00h: the namespace
+	if err != nil {
+		return err
+	}
+	ns, err := parseNVMeNamespace(raw)
+	if err != nil {
+		return err
+	}
+	cmd := nvmeAdminCmd{opcode: nvmeOpFormatNVM, nsid: nsid, cdw10: ns.formatCDW10(ses), timeoutMs: uint32(min(timeout.Milliseconds(), math.MaxUint32))}
+	if _, err := admin(f, &cmd); err != nil {
+		return fmt.Errorf("format NVM (namespace %d, SES %d): %w", nsid, ses, err)
+	}
+	return nil
+}
+
+func (kernel) ATA(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err

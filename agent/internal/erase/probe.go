@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/agentboot/agentboot/agent/internal/blockdev"
 	"github.com/agentboot/agentboot/internal/sanitize"
@@ -16,26 +17,32 @@ import (
 type Options struct {
 	// Root is "/" except in tests, which point it at a fake sysfs and procfs.
 	Root string
-	// Identify reads a device's identify data; the ioctls when nil.
-	Identify Identifier
+	// Drive asks devices and sends them commands; the kernel's ioctls
+	// when nil.
+	Drive Drive
 }
 
-// Identifier reads identify data from a device.
-type Identifier interface {
+// Drive asks a device what it is and sends it its own erase commands.
+type Drive interface {
 	// NVMe returns Identify Controller of the namespace block device at
 	// path.
 	NVMe(path string) ([]byte, error)
 	// ATA returns IDENTIFY DEVICE of the disk at path.
 	ATA(path string) ([]byte, error)
+	// FormatNVM formats the NVMe namespace open as f with secure erase
+	// setting ses (sesUserData, sesCrypto), keeping its LBA format and
+	// protection settings, and returns once the controller reports the
+	// command complete or timeout passed.
+	FormatNVM(f *os.File, ses uint32, timeout time.Duration) error
 }
 
 func (o Options) path(p string) string { return filepath.Join(o.Root, p) }
 
-func (o Options) identify() Identifier {
-	if o.Identify != nil {
-		return o.Identify
+func (o Options) drive() Drive {
+	if o.Drive != nil {
+		return o.Drive
 	}
-	return ioctlIdentifier{}
+	return kernel{}
 }
 
 // Target is one disk as the probe found it.
@@ -54,11 +61,14 @@ type Target struct {
 	// Notes say what could not be found out (an identify command the
 	// device refused): the decision then takes the slower, certain method.
 	Notes []string
+
+	// drive is what Probe asked; Run sends the erase commands through it.
+	drive Drive
 }
 
 // Probe finds out what the disk at path can do. kept is the admin's mark.
 func Probe(o Options, path string, kept bool) (Target, error) {
-	t := Target{Path: path, Device: sanitize.Device{Kept: kept}}
+	t := Target{Path: path, Device: sanitize.Device{Kept: kept}, drive: o.Drive}
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		return t, fmt.Errorf("disk %s: %w", path, err)
@@ -129,14 +139,14 @@ func probeDevice(o Options, t Target, name string, iso bool) (Target, error) {
 	}
 	switch {
 	case strings.HasPrefix(t.Name, "nvme"):
-		t.probeNVMe(o.identify())
+		t.probeNVMe(o.drive())
 	case strings.HasPrefix(t.Name, "sd"):
-		t.probeATA(o.identify())
+		t.probeATA(o.drive())
 	}
 	return t, nil
 }
 
-func (t *Target) probeNVMe(id Identifier) {
+func (t *Target) probeNVMe(id Drive) {
 	ctrl, err := id.NVMe(t.Path)
 	if err != nil {
 		t.Notes = append(t.Notes, "NVMe identify: "+err.Error())
@@ -147,13 +157,25 @@ func (t *Target) probeNVMe(id Identifier) {
 		t.Notes = append(t.Notes, "NVMe identify controller: "+err.Error())
 		return
 	}
-	t.Device.NVMeSanitizeCrypto = c.sanitizeCrypto
-	t.Device.NVMeSanitizeBlock = c.sanitizeBlock
-	t.Device.NVMeFormatCrypto = c.formatCrypto
-	t.Device.NVMeFormatUserData = c.formatNVM
+	// A sanitize erases every namespace of the NVM subsystem, and a
+	// format may erase every namespace of the controller (FNA): neither is
+	// offered where that could be a disk other than this one (a disk to
+	// keep, the boot medium).
+	if c.namespaces == 1 {
+		t.Device.NVMeSanitizeCrypto = c.sanitizeCrypto
+		t.Device.NVMeSanitizeBlock = c.sanitizeBlock
+	} else if c.sanitizeCrypto || c.sanitizeBlock {
+		t.Notes = append(t.Notes, fmt.Sprintf("NVMe sanitize not used: it erases every namespace, and the controller can have %d", c.namespaces))
+	}
+	if c.formatsOnlyOne() {
+		t.Device.NVMeFormatCrypto = c.formatCrypto
+		t.Device.NVMeFormatUserData = c.formatNVM
+	} else if c.formatNVM {
+		t.Notes = append(t.Notes, fmt.Sprintf("NVMe format not used: the controller formats or erases all of its namespaces at once (FNA), and can have %d", c.namespaces))
+	}
 }
 
-func (t *Target) probeATA(id Identifier) {
+func (t *Target) probeATA(id Drive) {
 	raw, err := id.ATA(t.Path)
 	if err != nil {
 		// SCSI, SAS, USB bridges and virtio-scsi disks answer no ATA

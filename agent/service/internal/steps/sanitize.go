@@ -320,6 +320,8 @@ func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r ag
 			problems = append(problems, fmt.Sprintf("%s: method %q does not give level %s", rec.Disk, rec.Method, level))
 		case e.Verification == "" || e.Checked == "":
 			problems = append(problems, fmt.Sprintf("%s: erased by %s but not checked", rec.Disk, rec.Method))
+		case sanitize.Verification(e.Verification) != sanitize.VerificationOf(sanitize.Method(e.Method)):
+			problems = append(problems, fmt.Sprintf("%s: erased by %s but checked by %q, not %q", rec.Disk, rec.Method, rec.Verification, sanitize.VerificationOf(sanitize.Method(e.Method))))
 		case sanitize.Method(e.Method) != sanitize.WipeMetadata && e.Bytes < size[e.Disk]:
 			problems = append(problems, fmt.Sprintf("%s: erased %d bytes of %d", rec.Disk, e.Bytes, size[e.Disk]))
 		}

@@ -123,6 +123,8 @@ func TestSanitizeStep(t *testing.T) {
 	skipped.Method, skipped.Why, skipped.Verification, skipped.Checked = "skip", "the host booted from this device", "", ""
 	short := vda
 	short.Bytes = 1e9
+	wrongCheck := vda
+	wrongCheck.Verification = string(sanitize.ReadsChanged)
 	failed := vda
 	failed.Error = "disk /dev/vda: verify overwrite: byte 4096 reads 0x5a, not zero"
 	for name, tc := range map[string]struct {
@@ -135,6 +137,7 @@ func TestSanitizeStep(t *testing.T) {
 		"more disks than given":      {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{vda, sr0, vda}}, "the host reported 3 disks, more than the 2 it was given"},
 		"metadata is not erase":      {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{{Disk: "/dev/vda", Method: "wipe-metadata", Verification: "metadata-regions-read-zero", Checked: "y"}, sr0}}, `/dev/vda: method "wipe-metadata" does not give level erase`},
 		"not checked":                {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{unchecked, sr0}}, "/dev/vda: erased by overwrite but not checked"},
+		"checked the wrong way":      {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{wrongCheck, sr0}}, `/dev/vda: erased by overwrite but checked by "sampled-reads-changed", not "sampled-reads-zero"`},
 		"spared without a reason":    {agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{skipped, sr0}}, "/dev/vda: spared, but the host's inventory shows no boot medium there"},
 		"an erase that failed":       {agentwire.StepResult{ExitCode: 1, Error: "1 disk failed", Sanitization: []agentwire.DiskSanitization{failed, sr0}}, "/dev/vda: disk /dev/vda: verify overwrite: byte 4096 reads 0x5a"},
 		"a step that failed as such": {agentwire.StepResult{ExitCode: 1, Error: "out of memory", Sanitization: []agentwire.DiskSanitization{vda, sr0}}, "the sanitize step failed: out of memory"},
