@@ -24,6 +24,7 @@ import (
 	"github.com/agentboot/agentboot/agent/internal/ntp"
 	"github.com/agentboot/agentboot/agent/internal/staticnet"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/clip"
 	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
@@ -445,9 +446,7 @@ func (a *Agent) install(ctx context.Context, s agentwire.Step) agentwire.StepRes
 		return agentwire.StepResult{ExitCode: 1, Error: "install step without its parameters"}
 	}
 	report := func(stage string, pct int, info string) {
-		if len(info) > 1000 {
-			info = info[:1000] + "…"
-		}
+		info = clip.Text(info, 1000)
 		if err := a.client.Progress(ctx, a.ns, a.id, agentwire.Progress{Stage: stage, Percentage: pct, Info: info}); err != nil {
 			a.log.Error("report progress", "stage", stage, "err", err)
 		}

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"unicode"
+
+	"github.com/agentboot/agentboot/internal/clip"
 )
 
 // Policy is the sanitization level hosts owe when they leave a cluster, set
@@ -113,10 +115,7 @@ const KeepAnnotation = "agentboot.io/sanitize-keep"
 func KeepRecord(raw string) ([]string, error) {
 	keep, err := ParseKeep(raw)
 	if err != nil {
-		if len(raw) > maxKeepEntry {
-			raw = raw[:maxKeepEntry]
-		}
-		return []string{raw}, err
+		return []string{clip.Text(raw, maxKeepEntry)}, err
 	}
 	return keep, nil
 }

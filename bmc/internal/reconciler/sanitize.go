@@ -11,6 +11,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/clip"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/sanitize"
 )
@@ -73,7 +74,7 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 		level, err := sanitize.ParseLevel(req)
 		switch {
 		case err != nil || level == sanitize.None:
-			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "InvalidAnnotation", "Sanitize", "annotation %s: %q: want metadata or erase", SanitizeRequestAnnotation, clip(req, 64))
+			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "InvalidAnnotation", "Sanitize", "annotation %s: %q: want metadata or erase", SanitizeRequestAnnotation, clip.Text(req, 64))
 		case running || lifecycle.Bound(a) || installing(a):
 			// Asked again at the next pass: the release sanitizes at
 			// the policy's level, and this request adds to it then.
@@ -114,11 +115,4 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 	}
 	host.Annotations, host.ResourceVersion = cp.Annotations, cp.ResourceVersion
 	return nil
-}
-
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }

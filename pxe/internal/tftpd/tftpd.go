@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/agentboot/agentboot/internal/clip"
 )
 
 // Config of the server.
@@ -217,15 +219,12 @@ func logName(s string) string {
 
 // sanitize keeps logged names printable and short.
 func sanitize(s string) string {
-	if len(s) > 64 {
-		s = s[:64] + "…"
-	}
 	return strings.Map(func(r rune) rune {
 		if r < 0x20 || r == 0x7f {
 			return '?'
 		}
 		return r
-	}, s)
+	}, clip.Text(s, 64))
 }
 
 // Serve serves on conn, a UDP socket, until Shutdown; conn stays open and

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,6 +19,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/clip"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/sanitize"
 )
@@ -230,7 +230,7 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 		nds.Disks = records
 		if len(problems) > 0 {
 			nds.State = v1beta1.SanitizationFailed
-			nds.Message = clip(strings.Join(problems, "; ")+". The host tries again the next time it boots the discovery image (power-cycle it; its BareMetalHost's BMC can)", 2048)
+			nds.Message = clip.Text(strings.Join(problems, "; ")+". The host tries again the next time it boots the discovery image (power-cycle it; its BareMetalHost's BMC can)", 2048)
 		} else {
 			nds.Required, nds.State, nds.Level = "", v1beta1.SanitizationDone, ds.Required
 			nds.Message = summary(records, now.Sub(ds.StartTime.Time))
@@ -296,9 +296,9 @@ func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r ag
 	var records []v1beta1.DiskSanitizationRecord
 	for _, e := range r.Sanitization {
 		rec := v1beta1.DiskSanitizationRecord{
-			Disk: clip(e.Disk, 256), Kept: slices.Contains(kept, e.Disk), Method: clip(e.Method, 64), Why: clip(e.Why, maxEvidenceText), Bytes: e.Bytes,
-			Duration: metav1.Duration{Duration: time.Duration(e.DurationSeconds * float64(time.Second))}, Verification: clip(e.Verification, 64),
-			Checked: clip(e.Checked, maxEvidenceText), Error: clip(e.Error, maxEvidenceText),
+			Disk: clip.Text(e.Disk, 256), Kept: slices.Contains(kept, e.Disk), Method: clip.Text(e.Method, 64), Why: clip.Text(e.Why, maxEvidenceText), Bytes: e.Bytes,
+			Duration: metav1.Duration{Duration: time.Duration(e.DurationSeconds * float64(time.Second))}, Verification: clip.Text(e.Verification, 64),
+			Checked: clip.Text(e.Checked, maxEvidenceText), Error: clip.Text(e.Error, maxEvidenceText),
 		}
 		records = append(records, rec)
 		switch {
@@ -339,7 +339,7 @@ func judge(ds *v1beta1.AgentDiskSanitization, inventory []v1beta1.HostDisk, r ag
 		}
 	}
 	if r.ExitCode != 0 && len(problems) == 0 {
-		problems = append(problems, "the sanitize step failed: "+clip(r.Error, maxEvidenceText))
+		problems = append(problems, "the sanitize step failed: "+clip.Text(r.Error, maxEvidenceText))
 	}
 	return records, problems
 }
@@ -385,12 +385,12 @@ func summary(records []v1beta1.DiskSanitizationRecord, took time.Duration) strin
 	if len(parts) == 0 {
 		parts = append(parts, "the host has no disks")
 	}
-	return clip(strings.Join(parts, "; ")+fmt.Sprintf(" (%s in all)", took.Round(time.Second)), 2048)
+	return clip.Text(strings.Join(parts, "; ")+fmt.Sprintf(" (%s in all)", took.Round(time.Second)), 2048)
 }
 
 // sanitizeProgress records what a sanitizing host reports.
 func (s *Steps) sanitizeProgress(ctx context.Context, a *v1beta1.Agent, p agentwire.Progress) error {
-	msg := clip(fmt.Sprintf("%d%%: %s", p.Percentage, p.Info), maxEvidenceText)
+	msg := clip.Text(fmt.Sprintf("%d%%: %s", p.Percentage, p.Info), maxEvidenceText)
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur := &v1beta1.Agent{}
 		if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
@@ -407,15 +407,4 @@ func (s *Steps) sanitizeProgress(ctx context.Context, a *v1beta1.Agent, p agentw
 		next.Status.DiskSanitization.Message = msg
 		return s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
 	})
-}
-
-// clip cuts s to about n bytes, at a character boundary.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }
