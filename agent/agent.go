@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -473,6 +474,17 @@ func Install(ctx context.Context, step agentwire.InstallStep, progress func(stag
 // disk gets its evidence, a failed one with its Error; the error joins the
 // failures.
 func Sanitize(ctx context.Context, level sanitize.Level, method sanitize.Method, disks, keep []string, log *slog.Logger) ([]agentwire.DiskSanitization, error) {
+	var sent []string
+	for _, m := range erase.Sent() {
+		sent = append(sent, string(m))
+	}
+	switch {
+	case method == "":
+	case level != sanitize.Erase || !method.ErasesEveryBlock():
+		return nil, fmt.Errorf("method %q: want a method of the erase level (%s), at level erase", method, strings.Join(sent, ", "))
+	case !slices.Contains(sent, string(method)):
+		return nil, fmt.Errorf("method %s: decided but not sent by this agent (docs/security.md); it sends %s", method, strings.Join(sent, ", "))
+	}
 	return sanitizeDisks(ctx, level, method, disks, keep, log, nil)
 }
 

@@ -78,3 +78,33 @@ func TestSanitizeProgressWeighsBytes(t *testing.T) {
 	require.InDelta(t, 0.25, endOf[0], 1e-9, "8 of 32 MiB")
 	require.InDelta(t, 1, endOf[1], 1e-9)
 }
+
+// `agent sanitize --method` takes a method this agent sends, at level
+// erase, and says which ones those are otherwise.
+func TestSanitizeMethodChecked(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	disk := filepath.Join(t.TempDir(), "disk.img")
+	require.NoError(t, os.WriteFile(disk, make([]byte, 1<<20), 0o644))
+	for name, tc := range map[string]struct {
+		level  sanitize.Level
+		method sanitize.Method
+		err    string
+	}{
+		"not sent":        {sanitize.Erase, sanitize.NVMeSanitizeCrypto, "method nvme-sanitize-crypto: decided but not sent by this agent (docs/security.md); it sends write-zeroes, nvme-format-user-data, overwrite"},
+		"not an erase":    {sanitize.Erase, sanitize.WipeMetadata, `method "wipe-metadata": want a method of the erase level (write-zeroes, nvme-format-user-data, overwrite), at level erase`},
+		"unknown":         {sanitize.Erase, "shred", `method "shred": want a method of the erase level`},
+		"at metadata":     {sanitize.Metadata, sanitize.Overwrite, `method "overwrite": want a method of the erase level`},
+		"one it can send": {sanitize.Erase, sanitize.Overwrite, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ev, err := Sanitize(context.Background(), tc.level, tc.method, []string{disk}, nil, log)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				require.Empty(t, ev, "nothing was touched")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, "overwrite", ev[0].Method)
+		})
+	}
+}

@@ -44,6 +44,10 @@ type Device struct {
 	// Empty: a drive without a medium (a card reader, a BMC's virtual
 	// floppy with nothing inserted): nothing to erase.
 	Empty bool
+	// NoCapacity: a fixed disk that reports no capacity, as an NVMe
+	// namespace whose format was cut off can: nothing can be read or
+	// written, but what it held may come back once it is formatted again.
+	NoCapacity bool
 	// Kept: the admin marked it to keep.
 	Kept bool
 	// ReadOnly devices cannot be erased.
@@ -96,12 +100,14 @@ const (
 	// ReadsZero: sampled blocks across the disk, and its first and last
 	// MiB, all read back as zeros.
 	ReadsZero Verification = "sampled-reads-zero"
-	// ReadsChanged: random data written just before the erase to the
-	// first and last MiB and to sampled blocks across the disk no longer
-	// reads back in any logical block (a cryptographic erase leaves
+	// ReadsChanged: the drive reported the command complete; random data
+	// written just before the erase to the first and last MiB and to
+	// sampled blocks no longer reads back in any logical block; blocks of
+	// the previous data read just before at other sampled places do not
+	// read back as they were; and where the erased random data reads as
+	// one repeated byte, so do those blocks. (A cryptographic erase leaves
 	// noise, a user-data erase or an ATA erase zeros, ones or the maker's
-	// pattern: the standards promise only that the data is gone), and the
-	// drive reported the command complete.
+	// pattern: the standards promise only that the data is gone.)
 	ReadsChanged Verification = "sampled-reads-changed"
 	// MetadataReadsZero: the first and last MiB of the disk and of each
 	// partition, where partition tables and the signatures of file
@@ -127,6 +133,12 @@ var verification = map[Method]Verification{
 	ATASecurityErase:   ReadsChanged,
 	NVMeFormatUserData: ReadsChanged,
 	Overwrite:          ReadsZero,
+}
+
+// Methods lists every method, from the fastest.
+func Methods() []Method {
+	return []Method{Skip, Unerasable, WipeMetadata, NVMeSanitizeCrypto, NVMeFormatCrypto, NVMeSanitizeBlock,
+		WriteZeroes, ATAEnhancedErase, ATASecurityErase, NVMeFormatUserData, Overwrite}
 }
 
 // VerificationOf is how a disk erased by m is checked; NotVerified for
@@ -209,6 +221,8 @@ func Choose(level Level, dev Device) Plan {
 		return Plan{Method: Skip, Why: "the host booted from this device"}
 	case dev.Kept:
 		return Plan{Method: Skip, Why: "the admin marked this disk to keep"}
+	case dev.NoCapacity:
+		return Plan{Method: Unerasable, Why: "the disk reports no capacity, as an NVMe namespace whose format was cut off does: format it again (nvme format --ses=1), or mark it to keep"}
 	case dev.ReadOnly:
 		return Plan{Method: Unerasable, Why: "the device is read-only, so what it holds cannot be erased: remove it, or mark it to keep"}
 	case level == Metadata:

@@ -1,6 +1,7 @@
 package boot_test
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -200,4 +201,10 @@ reboot -f
 		require.Len(t, data, size)
 		require.NotContains(t, string(data), string(marker), "%s still holds the previous tenant's marker", d)
 	}
+	// qemu's format zeroes the whole namespace: the markers the agent's
+	// random data did not cover are gone because the drive erased them,
+	// and so is that random data.
+	formatted, err := os.ReadFile(disks[3])
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(make([]byte, size), formatted), "the formatted namespace's image is not all zeros")
 }

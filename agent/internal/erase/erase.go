@@ -34,6 +34,18 @@ var executable = map[sanitize.Method]bool{
 	sanitize.Overwrite:          true,
 }
 
+// Sent lists the methods of the erase level this agent sends, in
+// internal/sanitize's order.
+func Sent() []sanitize.Method {
+	var out []sanitize.Method
+	for _, m := range sanitize.Methods() {
+		if executable[m] && m.ErasesEveryBlock() {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // Supported is dev without the capabilities whose commands this agent does
 // not send, so that the decision is one the agent can carry out.
 func Supported(dev sanitize.Device) sanitize.Device {
@@ -74,7 +86,7 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 	defer f.Close()
 	start := time.Now()
 	var regions []Extent
-	var canaries []canary
+	var check changeCheck
 	switch plan.Method {
 	case sanitize.WipeMetadata:
 		regions = metadataRegions(t)
@@ -87,14 +99,9 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 		err = zeroRegions(ctx, f, regions, progress)
 	case sanitize.NVMeFormatUserData:
 		regions = []Extent{{0, t.Size}}
-		canaries, err = plantCanaries(f, t.Size)
+		check, err = prepareChangeCheck(f, t.Size)
 		if err == nil {
-			// One command: the drive says nothing until it is done.
-			progress(0, t.Size)
-			err = t.driveOrKernel().FormatNVM(f, sesUserData, formatTimeout(t.Size))
-		}
-		if err == nil {
-			progress(t.Size, t.Size)
+			err = formatNVM(t.driveOrKernel(), f, t.Size, sesUserData, progress)
 		}
 	}
 	for _, r := range regions {
@@ -112,7 +119,7 @@ func Run(ctx context.Context, t Target, plan sanitize.Plan, progress Progress) (
 	var checked string
 	switch plan.Verify {
 	case sanitize.ReadsChanged:
-		checked, err = verifyChanged(t.Path, canaries)
+		checked, err = check.verify(f, t.Size)
 	default:
 		checked, err = verifyZero(t.Path, t.Size, regions)
 	}

@@ -2,6 +2,7 @@ package erase
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -9,7 +10,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -94,6 +97,8 @@ type fakeDrive struct {
 	err       error
 	// format plays the drive's Format NVM on the file standing in for it.
 	format func(f *os.File, ses uint32) error
+	// progress is the drive's Format Progress Indicator; 0 for none.
+	progress float64
 }
 
 func (f fakeDrive) NVMe(string) ([]byte, error) { return f.ctrl, f.err }
@@ -101,6 +106,7 @@ func (f fakeDrive) ATA(string) ([]byte, error)  { return f.ata, f.err }
 func (f fakeDrive) FormatNVM(file *os.File, ses uint32, _ time.Duration) error {
 	return f.format(file, ses)
 }
+func (f fakeDrive) FormatProgress(*os.File) (float64, bool) { return f.progress, f.progress > 0 }
 
 // fakeSys writes a sysfs disk directory under root.
 func fakeSys(t *testing.T, root, name string, files map[string]string) {
@@ -156,12 +162,21 @@ func TestProbeDevice(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, sanitize.Device{WriteZeroes: true, NVMeFormatCrypto: true, NVMeFormatUserData: true}, got.Device,
 			"a sanitize erases every namespace: not offered; a format per namespace is")
-		require.Contains(t, strings.Join(got.Notes, "; "), "NVMe sanitize not used: it erases every namespace, and the controller can have 32")
+		require.Contains(t, strings.Join(got.Notes, "; "), "NVMe sanitize not used: it erases every namespace, and the subsystem may have namespace IDs up to 32")
 		shared[524] |= 1 << 0 // FNA: a format formats every namespace
 		got, err = probeDevice(Options{Root: root, Drive: fakeDrive{ctrl: shared}}, Target{Path: "/dev/nvme0n1"}, "nvme0n1", false)
 		require.NoError(t, err)
 		require.Equal(t, sanitize.Device{WriteZeroes: true}, got.Device)
-		require.Contains(t, strings.Join(got.Notes, "; "), "NVMe format not used: the controller formats or erases all of its namespaces at once (FNA), and can have 32")
+		require.Contains(t, strings.Join(got.Notes, "; "), "NVMe format not used: the subsystem formats or erases all of its namespaces at once (FNA), and may have namespace IDs up to 32")
+		shared[524] = 1<<1 | 1<<2 // FNA: the secure erase of a format erases every namespace
+		got, err = probeDevice(Options{Root: root, Drive: fakeDrive{ctrl: shared}}, Target{Path: "/dev/nvme0n1"}, "nvme0n1", false)
+		require.NoError(t, err)
+		require.Equal(t, sanitize.Device{WriteZeroes: true}, got.Device)
+		binary.LittleEndian.PutUint32(shared[516:], 1)
+		got, err = probeDevice(Options{Root: root, Drive: fakeDrive{ctrl: shared}}, Target{Path: "/dev/nvme0n1"}, "nvme0n1", false)
+		require.NoError(t, err)
+		require.Equal(t, sanitize.Device{WriteZeroes: true, NVMeSanitizeCrypto: true, NVMeFormatCrypto: true, NVMeFormatUserData: true}, got.Device,
+			"all namespaces at once is this one when there can be only one")
 	})
 	t.Run("sata, frozen", func(t *testing.T) {
 		got, err := probeDevice(Options{Root: root, Drive: fakeDrive{ata: ata}}, Target{Path: "/dev/sda"}, "sda", false)
@@ -187,6 +202,13 @@ func TestProbeDevice(t *testing.T) {
 		got, err := probeDevice(Options{Root: root}, Target{Path: "/dev/sdg"}, "sdg", false)
 		require.NoError(t, err)
 		require.Equal(t, sanitize.Skip, sanitize.Choose(sanitize.Erase, got.Device).Method)
+	})
+	t.Run("a fixed disk without capacity", func(t *testing.T) {
+		fakeSys(t, root, "nvme1n1", map[string]string{"size": "0", "removable": "0"})
+		got, err := probeDevice(Options{Root: root}, Target{Path: "/dev/nvme1n1"}, "nvme1n1", false)
+		require.NoError(t, err)
+		require.Equal(t, sanitize.Device{NoCapacity: true}, got.Device)
+		require.Equal(t, sanitize.Unerasable, sanitize.Choose(sanitize.Erase, got.Device).Method, "what it held may come back")
 	})
 	t.Run("optical drive", func(t *testing.T) {
 		got, err := probeDevice(Options{Root: root}, Target{Path: "/dev/sr0"}, "sr0", false)
@@ -216,15 +238,18 @@ func TestProbeDevice(t *testing.T) {
 }
 
 // disk is a file full of random bytes, standing in for a disk.
+// randomBytes are as many as the largest disk of the tests, none zero.
+var randomBytes = sync.OnceValue(func() []byte {
+	b := make([]byte, 64<<20)
+	_, _ = rand.NewChaCha8([32]byte{3, 4}).Read(b)
+	return bytes.ReplaceAll(b, []byte{0}, []byte{1}) // never zero: every byte left shows
+})
+
+// Each disk of a size holds the same bytes (generated once: under the race
+// detector, generating them is most of a test's time).
 func disk(t *testing.T, size int64) (string, []byte) {
 	t.Helper()
-	data := make([]byte, size)
-	_, _ = rand.NewChaCha8([32]byte{3, 4}).Read(data)
-	for i, b := range data {
-		if b == 0 {
-			data[i] = 1 // never zero: every byte left shows
-		}
-	}
+	data := bytes.Clone(randomBytes()[:size])
 	p := filepath.Join(t.TempDir(), "disk.img")
 	require.NoError(t, os.WriteFile(p, data, 0o644))
 	return p, data
@@ -353,9 +378,12 @@ func TestParseNVMeNamespace(t *testing.T) {
 
 // Format NVM with the user-data erase: the standard leaves what the blocks
 // read afterwards open, so the check is that random data written just
-// before no longer reads back anywhere it was written.
+// before no longer reads back, that the previous tenant's data read just
+// before at other places has changed, and, where the erased blocks read as
+// one repeated byte, that every block does.
 func TestNVMeFormat(t *testing.T) {
-	const size = 8<<20 + 4096
+	// Large enough for the sampled places not to cover all of it.
+	const size = 32<<20 + 4096
 	fill := func(b byte) func(*os.File, uint32) error {
 		return func(f *os.File, ses uint32) error {
 			if ses != sesUserData {
@@ -371,9 +399,9 @@ func TestNVMeFormat(t *testing.T) {
 			return nil
 		}
 	}
-	run := func(t *testing.T, format func(*os.File, uint32) error) (string, agentwire.DiskSanitization, []int64, error) {
+	run := func(t *testing.T, d fakeDrive) (string, agentwire.DiskSanitization, []int64, error) {
 		path, _ := disk(t, size)
-		target, err := Probe(Options{Drive: fakeDrive{format: format}}, path, false)
+		target, err := Probe(Options{Drive: d}, path, false)
 		require.NoError(t, err)
 		target.Device.NVMeFormatUserData = true
 		plan := sanitize.Force(sanitize.Erase, target.Device, sanitize.NVMeFormatUserData)
@@ -386,27 +414,38 @@ func TestNVMeFormat(t *testing.T) {
 		return path, ev, seen, err
 	}
 	t.Run("zeros", func(t *testing.T) {
-		path, ev, seen, err := run(t, fill(0))
+		path, ev, seen, err := run(t, fakeDrive{format: fill(0)})
 		require.NoError(t, err)
-		require.Equal(t, []int64{0, size}, seen, "nothing in between: the drive says nothing until it is done")
+		require.Equal(t, []int64{0, size}, seen, "a format shorter than a poll reports its start and end")
 		require.Equal(t, string(sanitize.ReadsChanged), ev.Verification)
 		require.Equal(t, int64(size), ev.Bytes)
-		require.Regexp(t, `^random data written just before the erase to \d+ places \(the first and last MiB, sampled 64 KiB blocks\) no longer reads back in any 512-byte block; 100% of it reads as zeros \(read `, ev.Checked)
+		require.Regexp(t, `^random data written just before the erase to \d+ places \(the first and last MiB, sampled 64 KiB blocks\) no longer reads back in any 512-byte block, `+
+			`and none of \d+ blocks of 512 bytes that held data at \d+ other sampled places reads back as before; every block reads as 0x00 \(read `, ev.Checked)
 		got, err := os.ReadFile(path)
 		require.NoError(t, err)
 		require.Equal(t, make([]byte, size), got)
 	})
 	t.Run("the maker's pattern", func(t *testing.T) {
-		_, ev, _, err := run(t, fill(0xff))
+		_, ev, _, err := run(t, fakeDrive{format: fill(0xff)})
 		require.NoError(t, err)
-		require.Contains(t, ev.Checked, "; 0% of it reads as zeros")
+		require.Contains(t, ev.Checked, "; every block reads as 0xff (")
+	})
+	t.Run("noise", func(t *testing.T) {
+		_, ev, _, err := run(t, fakeDrive{format: func(f *os.File, _ uint32) error {
+			b := make([]byte, size)
+			_, _ = rand.NewChaCha8([32]byte{9}).Read(b)
+			_, err := f.WriteAt(b, 0)
+			return err
+		}})
+		require.NoError(t, err)
+		require.Contains(t, ev.Checked, "; the erased blocks read as noise, so the others were checked for change only (")
 	})
 	t.Run("a drive that did nothing", func(t *testing.T) {
-		_, _, _, err := run(t, func(*os.File, uint32) error { return nil })
+		_, _, _, err := run(t, fakeDrive{format: func(*os.File, uint32) error { return nil }})
 		require.ErrorContains(t, err, "verify nvme-format-user-data: the 512 bytes at 0 still hold the random data written there just before the erase")
 	})
 	t.Run("a drive that skipped one block", func(t *testing.T) {
-		_, _, _, err := run(t, func(f *os.File, ses uint32) error {
+		_, _, _, err := run(t, fakeDrive{format: func(f *os.File, ses uint32) error {
 			keep := make([]byte, 512)
 			if _, err := f.ReadAt(keep, size-1024); err != nil {
 				return err
@@ -416,38 +455,125 @@ func TestNVMeFormat(t *testing.T) {
 			}
 			_, err := f.WriteAt(keep, size-1024)
 			return err
-		})
+		}})
 		require.ErrorContains(t, err, fmt.Sprintf("the 512 bytes at %d still hold the random data", size-1024))
 	})
+	t.Run("a drive that erased only what was just written", func(t *testing.T) {
+		_, original := disk(t, size) // the same bytes as the disk run writes
+		_, _, _, err := run(t, fakeDrive{format: func(f *os.File, _ uint32) error {
+			b := make([]byte, size)
+			if _, err := f.ReadAt(b, 0); err != nil {
+				return err
+			}
+			for i := 0; i < size; i += 512 {
+				if !bytes.Equal(b[i:i+512], original[i:i+512]) {
+					clear(b[i : i+512])
+				}
+			}
+			_, err := f.WriteAt(b, 0)
+			return err
+		}})
+		require.ErrorContains(t, err, "read back as they did before the erase")
+	})
+	t.Run("zeros where it was just written, noise elsewhere", func(t *testing.T) {
+		_, original := disk(t, size)
+		_, _, _, err := run(t, fakeDrive{format: func(f *os.File, _ uint32) error {
+			// A drive that zeroes what it wrote last and turns the rest
+			// into something else (re-keyed, but the old media is still
+			// there): every block changed, yet not to what the erase
+			// shows where the agent looked first.
+			b := make([]byte, size)
+			if _, err := f.ReadAt(b, 0); err != nil {
+				return err
+			}
+			noise := rand.NewChaCha8([32]byte{7})
+			for i := 0; i < size; i += 512 {
+				if bytes.Equal(b[i:i+512], original[i:i+512]) {
+					_, _ = noise.Read(b[i : i+512])
+				} else {
+					clear(b[i : i+512])
+				}
+			}
+			_, err := f.WriteAt(b, 0)
+			return err
+		}})
+		require.ErrorContains(t, err, "do not read as 0x00, as every erased block the agent wrote before does")
+	})
+	t.Run("progress while the drive formats", func(t *testing.T) {
+		defer func(p time.Duration) { formatPoll = p }(formatPoll)
+		formatPoll = 10 * time.Millisecond
+		_, _, seen, err := run(t, fakeDrive{progress: 0.5, format: func(f *os.File, ses uint32) error {
+			time.Sleep(100 * time.Millisecond)
+			return fill(0)(f, ses)
+		}})
+		require.NoError(t, err)
+		require.Contains(t, seen, int64(size/2), "the drive's own estimate")
+		require.Equal(t, int64(size), seen[len(seen)-1])
+	})
 	t.Run("the controller refuses", func(t *testing.T) {
-		_, _, _, err := run(t, func(*os.File, uint32) error { return errors.New("the controller answered status 0x4002") })
-		require.ErrorContains(t, err, "nvme-format-user-data: the controller answered status 0x4002")
+		_, _, _, err := run(t, fakeDrive{format: func(*os.File, uint32) error { return nvmeStatus(0x4002) }})
+		require.ErrorContains(t, err, "nvme-format-user-data: the controller answered status 0x4002 (type 0, code 0x02, do not retry)")
+	})
+	t.Run("a namespace of another size after it", func(t *testing.T) {
+		_, _, _, err := run(t, fakeDrive{format: func(f *os.File, _ uint32) error { return f.Truncate(size / 2) }})
+		require.ErrorContains(t, err, fmt.Sprintf("the namespace is %d bytes after the format, %d before", size/2, size))
 	})
 }
 
-// The random data the format's check compares against always covers the
-// first and last MiB, and no piece of it writes over another.
-func TestCanaries(t *testing.T) {
-	for _, size := range []int64{4 << 20, 2<<20 + 512, 1 << 20, 64 << 10} {
-		path, _ := disk(t, size)
+func TestNVMeStatus(t *testing.T) {
+	require.NoError(t, nvmeStatus(0))
+	require.EqualError(t, nvmeStatus(0x0002), "the controller answered status 0x2 (type 0, code 0x02)")
+	require.EqualError(t, nvmeStatus(0x4181), "the controller answered status 0x4181 (type 1, code 0x81, do not retry)")
+	require.EqualError(t, nvmeStatus(0x371), "the controller answered status 0x371 (type 3, code 0x71)")
+}
+
+func TestFormatProgress(t *testing.T) {
+	id := make([]byte, nvmeIdentifySize)
+	_, ok := parseFormatProgress(id)
+	require.False(t, ok, "bit 7 clear: the drive keeps no indicator")
+	id[32] = 0x80 | 25
+	frac, ok := parseFormatProgress(id)
+	require.True(t, ok)
+	require.InDelta(t, 0.75, frac, 1e-9, "25% remains")
+	_, ok = parseFormatProgress(id[:64])
+	require.False(t, ok)
+}
+
+// The places the format's check writes random data to always include the
+// first and last MiB; no place writes over another or over a place read
+// before; every place is aligned; what was read is what the disk held.
+func TestChangeCheckPlaces(t *testing.T) {
+	for _, size := range []int64{64 << 20, 32<<20 + 512, 2<<20 + 512, 1 << 20, 64 << 10} {
+		path, data := disk(t, size)
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		require.NoError(t, err)
-		for range 20 {
-			cs, err := plantCanaries(f, size)
+		for range 5 {
+			c, err := prepareChangeCheck(f, size)
 			require.NoError(t, err)
-			require.Equal(t, int64(0), cs[0].offset)
-			require.Len(t, cs[0].data, int(min(edge, size)))
+			require.Equal(t, int64(0), c.canaries[0].offset)
+			require.Len(t, c.canaries[0].data, int(min(edge, size)))
 			if size > edge {
-				require.Equal(t, size-edge, cs[1].offset, "size %d", size)
+				require.Equal(t, size-edge, c.canaries[1].offset, "size %d", size)
 			}
-			covered := make([]bool, size)
-			for _, c := range cs {
-				for i := c.offset; i < c.offset+int64(len(c.data)); i++ {
-					if covered[i] {
-						t.Fatalf("size %d: byte %d written twice", size, i)
-					}
-					covered[i] = true
+			if size >= 32<<20 {
+				require.Greater(t, len(c.witnesses), sampleCount/4, "size %d", size)
+			}
+			all := slices.Clone(append(c.canaries, c.witnesses...))
+			slices.SortFunc(all, func(a, b canary) int { return cmp.Compare(a.offset, b.offset) })
+			for i, x := range all {
+				require.Zero(t, x.offset%c.align, "size %d: offset %d", size, x.offset)
+				require.Zero(t, int64(len(x.data))%c.align)
+				require.LessOrEqual(t, x.offset+int64(len(x.data)), size)
+				if i > 0 {
+					prev := all[i-1]
+					require.LessOrEqual(t, prev.offset+int64(len(prev.data)), x.offset, "size %d: places overlap", size)
 				}
+			}
+			for _, w := range c.witnesses {
+				require.Equal(t, data[w.offset:w.offset+int64(len(w.data))], w.data, "a witness is what the disk held")
+			}
+			for _, x := range c.canaries {
+				copy(data[x.offset:], x.data) // the next round reads them
 			}
 		}
 		require.NoError(t, f.Close())

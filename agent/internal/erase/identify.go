@@ -21,15 +21,17 @@ type nvmeController struct {
 	sanitizeCrypto bool // SANICAP bit 0
 	sanitizeBlock  bool // SANICAP bit 1
 	sanitizeOver   bool // SANICAP bit 2 (overwrite; not used: an overwrite is no faster here)
-	// A format of one namespace formats them all (FNA bit 0), or its
-	// secure erase erases them all (FNA bit 1).
+	// A format of one namespace formats every namespace of the NVM
+	// subsystem (FNA bit 0), or its secure erase erases them all (FNA
+	// bit 1).
 	formatAll, eraseAll bool
-	// namespaces is how many the controller can have (NN).
+	// namespaces is the highest namespace ID the NVM subsystem may have
+	// (NN): 1 means this namespace can be its only one.
 	namespaces uint32
 }
 
 // formatsOnlyOne reports whether a Format NVM sent to one namespace
-// erases that namespace alone: the controller formats namespaces one by
+// erases that namespace alone: the subsystem formats namespaces one by
 // one, or it can have only one. Otherwise it could erase another
 // namespace: a disk to keep, or the boot medium.
 func (c nvmeController) formatsOnlyOne() bool {
@@ -90,6 +92,16 @@ func parseNVMeNamespace(id []byte) (nvmeNamespace, error) {
 		return nvmeNamespace{}, fmt.Errorf("identify namespace: protection information type %d", n.pi)
 	}
 	return n, nil
+}
+
+// parseFormatProgress reads the Format Progress Indicator of Identify
+// Namespace (byte 32): bit 7 says the drive keeps one, bits 6:0 the
+// percentage of the namespace that remains to be formatted.
+func parseFormatProgress(id []byte) (float64, bool) {
+	if len(id) < nvmeIdentifySize || id[32]&0x80 == 0 {
+		return 0, false
+	}
+	return 1 - float64(min(id[32]&0x7f, 100))/100, true
 }
 
 // Secure erase settings of Format NVM (SES).

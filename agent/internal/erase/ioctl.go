@@ -78,26 +78,45 @@ func admin(f *os.File, cmd *nvmeAdminCmd) (uint32, error) {
 	if errno != 0 {
 		return 0, errno
 	}
-	if status := int32(r); status != 0 {
-		return cmd.result, fmt.Errorf("the controller answered status %#x (type %d, code %#02x%s)", status, status>>8&7, status&0xff, dnr(status))
-	}
-	return cmd.result, nil
+	return cmd.result, nvmeStatus(int32(r))
 }
 
-func dnr(status int32) string {
-	if status&0x4000 != 0 {
-		return ", do not retry"
+// nvmeStatus is the error for the status the kernel returns from an NVMe
+// passthrough ioctl (the completion's status field without its phase
+// bit): nil for success.
+func nvmeStatus(status int32) error {
+	if status == 0 {
+		return nil
 	}
-	return ""
+	dnr := ""
+	if status&0x4000 != 0 {
+		dnr = ", do not retry"
+	}
+	return fmt.Errorf("the controller answered status %#x (type %d, code %#02x%s)", status, status>>8&7, status&0xff, dnr)
+}
+
+// namespace returns the ID and Identify Namespace (CNS 00h) of the
+// namespace block device open as f.
+func namespace(f *os.File) (uint32, []byte, error) {
+	r, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nvmeIoctlID, 0)
+	if errno != 0 {
+		return 0, nil, fmt.Errorf("namespace ID: %w", errno)
+	}
+	nsid := uint32(r)
+	raw, err := identify(f, nsid, 0)
+	return nsid, raw, err
+}
+
+func (kernel) FormatProgress(f *os.File) (float64, bool) {
+	_, raw, err := namespace(f)
+	if err != nil {
+		return 0, false
+	}
+	return parseFormatProgress(raw)
 }
 
 func (kernel) FormatNVM(f *os.File, ses uint32, timeout time.Duration) error {
-	r, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nvmeIoctlID, 0)
-	if errno != 0 {
-		return fmt.Errorf("namespace ID: %w", errno)
-	}
-	nsid := uint32(r)
-	raw, err := identify(f, nsid, 0) // CNS 00h: the namespace
+	nsid, raw, err := namespace(f)
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,10 @@ type Drive interface {
 	// protection settings, and returns once the controller reports the
 	// command complete or timeout passed.
 	FormatNVM(f *os.File, ses uint32, timeout time.Duration) error
+	// FormatProgress is how much of a running format of the namespace
+	// open as f is done, 0 to 1, and whether the drive says (its Format
+	// Progress Indicator).
+	FormatProgress(f *os.File) (float64, bool)
 }
 
 func (o Options) path(p string) string { return filepath.Join(o.Root, p) }
@@ -107,9 +111,13 @@ func probeDevice(o Options, t Target, name string, iso bool) (Target, error) {
 		return t, fmt.Errorf("disk %s: size: %w", path, err)
 	}
 	t.Size = sectors * 512 // sysfs counts 512-byte sectors whatever the block size
+	removable := readTrim(filepath.Join(sys, "removable")) == "1"
+	optical := strings.HasPrefix(t.Name, "sr") || readTrim(filepath.Join(sys, "device/type")) == "5"
 	if t.Size == 0 {
 		// A drive without a medium: opening it would fail (ENOMEDIUM).
-		t.Device.Empty = true
+		// A fixed disk without capacity is not empty.
+		t.Device.Empty = removable || optical
+		t.Device.NoCapacity = !t.Device.Empty
 		return t, nil
 	}
 	t.Device.ReadOnly = readTrim(filepath.Join(sys, "ro")) == "1"
@@ -119,8 +127,6 @@ func probeDevice(o Options, t Target, name string, iso bool) (Target, error) {
 	}
 	// The discovery OS runs from memory: a disk with a file system it
 	// mounted is what it booted from. Optical drives hold read-only media.
-	removable := readTrim(filepath.Join(sys, "removable")) == "1"
-	optical := strings.HasPrefix(t.Name, "sr") || readTrim(filepath.Join(sys, "device/type")) == "5"
 	t.Device.BootMedium = mounted != "" || optical || removable && iso && t.Device.ReadOnly
 	if t.Partitions, err = partitions(sys, t.Name, t.Size); err != nil {
 		return t, fmt.Errorf("disk %s: %w", path, err)
@@ -158,20 +164,20 @@ func (t *Target) probeNVMe(id Drive) {
 		return
 	}
 	// A sanitize erases every namespace of the NVM subsystem, and a
-	// format may erase every namespace of the controller (FNA): neither is
-	// offered where that could be a disk other than this one (a disk to
-	// keep, the boot medium).
+	// format may erase them all too (FNA): neither is offered where that
+	// could be a disk other than this one (a disk to keep, the boot
+	// medium), that is where the subsystem may have more than one.
 	if c.namespaces == 1 {
 		t.Device.NVMeSanitizeCrypto = c.sanitizeCrypto
 		t.Device.NVMeSanitizeBlock = c.sanitizeBlock
 	} else if c.sanitizeCrypto || c.sanitizeBlock {
-		t.Notes = append(t.Notes, fmt.Sprintf("NVMe sanitize not used: it erases every namespace, and the controller can have %d", c.namespaces))
+		t.Notes = append(t.Notes, fmt.Sprintf("NVMe sanitize not used: it erases every namespace, and the subsystem may have namespace IDs up to %d", c.namespaces))
 	}
 	if c.formatsOnlyOne() {
 		t.Device.NVMeFormatCrypto = c.formatCrypto
 		t.Device.NVMeFormatUserData = c.formatNVM
 	} else if c.formatNVM {
-		t.Notes = append(t.Notes, fmt.Sprintf("NVMe format not used: the controller formats or erases all of its namespaces at once (FNA), and can have %d", c.namespaces))
+		t.Notes = append(t.Notes, fmt.Sprintf("NVMe format not used: the subsystem formats or erases all of its namespaces at once (FNA), and may have namespace IDs up to %d", c.namespaces))
 	}
 }
 
