@@ -171,5 +171,5 @@ func TestBenchSanitize(t *testing.T) {
 	md := evidence[len(evidence)-1]
 	fmt.Printf("%-34s %-22s %11.3fs for the disk (%d MiB written)\n", disks[0].kind, md.Method, md.DurationSeconds, md.Bytes>>20)
 	fmt.Println("seconds exclude the read-back check, which reads 16 MiB and 2 MiB per region whatever the size;")
-	fmt.Println("the format's include writing the 18 MiB of random data that check compares against")
+	fmt.Println("the format's include reading 16 MiB and writing 18 MiB before the command, which its check compares against")
 }
