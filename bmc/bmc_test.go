@@ -30,6 +30,9 @@ import (
 	"github.com/agentboot/agentboot/test/stack"
 )
 
+// Its stacks take turns on one control plane.
+func TestMain(m *testing.M) { stack.Main(m) }
+
 const password = "s3cret-Pa55"
 
 // fast keeps the controller's timing short enough for tests; the shape

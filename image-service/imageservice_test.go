@@ -100,6 +100,9 @@ func unpackArchive(t *testing.T, archive []byte) string {
 	return dir
 }
 
+// Its stacks take turns on one control plane.
+func TestMain(m *testing.M) { stack.Main(m) }
+
 func TestServedISOCarriesIgnitionAndKargs(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
 	ie := setup(t, s, func(ie *v1beta1.InfraEnv) {

@@ -23,6 +23,9 @@ import (
 	"github.com/agentboot/agentboot/test/stack"
 )
 
+// Its stacks take turns on one control plane.
+func TestMain(m *testing.M) { stack.Main(m) }
+
 func TestPullSecretProblemsAreReportedAndRecovered(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
 	ctx := context.Background()

@@ -177,6 +177,9 @@ func (e *env) install(h *stack.Host, hostname string) {
 	e.waitAgent(h, "done", func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == lifecycle.StateAddedToExistingCluster })
 }
 
+// Its stacks take turns on one control plane.
+func TestMain(m *testing.M) { stack.Main(m) }
+
 // TestCAPIAgentInstallsAndReleases: HyperShift scales a NodePool 0→2;
 // cluster-api-provider-agent binds two Agents (not the one its selector
 // leaves out); agentboot installs them with the day-2 pointer Ignition

@@ -29,6 +29,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -186,11 +187,11 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		opts.AdvertiseHost = "127.0.0.1"
 	}
 	ctrl.SetLogger(log)
-	env, err := testenv.Start(testenv.Options{HyperShift: true})
+	env, release, err := controlPlane(opts)
 	if err != nil {
 		return nil, nil, err
 	}
-	cleanup := []func(){func() { _ = env.Stop() }}
+	cleanup := []func(){release}
 	stop := func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
 			cleanup[i]()
@@ -274,7 +275,8 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		if mgrCfg, imgCfg, err = opts.Identities(env); err != nil {
 			return fail(err)
 		}
-	} else if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
+	} else if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		// A shared control plane keeps it from the stack before.
 		return fail(err)
 	}
 	if opts.BootNetworkNamespaces == "" {
