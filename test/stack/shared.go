@@ -33,9 +33,10 @@ var shared struct {
 
 // Main runs a package's tests (call it from TestMain) with one control
 // plane for their stacks, and stops it before the process exits. A stack
-// that starts while another still runs (two at once in a test), or that
-// needs control over the cluster's identities, gets a control plane of its
-// own, as it does in a binary without Main.
+// that starts while another still runs (two at once in a test) gets a
+// control plane of its own, as every stack does in a binary without Main.
+// Options.Identities run on the shared one again for each stack: they
+// must be idempotent, as applying deploy/ (Deployed) is.
 func Main(m *testing.M) {
 	shared.Lock()
 	shared.main = true
@@ -53,7 +54,7 @@ func Main(m *testing.M) {
 
 // controlPlane returns the control plane for a new stack and what gives it
 // back when the stack stops.
-func controlPlane(opts Options) (*testenv.Env, func(), error) {
+func controlPlane() (*testenv.Env, func(), error) {
 	envOpts := testenv.Options{HyperShift: true}
 	own := func() (*testenv.Env, func(), error) {
 		env, err := testenv.Start(envOpts)
@@ -64,7 +65,7 @@ func controlPlane(opts Options) (*testenv.Env, func(), error) {
 	}
 	shared.Lock()
 	defer shared.Unlock()
-	if !shared.main || shared.inUse || opts.Identities != nil {
+	if !shared.main || shared.inUse {
 		return own()
 	}
 	if shared.env == nil {

@@ -187,7 +187,7 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 		opts.AdvertiseHost = "127.0.0.1"
 	}
 	ctrl.SetLogger(log)
-	env, release, err := controlPlane(opts)
+	env, release, err := controlPlane()
 	if err != nil {
 		return nil, nil, err
 	}
