@@ -80,9 +80,6 @@ func (p *proxy) stop() {
 	p.conns = nil
 }
 
-// Its stacks take turns on one control plane.
-func TestMain(m *testing.M) { stack.Main(m) }
-
 // The agent registers this machine, reports its real inventory, rides out
 // an outage of the service, and stops when its InfraEnv is deleted.
 func TestAgentLifecycle(t *testing.T) {

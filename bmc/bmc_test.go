@@ -484,7 +484,8 @@ func TestBadInput(t *testing.T) {
 	}
 	time.Sleep(4 * time.Second)
 	for i, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run("backoff-"+tc.name, func(t *testing.T) {
+			require.False(t, since[i].IsZero(), "%s never reported its error", tc.name)
 			// Retried with backoff, not in a hot loop: with a 200ms base
 			// and a 2s cap, at most a handful of attempts in the seconds
 			// since (2 a second allows for the first, quick ones).

@@ -26,6 +26,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -818,9 +819,12 @@ func TestBootNetworkNamespaces(t *testing.T) {
 
 	// The designated namespace's default takes every unclaimed host,
 	// including the one the tenant tried to claim.
-	require.NoError(t, s.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "pxe-admin"}}))
-	require.NoError(t, s.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "pxe-admin", Name: "pull-secret"},
-		Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"quay.io":{"auth":"bWU6c2VjcmV0"}}}`)}}))
+	// The namespace has a fixed name; a run before this one on the same
+	// control plane (-count=2) left it and its Secret.
+	created := func(err error) bool { return err == nil || apierrors.IsAlreadyExists(err) }
+	require.True(t, created(s.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "pxe-admin"}})))
+	require.True(t, created(s.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "pxe-admin", Name: "pull-secret"},
+		Type: corev1.SecretTypeDockerConfigJson, Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"quay.io":{"auth":"bWU6c2VjcmV0"}}}`)}})))
 	def := stack.NewInfraEnv("pxe-admin", "pool")
 	def.Labels = map[string]string{v1beta1.PXEDefaultLabel: "true"}
 	require.NoError(t, s.Client.Create(ctx, def))

@@ -36,7 +36,10 @@ import (
 
 // Config configures the agent service.
 type Config struct {
-	// Addr is the agent API's HTTPS listen address (":7443").
+	// Controller adds the Agent controller (it runs on the leader).
+	Controller bool
+	// Addr, when set, serves the agent API there over HTTPS (":7443"; on
+	// every replica).
 	Addr string
 	// TLSCertFile and TLSKeyFile are its serving certificate.
 	TLSCertFile, TLSKeyFile string
@@ -106,20 +109,43 @@ func (c *Config) defaults() {
 	}
 }
 
-// IndexAgents adds the cache indexes the agent service uses. Call it once
-// per manager, before SetupAPI or SetupController.
-func IndexAgents(mgr manager.Manager) error {
-	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.Agent{}, hosts.HostnameIndex, func(o client.Object) []string {
+// SetupWithManager adds the agent service to mgr: the cache index both
+// of its parts read, the Agent controller when cfg.Controller, and the
+// agent API server when cfg.Addr is set. The configuration is checked
+// before anything is added.
+func SetupWithManager(mgr manager.Manager, cfg Config) error {
+	cfg.defaults()
+	if !cfg.Controller && cfg.Addr == "" {
+		return errors.New("agent service: neither the controller nor the API (Addr) is asked for")
+	}
+	if cfg.Addr != "" {
+		if cfg.Keys == nil {
+			return errors.New("agent service: Keys are required")
+		}
+		if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
+			return errors.New("agent service: the agent API is HTTPS only and needs a certificate and key")
+		}
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.Agent{}, hosts.HostnameIndex, func(o client.Object) []string {
 		if h := o.(*v1beta1.Agent).Hostname(); h != "" {
 			return []string{h}
 		}
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	if cfg.Controller {
+		if err := setupController(mgr, cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.Addr != "" {
+		return setupAPI(mgr, cfg)
+	}
+	return nil
 }
 
-// SetupController adds the Agent controller (it runs on the leader).
-func SetupController(mgr manager.Manager, cfg Config) error {
-	cfg.defaults()
+func setupController(mgr manager.Manager, cfg Config) error {
 	return (&reconciler.Reconciler{
 		Client:          mgr.GetClient(),
 		APIReader:       mgr.GetAPIReader(),
@@ -131,15 +157,7 @@ func SetupController(mgr manager.Manager, cfg Config) error {
 	}).SetupWithManager(mgr)
 }
 
-// SetupAPI adds the agent API server (it runs on every replica).
-func SetupAPI(mgr manager.Manager, cfg Config) error {
-	cfg.defaults()
-	if cfg.Keys == nil {
-		return errors.New("agent service: Keys are required")
-	}
-	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
-		return errors.New("agent service: the agent API is HTTPS only and needs a certificate and key")
-	}
+func setupAPI(mgr manager.Manager, cfg Config) error {
 	var install hostapi.Steps
 	if cfg.Ignition != nil && cfg.Catalog != nil {
 		install = &steps.Steps{

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentclient "github.com/agentboot/agentboot/agent/internal/client"
+	agentservice "github.com/agentboot/agentboot/agent/service"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
@@ -36,20 +36,11 @@ import (
 var s *stack.Stack
 
 func TestMain(m *testing.M) {
-	var stop func()
-	var err error
-	s, stop, err = stack.StartMain(stack.Options{
+	stack.MainWith(m, stack.Options{
 		AgentPollInterval:       time.Second,
 		AgentLeaseRenewInterval: time.Second,
 		AgentDisconnectAfter:    4 * time.Second,
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	stop()
-	os.Exit(code)
+	}, &s)
 }
 
 type host struct {
@@ -758,4 +749,21 @@ func TestInventoryStorageIsBounded(t *testing.T) {
 	require.Error(t, limited, "40 changed inventories in 22 s were all written")
 	require.ErrorContains(t, limited, "429")
 	require.GreaterOrEqual(t, stored, 28, "the burst is stored")
+}
+
+// The agent service's one face checks what it is asked for before it adds
+// anything to the manager.
+func TestSetupChecksConfig(t *testing.T) {
+	for name, tc := range map[string]struct {
+		cfg  agentservice.Config
+		want string
+	}{
+		"nothing asked for": {agentservice.Config{}, "neither the controller nor the API (Addr) is asked for"},
+		"API without keys":  {agentservice.Config{Addr: ":7443", TLSCertFile: "c", TLSKeyFile: "k"}, "Keys are required"},
+		"API without TLS":   {agentservice.Config{Addr: ":7443", Keys: &signing.Keeper{}}, "HTTPS only and needs a certificate and key"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			require.ErrorContains(t, agentservice.SetupWithManager(nil, tc.cfg), tc.want)
+		})
+	}
 }

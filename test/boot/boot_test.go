@@ -29,16 +29,7 @@ const hostFromGuest = "10.0.2.2"
 var s *stack.Stack
 
 func TestMain(m *testing.M) {
-	var stop func()
-	var err error
-	s, stop, err = stack.StartMain(stack.Options{AdvertiseHost: hostFromGuest, AgentArm64: true})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	stop()
-	os.Exit(code)
+	stack.MainWith(m, stack.Options{AdvertiseHost: hostFromGuest, AgentArm64: true}, &s)
 }
 
 // bootTimeout is generous: a loaded two-core machine under TCG is slow.

@@ -1,10 +1,15 @@
 package stack
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,21 +27,28 @@ import (
 // A control plane costs seconds to start (etcd and kube-apiserver), more
 // than most tests that use one. Main lets the stacks of a test binary take
 // turns on one: each Stack still starts its own manager and servers, and
-// when it stops, every custom resource is deleted, so the next one starts
-// on a cluster as empty as a new one.
+// when it stops, every namespaced custom resource is deleted, so that the
+// next one starts without the last one's InfraEnvs, Agents,
+// BareMetalHosts or Cluster API objects. Namespaces and what else they
+// hold (Secrets, events) stay, as do the signing keys and Leases in
+// agentboot's own namespace and the RBAC Identities applied.
 var shared struct {
 	sync.Mutex
-	main  bool // Main runs this binary's tests
-	env   *testenv.Env
-	inUse bool
+	main     bool // Main runs this binary's tests
+	env      *testenv.Env
+	inUse    bool
+	watchdog *exec.Cmd
 }
 
 // Main runs a package's tests (call it from TestMain) with one control
-// plane for their stacks, and stops it before the process exits. A stack
-// that starts while another still runs (two at once in a test) gets a
-// control plane of its own, as every stack does in a binary without Main.
-// Options.Identities run on the shared one again for each stack: they
-// must be idempotent, as applying deploy/ (Deployed) is.
+// plane for their stacks, and stops it before the process exits; should
+// the process die first (a test's panic, the -timeout), a watchdog
+// process stops it. A stack that starts while another still runs (two at
+// once in a test) gets a control plane of its own, as every stack does in
+// a binary without Main. Options.Identities run on the shared one again
+// for each stack: they must be idempotent, as applying deploy/ (Deployed)
+// is. Tests that share it create their namespaces with GenerateName and
+// must pass with -count=2.
 func Main(m *testing.M) {
 	shared.Lock()
 	shared.main = true
@@ -48,52 +60,122 @@ func Main(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "stop the shared control plane:", err)
 		}
 	}
+	if shared.watchdog != nil {
+		_ = shared.watchdog.Process.Kill()
+		_ = shared.watchdog.Wait()
+	}
 	shared.Unlock()
 	os.Exit(code)
 }
 
 // controlPlane returns the control plane for a new stack and what gives it
 // back when the stack stops.
-func controlPlane() (*testenv.Env, func(), error) {
+func controlPlane() (*testenv.Env, func() error, error) {
 	envOpts := testenv.Options{HyperShift: true}
-	own := func() (*testenv.Env, func(), error) {
+	shared.Lock()
+	useShared := shared.main && !shared.inUse
+	if useShared {
+		shared.inUse = true
+	}
+	shared.Unlock()
+	if !useShared {
 		env, err := testenv.Start(envOpts)
 		if err != nil {
 			return nil, nil, err
 		}
-		return env, func() { _ = env.Stop() }, nil
+		return env, env.Stop, nil
 	}
-	shared.Lock()
-	defer shared.Unlock()
-	if !shared.main || shared.inUse {
-		return own()
-	}
+	// Only this stack touches shared.env until it gives it back.
 	if shared.env == nil {
 		env, err := testenv.Start(envOpts)
 		if err != nil {
+			shared.Lock()
+			shared.inUse = false
+			shared.Unlock()
 			return nil, nil, err
 		}
 		shared.env = env
+		watch(env)
 	}
-	shared.inUse = true
 	env := shared.env
-	return env, func() {
+	return env, func() error {
 		err := empty(env)
 		shared.Lock()
 		defer shared.Unlock()
 		if err != nil {
 			// The next stack would find this one's objects: it gets a
 			// control plane of its own instead.
-			fmt.Fprintln(os.Stderr, "stack: empty the shared control plane:", err)
 			_ = env.Stop()
 			shared.env = nil
 		}
 		shared.inUse = false
+		if err != nil {
+			return fmt.Errorf("empty the shared control plane (retired): %w", err)
+		}
+		return nil
 	}, nil
 }
 
+// watch starts the watchdog that stops env's etcd and kube-apiserver once
+// this process is gone (envtest starts them in process groups of their
+// own, which nothing stops when the test binary dies).
+func watch(env *testenv.Env) {
+	if shared.watchdog != nil {
+		_ = shared.watchdog.Process.Kill()
+		_ = shared.watchdog.Wait()
+		shared.watchdog = nil
+	}
+	args := []string{"-c", `parent=$1; shift
+while kill -0 "$parent" 2>/dev/null; do sleep 1; done
+ours() { grep -qa -e etcd -e kube-apiserver "/proc/$1/cmdline" 2>/dev/null; }
+for p in "$@"; do ours "$p" && kill "$p"; done
+sleep 5
+for p in "$@"; do ours "$p" && kill -9 "$p"; done`, "watchdog", strconv.Itoa(os.Getpid())}
+	for _, p := range children("etcd", "kube-apiserver") {
+		args = append(args, strconv.Itoa(p))
+	}
+	cmd := exec.Command("/bin/sh", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "stack: no watchdog for the shared control plane:", err)
+		return
+	}
+	shared.watchdog = cmd
+}
+
+// children are the PIDs of this process's children running one of the
+// named programs.
+func children(names ...string) []int {
+	var out []int
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, never ")".
+		open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		fields := bytes.Fields(b[end+1:])
+		if len(fields) < 2 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(string(fields[1]))
+		comm := string(b[open+1 : end])
+		pid, _ := strconv.Atoi(string(bytes.TrimSpace(b[:open])))
+		for _, n := range names {
+			if ppid == os.Getpid() && comm == n {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
 // empty deletes every namespaced custom resource, removing its finalizers
-// first: no controller is left to remove them.
+// first (no controller is left to remove them), until none is left.
 func empty(env *testenv.Env) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -105,6 +187,7 @@ func empty(env *testenv.Env) error {
 	if err != nil {
 		return fmt.Errorf("list CRDs: %w", err)
 	}
+	var kinds []dynamic.NamespaceableResourceInterface
 	for _, u := range raw.Items {
 		var crd apiextensionsv1.CustomResourceDefinition
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &crd); err != nil {
@@ -113,29 +196,41 @@ func empty(env *testenv.Env) error {
 		if crd.Spec.Scope != apiextensionsv1.NamespaceScoped {
 			continue
 		}
-		version := ""
 		for _, v := range crd.Spec.Versions {
 			if v.Storage {
-				version = v.Name
-			}
-		}
-		res := dyn.Resource(schema.GroupVersionResource{Group: crd.Spec.Group, Version: version, Resource: crd.Spec.Names.Plural})
-		list, err := res.List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return fmt.Errorf("list %s: %w", crd.Name, err)
-		}
-		for _, o := range list.Items {
-			r := res.Namespace(o.GetNamespace())
-			if len(o.GetFinalizers()) > 0 {
-				_, err := r.Patch(ctx, o.GetName(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
-				if err != nil && !apierrors.IsNotFound(err) {
-					return fmt.Errorf("remove the finalizers of %s %s/%s: %w", crd.Spec.Names.Kind, o.GetNamespace(), o.GetName(), err)
-				}
-			}
-			if err := r.Delete(ctx, o.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("delete %s %s/%s: %w", crd.Spec.Names.Kind, o.GetNamespace(), o.GetName(), err)
+				kinds = append(kinds, dyn.Resource(schema.GroupVersionResource{Group: crd.Spec.Group, Version: v.Name, Resource: crd.Spec.Names.Plural}))
 			}
 		}
 	}
-	return nil
+	// Until a pass finds nothing: a goroutine of the stopped manager may
+	// still have been writing during the one before.
+	for pass := 0; ; pass++ {
+		left := ""
+		for _, res := range kinds {
+			list, err := res.List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return fmt.Errorf("list: %w", err)
+			}
+			for _, o := range list.Items {
+				left = fmt.Sprintf("%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
+				r := res.Namespace(o.GetNamespace())
+				if len(o.GetFinalizers()) > 0 {
+					_, err := r.Patch(ctx, o.GetName(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+					if err != nil && !apierrors.IsNotFound(err) {
+						return fmt.Errorf("remove the finalizers of %s: %w", left, err)
+					}
+				}
+				if err := r.Delete(ctx, o.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+					return fmt.Errorf("delete %s: %w", left, err)
+				}
+			}
+		}
+		switch {
+		case left == "":
+			return nil
+		case pass == 5:
+			return fmt.Errorf("%s is still there after %d passes", left, pass+1)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

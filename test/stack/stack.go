@@ -14,6 +14,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -87,8 +88,9 @@ type Options struct {
 	Listen func(network, addr string) (net.Listener, error)
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Identities, when set, prepares the cluster (it must create the
-	// agentboot-system namespace) and returns the identities the manager
-	// and the image service run as, in two processes as deployed.
+	// agentboot-system namespace, and may find it made already: see Main)
+	// and returns the identities the manager and the image service run
+	// as, in two processes as deployed.
 	Identities func(env *testenv.Env) (manager, imageService *rest.Config, err error)
 }
 
@@ -131,14 +133,41 @@ func Start(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(stop)
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
 	return s
+}
+
+// MainWith runs a package's tests (call it from TestMain) against one
+// stack for the whole binary, started with opts and set in *s before the
+// first test.
+func MainWith(m *testing.M, opts Options, s **Stack) {
+	st, stop, err := StartMain(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*s = st
+	code := m.Run()
+	stop()
+	os.Exit(code)
 }
 
 // StartMain runs a stack for a whole test binary (TestMain); the returned
 // function stops it.
 func StartMain(opts Options) (*Stack, func(), error) {
-	return start(opts, logr.Discard())
+	s, stop, err := start(opts, logr.Discard())
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, func() {
+		if err := stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}, err
 }
 
 func logFor(t testing.TB, quiet bool) logr.Logger {
@@ -182,7 +211,7 @@ func agentFor(goarch string) (string, error) {
 	return b.path, b.err
 }
 
-func start(opts Options, log logr.Logger) (*Stack, func(), error) {
+func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 	if opts.AdvertiseHost == "" {
 		opts.AdvertiseHost = "127.0.0.1"
 	}
@@ -191,15 +220,16 @@ func start(opts Options, log logr.Logger) (*Stack, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cleanup := []func(){release}
-	stop := func() {
+	var released error
+	cleanup := []func(){func() { released = release() }}
+	stop := func() error {
 		for i := len(cleanup) - 1; i >= 0; i-- {
 			cleanup[i]()
 		}
+		return released
 	}
-	fail := func(err error) (*Stack, func(), error) {
-		stop()
-		return nil, nil, err
+	fail := func(err error) (*Stack, func() error, error) {
+		return nil, nil, errors.Join(err, stop())
 	}
 	dir, err := os.MkdirTemp("", "agentboot-stack-")
 	if err != nil {

@@ -152,12 +152,6 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		}); err != nil {
 			return err
 		}
-		if err := agentservice.IndexAgents(mgr); err != nil {
-			return err
-		}
-		if err := agentservice.SetupController(mgr, agentCfg); err != nil {
-			return err
-		}
 		bmcCfg := c.BMC
 		bmcCfg.Keys = keys
 		if err := bmc.SetupWithManager(mgr, bmcCfg); err != nil {
@@ -169,8 +163,12 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 			return err
 		}
 	}
-	if c.AgentService != nil {
-		if err := agentservice.SetupAPI(mgr, agentCfg); err != nil {
+	agentCfg.Controller = c.Controllers
+	if c.AgentService == nil {
+		agentCfg.Addr = ""
+	}
+	if c.Controllers || c.AgentService != nil {
+		if err := agentservice.SetupWithManager(mgr, agentCfg); err != nil {
 			return err
 		}
 	}

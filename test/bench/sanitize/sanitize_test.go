@@ -37,18 +37,8 @@ var (
 var s *stack.Stack
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	var stop func()
-	var err error
 	// qemu's user network reaches the host's loopback at 10.0.2.2.
-	s, stop, err = stack.StartMain(stack.Options{AdvertiseHost: "10.0.2.2"})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	stop()
-	os.Exit(code)
+	stack.MainWith(m, stack.Options{AdvertiseHost: "10.0.2.2"}, &s)
 }
 
 // disk is one of the lab's kinds of disk.
