@@ -466,6 +466,16 @@ func Install(ctx context.Context, step agentwire.InstallStep, progress func(stag
 	return install.Run(ctx, step, install.Options{Progress: progress})
 }
 
+// SentMethods are the methods of the erase level this agent sends, from
+// the fastest, for `agent sanitize --method`.
+func SentMethods() []string {
+	var out []string
+	for _, m := range erase.Sent() {
+		out = append(out, string(m))
+	}
+	return out
+}
+
 // Sanitize erases disks at level, for `agent sanitize`: each disk is
 // probed, the method chosen (internal/sanitize) among those this agent
 // carries out, erased and read back. A method, when not empty, is used on
@@ -474,10 +484,7 @@ func Install(ctx context.Context, step agentwire.InstallStep, progress func(stag
 // disk gets its evidence, a failed one with its Error; the error joins the
 // failures.
 func Sanitize(ctx context.Context, level sanitize.Level, method sanitize.Method, disks, keep []string, log *slog.Logger) ([]agentwire.DiskSanitization, error) {
-	var sent []string
-	for _, m := range erase.Sent() {
-		sent = append(sent, string(m))
-	}
+	sent := SentMethods()
 	switch {
 	case method == "":
 	case level != sanitize.Erase || !method.ErasesEveryBlock():

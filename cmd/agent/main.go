@@ -162,7 +162,7 @@ func sanitizeDisks(ctx context.Context, args []string, log *slog.Logger) error {
 	fs.Var(&disks, "disk", "a disk to sanitize (repeat for more; everything on it is erased)")
 	fs.Var(&keep, "keep", "a disk given with --disk to leave alone (repeat for more)")
 	levelFlag := fs.String("level", string(sanitize.Erase), "none, metadata or erase")
-	method := fs.String("method", "", "at level erase, this method instead of the fastest on every disk (which must offer it): write-zeroes, nvme-format-user-data or overwrite")
+	method := fs.String("method", "", "at level erase, this method instead of the fastest on every disk (which must offer it): "+strings.Join(agent.SentMethods(), ", "))
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

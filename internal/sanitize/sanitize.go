@@ -44,9 +44,10 @@ type Device struct {
 	// Empty: a drive without a medium (a card reader, a BMC's virtual
 	// floppy with nothing inserted): nothing to erase.
 	Empty bool
-	// NoCapacity: a fixed disk that reports no capacity, as an NVMe
-	// namespace whose format was cut off can: nothing can be read or
-	// written, but what it held may come back once it is formatted again.
+	// NoCapacity: a fixed disk that reports no capacity (an NVMe
+	// namespace whose format was cut off, a disk formatted with a sector
+	// size the kernel does not take): nothing can be read or written, but
+	// what it held may come back once it is formatted again.
 	NoCapacity bool
 	// Kept: the admin marked it to keep.
 	Kept bool
@@ -222,7 +223,7 @@ func Choose(level Level, dev Device) Plan {
 	case dev.Kept:
 		return Plan{Method: Skip, Why: "the admin marked this disk to keep"}
 	case dev.NoCapacity:
-		return Plan{Method: Unerasable, Why: "the disk reports no capacity, as an NVMe namespace whose format was cut off does: format it again (nvme format --ses=1), or mark it to keep"}
+		return Plan{Method: Unerasable, Why: "the disk reports no capacity (an NVMe namespace whose format was cut off, a disk formatted with a sector size the kernel does not take), and what it held may come back once it is formatted again: format it (with a secure erase), remove it, or mark it to keep"}
 	case dev.ReadOnly:
 		return Plan{Method: Unerasable, Why: "the device is read-only, so what it holds cannot be erased: remove it, or mark it to keep"}
 	case level == Metadata:

@@ -25,7 +25,7 @@ func TestChoose(t *testing.T) {
 		"kept by the admin":               {Erase, Device{Kept: true}, Skip, NotVerified, "marked this disk to keep"},
 		"read-only":                       {Erase, Device{ReadOnly: true}, Unerasable, NotVerified, "read-only"},
 		"no capacity, not removable":      {Erase, Device{NoCapacity: true, NVMeFormatUserData: true}, Unerasable, NotVerified, "whose format was cut off"},
-		"no capacity, even at metadata":   {Metadata, Device{NoCapacity: true}, Unerasable, NotVerified, "format it again"},
+		"no capacity, even at metadata":   {Metadata, Device{NoCapacity: true}, Unerasable, NotVerified, "format it (with a secure erase), remove it, or mark it to keep"},
 		"metadata on anything":            {Metadata, nvme, WipeMetadata, MetadataReadsZero, "level is metadata"},
 		"NVMe with crypto sanitize":       {Erase, nvme, NVMeSanitizeCrypto, ReadsChanged, "cryptographic sanitize"},
 		"NVMe with crypto format only":    {Erase, Device{NVMeFormatCrypto: true, NVMeFormatUserData: true, WriteZeroes: true}, NVMeFormatCrypto, ReadsChanged, "cryptographic erase on format"},

@@ -34,10 +34,10 @@ import (
 // agentboot's own namespace and the RBAC Identities applied.
 var shared struct {
 	sync.Mutex
-	main     bool // Main runs this binary's tests
-	env      *testenv.Env
-	inUse    bool
-	watchdog *exec.Cmd
+	main    bool // Main runs this binary's tests
+	env     *testenv.Env
+	inUse   bool
+	unwatch func()
 }
 
 // Main runs a package's tests (call it from TestMain) with one control
@@ -60,9 +60,8 @@ func Main(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "stop the shared control plane:", err)
 		}
 	}
-	if shared.watchdog != nil {
-		_ = shared.watchdog.Process.Kill()
-		_ = shared.watchdog.Wait()
+	if shared.unwatch != nil {
+		shared.unwatch()
 	}
 	shared.Unlock()
 	os.Exit(code)
@@ -83,7 +82,12 @@ func controlPlane() (*testenv.Env, func() error, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		return env, env.Stop, nil
+		unwatch := watch()
+		return env, func() error {
+			err := env.Stop()
+			unwatch()
+			return err
+		}, nil
 	}
 	// Only this stack touches shared.env until it gives it back.
 	if shared.env == nil {
@@ -95,7 +99,7 @@ func controlPlane() (*testenv.Env, func() error, error) {
 			return nil, nil, err
 		}
 		shared.env = env
-		watch(env)
+		shared.unwatch = watch()
 	}
 	env := shared.env
 	return env, func() error {
@@ -106,7 +110,8 @@ func controlPlane() (*testenv.Env, func() error, error) {
 			// The next stack would find this one's objects: it gets a
 			// control plane of its own instead.
 			_ = env.Stop()
-			shared.env = nil
+			shared.unwatch()
+			shared.env, shared.unwatch = nil, nil
 		}
 		shared.inUse = false
 		if err != nil {
@@ -116,15 +121,12 @@ func controlPlane() (*testenv.Env, func() error, error) {
 	}, nil
 }
 
-// watch starts the watchdog that stops env's etcd and kube-apiserver once
-// this process is gone (envtest starts them in process groups of their
-// own, which nothing stops when the test binary dies).
-func watch(env *testenv.Env) {
-	if shared.watchdog != nil {
-		_ = shared.watchdog.Process.Kill()
-		_ = shared.watchdog.Wait()
-		shared.watchdog = nil
-	}
+// watch starts a watchdog that stops this process's etcd and
+// kube-apiserver children once this process is gone (envtest starts them
+// in process groups of their own, which nothing stops when a test binary
+// dies of a panic or its -timeout); the function returned stops the
+// watchdog.
+func watch() func() {
 	args := []string{"-c", `parent=$1; shift
 while kill -0 "$parent" 2>/dev/null; do sleep 1; done
 ours() { grep -qa -e etcd -e kube-apiserver "/proc/$1/cmdline" 2>/dev/null; }
@@ -137,10 +139,13 @@ for p in "$@"; do ours "$p" && kill -9 "$p"; done`, "watchdog", strconv.Itoa(os.
 	cmd := exec.Command("/bin/sh", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "stack: no watchdog for the shared control plane:", err)
-		return
+		fmt.Fprintln(os.Stderr, "stack: no watchdog for the control plane:", err)
+		return func() {}
 	}
-	shared.watchdog = cmd
+	return func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
 }
 
 // children are the PIDs of this process's children running one of the

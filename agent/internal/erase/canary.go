@@ -19,9 +19,10 @@ import (
 // erase may leave zeros, ones, the maker's pattern or noise) is checked by
 // changeCheck: random data the agent writes just before (canaries) must
 // not read back anywhere, blocks of the previous tenant's data it read just
-// before (witnesses, at places the drive is not told of) must not read back
-// as they were, and when the erased blocks read as one repeated byte, every
-// witness must read as that byte too.
+// before (witnesses) must not read back as they were, and when the erased
+// canaries read as one repeated byte, every witness must read as that byte
+// too, and so must blocks at random places chosen only after the erase,
+// which the drive cannot have been asked about before.
 type changeCheck struct {
 	canaries, witnesses []canary
 	// align is the unit of O_DIRECT reads and writes: the logical block.
@@ -162,13 +163,42 @@ func (c changeCheck) verify(f *os.File, size int64) (string, error) {
 			}
 		}
 	}
-	result := fmt.Sprintf("every block reads as 0x%02x", pattern)
-	if !uniform {
-		result = "the erased blocks read as noise, so the others were checked for change only"
+	result := "the erased blocks read as noise, so the others were checked for change only"
+	if uniform {
+		fresh, err := c.readFresh(f, size, byte(pattern), read)
+		if err != nil {
+			return "", err
+		}
+		result = fmt.Sprintf("every block read, and %d %d KiB blocks at random places chosen after the erase, reads as 0x%02x", fresh, sampleSize>>10, pattern)
 	}
 	return fmt.Sprintf("random data written just before the erase to %d places (the first and last MiB, sampled %d KiB blocks) no longer reads back in any %d-byte block, "+
 		"and none of %d blocks of %d bytes that held data at %d other sampled places reads back as before; %s (%s)",
 		len(c.canaries), sampleSize>>10, checkUnit, held, checkUnit, len(c.witnesses), result, howRead(f)), nil
+}
+
+// readFresh reads sampleCount/2 blocks at random places chosen now and
+// requires each to read as v; it returns how many it read.
+func (c changeCheck) readFresh(f *os.File, size int64, v byte, read func(canary) ([]byte, error)) (int, error) {
+	if size <= sampleSize {
+		return 0, nil
+	}
+	n := 0
+	for range sampleCount / 2 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		pos := int64(binary.LittleEndian.Uint64(b[:])%uint64(size-sampleSize)) / c.align * c.align
+		got, err := read(canary{pos, make([]byte, sampleSize)})
+		if err != nil {
+			return n, err
+		}
+		for i := 0; i < len(got); i += checkUnit {
+			if !repeats(got[i:i+checkUnit], v) {
+				return n, fmt.Errorf("the %d bytes at %d do not read as 0x%02x, as every erased block the agent wrote before does", checkUnit, pos+int64(i), v)
+			}
+		}
+		n++
+	}
+	return n, nil
 }
 
 // repeats reports whether b is made of the byte v alone: its first byte
@@ -208,14 +238,20 @@ func howRead(f *os.File) string {
 	if flags, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); err == nil && flags&unix.O_DIRECT != 0 {
 		return "read with O_DIRECT"
 	}
-	return "read through the page cache: the file system has no O_DIRECT"
+	return "read through the page cache: O_DIRECT was refused"
 }
 
 // formatNVM formats the namespace open as f with secure erase setting ses,
 // reporting progress every formatPoll: the drive's own estimate where it
 // keeps one (the Format Progress Indicator), otherwise none, which still
-// tells the service the host is alive.
+// tells the service the host is alive. A drive without the indicator is
+// sent nothing while it formats: a command some firmware holds until the
+// format is done would, past the kernel's timeout, make the kernel reset
+// the controller and so abort the format. The poll waits as long as the
+// format may take, for the same reason.
 func formatNVM(d Drive, f *os.File, size int64, ses uint32, progress Progress) error {
+	timeout := formatTimeout(size)
+	_, indicator := d.FormatProgress(f, 0)
 	progress(0, size)
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -228,12 +264,14 @@ func formatNVM(d Drive, f *os.File, size int64, ses uint32, progress Progress) e
 			case <-stop:
 				return
 			case <-t.C:
-				frac, _ := d.FormatProgress(f)
+				frac := 0.0
+				if indicator {
+					frac, _ = d.FormatProgress(f, timeout)
+				}
 				progress(int64(frac*float64(size)), size)
 			}
 		}
 	}()
-	timeout := formatTimeout(size)
 	start := time.Now()
 	err := d.FormatNVM(f, ses, timeout)
 	close(stop)
@@ -255,8 +293,10 @@ func formatNVM(d Drive, f *os.File, size int64, ses uint32, progress Progress) e
 	return nil
 }
 
-// formatPoll is how often a running format's progress is reported.
-var formatPoll = 10 * time.Second
+// formatPoll is how often a running format's progress is reported: twice
+// as often as the agent passes reports on (every 10 s), so that none is
+// more than 10 s apart.
+var formatPoll = 5 * time.Second
 
 // formatTimeout is how long the kernel waits for a format before it gives
 // up on the drive. The standard sets no bound: a drive that erases by

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -99,6 +100,8 @@ type fakeDrive struct {
 	format func(f *os.File, ses uint32) error
 	// progress is the drive's Format Progress Indicator; 0 for none.
 	progress float64
+	// polls counts the indicator's reads, when set.
+	polls *atomic.Int32
 }
 
 func (f fakeDrive) NVMe(string) ([]byte, error) { return f.ctrl, f.err }
@@ -106,7 +109,12 @@ func (f fakeDrive) ATA(string) ([]byte, error)  { return f.ata, f.err }
 func (f fakeDrive) FormatNVM(file *os.File, ses uint32, _ time.Duration) error {
 	return f.format(file, ses)
 }
-func (f fakeDrive) FormatProgress(*os.File) (float64, bool) { return f.progress, f.progress > 0 }
+func (f fakeDrive) FormatProgress(*os.File, time.Duration) (float64, bool) {
+	if f.polls != nil {
+		f.polls.Add(1)
+	}
+	return f.progress, f.progress > 0
+}
 
 // fakeSys writes a sysfs disk directory under root.
 func fakeSys(t *testing.T, root, name string, files map[string]string) {
@@ -209,6 +217,10 @@ func TestProbeDevice(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, sanitize.Device{NoCapacity: true}, got.Device)
 		require.Equal(t, sanitize.Unerasable, sanitize.Choose(sanitize.Erase, got.Device).Method, "what it held may come back")
+		fakeSys(t, root, "sdh", map[string]string{"size": "0", "removable": "0"}) // a SAS disk with 520-byte sectors
+		got, err = probeDevice(Options{Root: root}, Target{Path: "/dev/sdh"}, "sdh", false)
+		require.NoError(t, err)
+		require.Equal(t, sanitize.Device{NoCapacity: true}, got.Device)
 	})
 	t.Run("optical drive", func(t *testing.T) {
 		got, err := probeDevice(Options{Root: root}, Target{Path: "/dev/sr0"}, "sr0", false)
@@ -420,7 +432,7 @@ func TestNVMeFormat(t *testing.T) {
 		require.Equal(t, string(sanitize.ReadsChanged), ev.Verification)
 		require.Equal(t, int64(size), ev.Bytes)
 		require.Regexp(t, `^random data written just before the erase to \d+ places \(the first and last MiB, sampled 64 KiB blocks\) no longer reads back in any 512-byte block, `+
-			`and none of \d+ blocks of 512 bytes that held data at \d+ other sampled places reads back as before; every block reads as 0x00 \(read `, ev.Checked)
+			`and none of \d+ blocks of 512 bytes that held data at \d+ other sampled places reads back as before; every block read, and 128 64 KiB blocks at random places chosen after the erase, reads as 0x00 \(read `, ev.Checked)
 		got, err := os.ReadFile(path)
 		require.NoError(t, err)
 		require.Equal(t, make([]byte, size), got)
@@ -428,7 +440,7 @@ func TestNVMeFormat(t *testing.T) {
 	t.Run("the maker's pattern", func(t *testing.T) {
 		_, ev, _, err := run(t, fakeDrive{format: fill(0xff)})
 		require.NoError(t, err)
-		require.Contains(t, ev.Checked, "; every block reads as 0xff (")
+		require.Contains(t, ev.Checked, "chosen after the erase, reads as 0xff (")
 	})
 	t.Run("noise", func(t *testing.T) {
 		_, ev, _, err := run(t, fakeDrive{format: func(f *os.File, _ uint32) error {
@@ -499,6 +511,20 @@ func TestNVMeFormat(t *testing.T) {
 		}})
 		require.ErrorContains(t, err, "do not read as 0x00, as every erased block the agent wrote before does")
 	})
+	t.Run("a drive that erased only what it was asked about", func(t *testing.T) {
+		path, _ := disk(t, size)
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		require.NoError(t, err)
+		defer f.Close()
+		c, err := prepareChangeCheck(f, size)
+		require.NoError(t, err)
+		for _, x := range append(c.canaries, c.witnesses...) {
+			_, err := f.WriteAt(make([]byte, len(x.data)), x.offset)
+			require.NoError(t, err)
+		}
+		_, err = c.verify(f, size)
+		require.ErrorContains(t, err, "do not read as 0x00, as every erased block the agent wrote before does", "the blocks read after the erase were never asked about")
+	})
 	t.Run("progress while the drive formats", func(t *testing.T) {
 		defer func(p time.Duration) { formatPoll = p }(formatPoll)
 		formatPoll = 10 * time.Millisecond
@@ -509,6 +535,18 @@ func TestNVMeFormat(t *testing.T) {
 		require.NoError(t, err)
 		require.Contains(t, seen, int64(size/2), "the drive's own estimate")
 		require.Equal(t, int64(size), seen[len(seen)-1])
+	})
+	t.Run("a drive without the indicator is left alone while it formats", func(t *testing.T) {
+		defer func(p time.Duration) { formatPoll = p }(formatPoll)
+		formatPoll = 10 * time.Millisecond
+		var polls atomic.Int32
+		_, _, seen, err := run(t, fakeDrive{polls: &polls, format: func(f *os.File, ses uint32) error {
+			time.Sleep(100 * time.Millisecond)
+			return fill(0)(f, ses)
+		}})
+		require.NoError(t, err)
+		require.Equal(t, int32(1), polls.Load(), "asked once, before the format")
+		require.Greater(t, len(seen), 3, "still reported, which keeps the host connected")
 	})
 	t.Run("the controller refuses", func(t *testing.T) {
 		_, _, _, err := run(t, fakeDrive{format: func(*os.File, uint32) error { return nvmeStatus(0x4002) }})

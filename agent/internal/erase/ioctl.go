@@ -53,13 +53,15 @@ func (kernel) NVMe(path string) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return identify(f, 0, 1) // CNS 01h: the controller
+	return identify(f, 0, 1, 0) // CNS 01h: the controller
 }
 
-// identify sends Identify with cns for namespace nsid.
-func identify(f *os.File, nsid, cns uint32) ([]byte, error) {
+// identify sends Identify with cns for namespace nsid; the kernel waits
+// for the answer for timeout (its default admin timeout, 60 s, when 0).
+func identify(f *os.File, nsid, cns uint32, timeout time.Duration) ([]byte, error) {
 	buf := make([]byte, nvmeIdentifySize)
-	cmd := nvmeAdminCmd{opcode: nvmeOpIdentify, nsid: nsid, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), dataLen: nvmeIdentifySize, cdw10: cns}
+	cmd := nvmeAdminCmd{opcode: nvmeOpIdentify, nsid: nsid, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), dataLen: nvmeIdentifySize, cdw10: cns,
+		timeoutMs: uint32(min(timeout.Milliseconds(), math.MaxUint32))}
 	_, err := admin(f, &cmd)
 	// The command holds buf's address as a number: keep buf alive until
 	// the kernel has written it.
@@ -97,18 +99,18 @@ func nvmeStatus(status int32) error {
 
 // namespace returns the ID and Identify Namespace (CNS 00h) of the
 // namespace block device open as f.
-func namespace(f *os.File) (uint32, []byte, error) {
+func namespace(f *os.File, timeout time.Duration) (uint32, []byte, error) {
 	r, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nvmeIoctlID, 0)
 	if errno != 0 {
 		return 0, nil, fmt.Errorf("namespace ID: %w", errno)
 	}
 	nsid := uint32(r)
-	raw, err := identify(f, nsid, 0)
+	raw, err := identify(f, nsid, 0, timeout)
 	return nsid, raw, err
 }
 
-func (kernel) FormatProgress(f *os.File) (float64, bool) {
-	_, raw, err := namespace(f)
+func (kernel) FormatProgress(f *os.File, wait time.Duration) (float64, bool) {
+	_, raw, err := namespace(f, wait)
 	if err != nil {
 		return 0, false
 	}
@@ -116,7 +118,7 @@ func (kernel) FormatProgress(f *os.File) (float64, bool) {
 }
 
 func (kernel) FormatNVM(f *os.File, ses uint32, timeout time.Duration) error {
-	nsid, raw, err := namespace(f)
+	nsid, raw, err := namespace(f, 0)
 	if err != nil {
 		return err
 	}

@@ -36,8 +36,9 @@ type Drive interface {
 	FormatNVM(f *os.File, ses uint32, timeout time.Duration) error
 	// FormatProgress is how much of a running format of the namespace
 	// open as f is done, 0 to 1, and whether the drive says (its Format
-	// Progress Indicator).
-	FormatProgress(f *os.File) (float64, bool)
+	// Progress Indicator); the kernel waits up to wait for the answer
+	// (a controller may hold it until the format is done).
+	FormatProgress(f *os.File, wait time.Duration) (float64, bool)
 }
 
 func (o Options) path(p string) string { return filepath.Join(o.Root, p) }

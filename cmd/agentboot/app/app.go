@@ -4,6 +4,7 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -166,6 +167,8 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 	agentCfg.Controller = c.Controllers
 	if c.AgentService == nil {
 		agentCfg.Addr = ""
+	} else if agentCfg.Addr == "" {
+		return errors.New("agent service: an address to serve the agent API on is required")
 	}
 	if c.Controllers || c.AgentService != nil {
 		if err := agentservice.SetupWithManager(mgr, agentCfg); err != nil {

@@ -219,12 +219,12 @@ func logName(s string) string {
 
 // sanitize keeps logged names printable and short.
 func sanitize(s string) string {
-	return strings.Map(func(r rune) rune {
+	return clip.Text(strings.Map(func(r rune) rune {
 		if r < 0x20 || r == 0x7f {
 			return '?'
 		}
 		return r
-	}, clip.Text(s, 64))
+	}, s), 64)
 }
 
 // Serve serves on conn, a UDP socket, until Shutdown; conn stays open and
