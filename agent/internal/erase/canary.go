@@ -117,20 +117,20 @@ func (c changeCheck) verify(f *os.File, size int64) (string, error) {
 		return "", errors.New("internal error: no random data was written to check the erase by")
 	}
 	buf := alignedBuffer(edge)
-	read := func(x canary) ([]byte, error) {
-		b := buf[:len(x.data)]
-		if x.offset < 0 || x.offset+int64(len(b)) > size || x.offset%c.align != 0 || int64(len(b))%c.align != 0 {
-			return nil, fmt.Errorf("internal error: check read %d+%d on a %d-byte disk", x.offset, len(b), size)
+	read := func(x Extent) ([]byte, error) {
+		b := buf[:x.Length]
+		if x.Offset < 0 || x.Offset+x.Length > size || x.Offset%c.align != 0 || x.Length%c.align != 0 {
+			return nil, fmt.Errorf("internal error: check read %d+%d on a %d-byte disk", x.Offset, x.Length, size)
 		}
-		if n, err := f.ReadAt(b, x.offset); n != len(b) {
-			return nil, fmt.Errorf("read %d bytes at %d: got %d: %w", len(b), x.offset, n, err)
+		if n, err := f.ReadAt(b, x.Offset); n != len(b) {
+			return nil, fmt.Errorf("read %d bytes at %d: got %d: %w", x.Length, x.Offset, n, err)
 		}
 		return b, nil
 	}
 	// What the erased canaries read as: one repeated byte, or noise.
 	pattern, uniform := -1, true
 	for _, x := range c.canaries {
-		b, err := read(x)
+		b, err := read(Extent{x.offset, int64(len(x.data))})
 		if err != nil {
 			return "", err
 		}
@@ -146,7 +146,7 @@ func (c changeCheck) verify(f *os.File, size int64) (string, error) {
 	}
 	held := 0
 	for _, x := range c.witnesses {
-		b, err := read(x)
+		b, err := read(Extent{x.offset, int64(len(x.data))})
 		if err != nil {
 			return "", err
 		}
@@ -178,7 +178,7 @@ func (c changeCheck) verify(f *os.File, size int64) (string, error) {
 
 // readFresh reads sampleCount/2 blocks at random places chosen now and
 // requires each to read as v; it returns how many it read.
-func (c changeCheck) readFresh(f *os.File, size int64, v byte, read func(canary) ([]byte, error)) (int, error) {
+func (c changeCheck) readFresh(f *os.File, size int64, v byte, read func(Extent) ([]byte, error)) (int, error) {
 	if size <= sampleSize {
 		return 0, nil
 	}
@@ -187,7 +187,7 @@ func (c changeCheck) readFresh(f *os.File, size int64, v byte, read func(canary)
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		pos := int64(binary.LittleEndian.Uint64(b[:])%uint64(size-sampleSize)) / c.align * c.align
-		got, err := read(canary{pos, make([]byte, sampleSize)})
+		got, err := read(Extent{pos, sampleSize})
 		if err != nil {
 			return n, err
 		}

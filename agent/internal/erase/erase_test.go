@@ -470,45 +470,37 @@ func TestNVMeFormat(t *testing.T) {
 		}})
 		require.ErrorContains(t, err, fmt.Sprintf("the 512 bytes at %d still hold the random data", size-1024))
 	})
-	t.Run("a drive that erased only what was just written", func(t *testing.T) {
+	// byBlock plays a drive that treats each 512-byte block by whether it
+	// changed since the disk was made (the agent's random data) or not.
+	byBlock := func(changed, unchanged func(block []byte)) func(*os.File, uint32) error {
 		_, original := disk(t, size) // the same bytes as the disk run writes
-		_, _, _, err := run(t, fakeDrive{format: func(f *os.File, _ uint32) error {
+		return func(f *os.File, _ uint32) error {
 			b := make([]byte, size)
 			if _, err := f.ReadAt(b, 0); err != nil {
 				return err
 			}
 			for i := 0; i < size; i += 512 {
-				if !bytes.Equal(b[i:i+512], original[i:i+512]) {
-					clear(b[i : i+512])
+				if bytes.Equal(b[i:i+512], original[i:i+512]) {
+					unchanged(b[i : i+512])
+				} else {
+					changed(b[i : i+512])
 				}
 			}
 			_, err := f.WriteAt(b, 0)
 			return err
-		}})
+		}
+	}
+	t.Run("a drive that erased only what was just written", func(t *testing.T) {
+		_, _, _, err := run(t, fakeDrive{format: byBlock(func(b []byte) { clear(b) }, func([]byte) {})})
 		require.ErrorContains(t, err, "read back as they did before the erase")
 	})
 	t.Run("zeros where it was just written, noise elsewhere", func(t *testing.T) {
-		_, original := disk(t, size)
-		_, _, _, err := run(t, fakeDrive{format: func(f *os.File, _ uint32) error {
-			// A drive that zeroes what it wrote last and turns the rest
-			// into something else (re-keyed, but the old media is still
-			// there): every block changed, yet not to what the erase
-			// shows where the agent looked first.
-			b := make([]byte, size)
-			if _, err := f.ReadAt(b, 0); err != nil {
-				return err
-			}
-			noise := rand.NewChaCha8([32]byte{7})
-			for i := 0; i < size; i += 512 {
-				if bytes.Equal(b[i:i+512], original[i:i+512]) {
-					_, _ = noise.Read(b[i : i+512])
-				} else {
-					clear(b[i : i+512])
-				}
-			}
-			_, err := f.WriteAt(b, 0)
-			return err
-		}})
+		// A drive that zeroes what it wrote last and turns the rest into
+		// something else (re-keyed, but the old media is still there):
+		// every block changed, yet not to what the erase shows where the
+		// agent looked first.
+		noise := rand.NewChaCha8([32]byte{7})
+		_, _, _, err := run(t, fakeDrive{format: byBlock(func(b []byte) { clear(b) }, func(b []byte) { _, _ = noise.Read(b) })})
 		require.ErrorContains(t, err, "do not read as 0x00, as every erased block the agent wrote before does")
 	})
 	t.Run("a drive that erased only what it was asked about", func(t *testing.T) {
