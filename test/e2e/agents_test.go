@@ -30,7 +30,8 @@ func TestLabDiscoveryFromISO(t *testing.T) {
 	// the agent's KVM probe on the emulated SVM once froze a vCPU, so the
 	// kernel waited forever in kvm_destroy_vm for an IPI the frozen vCPU
 	// never answered (CI, 2026-11-26). The probe's verdicts are the subject
-	// of TestLabVirtualizationVerdicts, on one-vCPU guests.
+	// of TestLabVirtualizationVerdicts, on one-vCPU guests. Its two vCPUs
+	// share one TCG thread (test/vm says why).
 	v := bootVM(t, vm.Options{Name: "lab-a", CDROM: iso, Boot: "d", MAC: mac, CPUs: 2, CPU: "qemu64,-svm", MemoryMB: 1536, Disks: []string{sparseDisk(t, 150_000_000_000)}})
 	a := agents(t, ie.Namespace, 1, v)[0]
 

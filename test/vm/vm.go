@@ -187,6 +187,15 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 		}
 	} else {
 		for _, a := range Accelerators() {
+			if a == "tcg" && o.CPUs > 1 {
+				// One host thread runs all vCPUs in turn. With a thread each
+				// (QEMU 7.2's default), an x86 guest's vCPU now and then keeps
+				// executing code another vCPU has just patched: twice in CI a
+				// 2-vCPU guest froze, once in getrandom right after the kernel
+				// patched its crng-ready static key (soft lockup, 424 s), once
+				// waiting in kvm_destroy_vm for an IPI. No freeze with one thread.
+				a = "tcg,thread=single"
+			}
 			args = append(args, "-accel", a)
 		}
 	}
