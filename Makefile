@@ -68,9 +68,14 @@ DEV_ARGS = $(if $(FRESH),--fresh) $(if $(ADVERTISE_ADDRESS),--advertise-address=
 # -race costs little here: the suite mostly waits on real apiservers and
 # VMs (6.5 min with it on 2 cores, 2026-11-25).
 .PHONY: test
+# The slowest test packages, longest first: go test starts packages in the
+# order it is given them, and one started last (test/boot came last in
+# ./...'s order) ran alone for minutes at the end of the suite.
+SLOW_TESTS := ./test/boot ./nodepool ./bmc ./image-service ./agent/service ./cmd/agentboot
+
 test: prereqs ## every test that needs no root, with the race detector
 	@$(MAKE) --no-print-directory testbin tools dev-image build
-	go test -race $(GO_TEST_FLAGS) ./...
+	go test -race $(GO_TEST_FLAGS) $(SLOW_TESTS) ./...
 
 .PHONY: run
 run: prereqs ## the whole service locally on a real control plane (FRESH=1, ADVERTISE_ADDRESS=<ip>, ARGS=...)

@@ -153,12 +153,15 @@ func TestAarch64ISOBootsWithUEFI(t *testing.T) {
 	v := vm.Start(t, vm.Options{Name: "iso-aarch64", Arch: "aarch64", CPUs: 2, CDROM: iso, Net: "user", MAC: mac, MemoryMB: 1536, Disks: []string{disk}})
 	expect(t, v, append([]string{`devinit: agentboot dev OS starting \(kernel \S+-arm64\)`, `devinit: booted from ISO agentboot-dev-\S+ on /dev/sr0`}, appliedDiscoveryIgnitionFor("aarch64")...)...)
 
+	// The reconciler labels the Agent from its inventory after the agent
+	// API stored it: wait for both.
+	archLabel := v1beta1.InventoryLabelPrefix + "cpu-architecture"
 	a := waitAgent(t, v, ie.Namespace, "the agent registers with its inventory", func(a *v1beta1.Agent) bool {
-		return a.Status.Inventory.ReportTime != nil && a.Status.Inventory.Virtualization != nil
+		return a.Status.Inventory.ReportTime != nil && a.Status.Inventory.Virtualization != nil && a.Labels[archLabel] != ""
 	})
 	inv := a.Status.Inventory
 	require.Equal(t, "aarch64", inv.CPU.Architecture)
-	require.Equal(t, "aarch64", a.Labels[v1beta1.InventoryLabelPrefix+"cpu-architecture"])
+	require.Equal(t, "aarch64", a.Labels[archLabel])
 	require.Equal(t, int64(2), inv.CPU.Count)
 	require.NotEmpty(t, inv.CPU.ModelName, "the model from the CPU's MIDR: an Arm kernel has no `model name`")
 	require.Equal(t, "uefi", inv.Boot.CurrentBootMode)
