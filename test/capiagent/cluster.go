@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -180,7 +181,10 @@ func (c *Cluster) StartProvider() {
 	require.NoError(t, addAgentTypes(s))
 	skip := true
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 s,
+		Scheme: s,
+		// Its own, bound to t: controller-runtime's global logger is
+		// bound to the binary's first test.
+		Logger:                 testr.NewWithInterface(t, testr.Options{}),
 		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{c.CP: {}}},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -189,6 +193,7 @@ func (c *Cluster) StartProvider() {
 	require.NoError(t, err)
 	agents, err := cluster.New(cfg, func(o *cluster.Options) {
 		o.Scheme = s
+		o.Logger = testr.NewWithInterface(t, testr.Options{})
 		o.Cache.DefaultNamespaces = map[string]cache.Config{c.Opts.AgentNamespace: {}}
 	})
 	require.NoError(t, err)

@@ -12,19 +12,23 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/stack"
 )
 
 // Cluster is a second kube-apiserver playing the hosted cluster.
@@ -33,10 +37,12 @@ type Cluster struct {
 	Admin kubernetes.Interface
 }
 
-// Start starts the hosted cluster's apiserver for the duration of t.
+// Start gives t a hosted cluster's apiserver until t ends. Under
+// stack.Main the tests of a binary take turns on one: what kubelets leave
+// in it (CSRs, Nodes) is deleted before the next test gets it.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
-	env := testenv.StartT(t, testenv.Options{NoCRDs: true})
+	env := stack.Borrow(t, testenv.Options{NoCRDs: true}, empty)
 	c := &Cluster{Env: env, Admin: kubernetes.NewForConfigOrDie(env.Config)}
 	// Kubelets (bootstrapping or not) may ask for certificates, as in a
 	// real cluster.
@@ -45,8 +51,40 @@ func Start(t testing.TB) *Cluster {
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:node-bootstrapper"},
 		Subjects:   []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: "system:authenticated"}},
 	}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	if !apierrors.IsAlreadyExists(err) {
+		require.NoError(t, err)
+	}
 	return c
+}
+
+// empty deletes the CSRs and Nodes a test's kubelets left, and checks
+// that none is left.
+func empty(env *testenv.Env) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		return err
+	}
+	all := metav1.ListOptions{}
+	if err := c.CertificatesV1().CertificateSigningRequests().DeleteCollection(ctx, metav1.DeleteOptions{}, all); err != nil {
+		return fmt.Errorf("delete the CSRs: %w", err)
+	}
+	if err := c.CoreV1().Nodes().DeleteCollection(ctx, metav1.DeleteOptions{}, all); err != nil {
+		return fmt.Errorf("delete the Nodes: %w", err)
+	}
+	csrs, err := c.CertificatesV1().CertificateSigningRequests().List(ctx, all)
+	if err != nil {
+		return err
+	}
+	nodes, err := c.CoreV1().Nodes().List(ctx, all)
+	if err != nil {
+		return err
+	}
+	if n := len(csrs.Items) + len(nodes.Items); n > 0 {
+		return fmt.Errorf("%d CSRs and %d Nodes are left", len(csrs.Items), len(nodes.Items))
+	}
+	return nil
 }
 
 // Signers, identities and key usages of kubelet CSRs.

@@ -25,60 +25,90 @@ import (
 )
 
 // A control plane costs seconds to start (etcd and kube-apiserver), more
-// than most tests that use one. Main lets the stacks of a test binary take
-// turns on one: each Stack still starts its own manager and servers, and
-// when it stops, every namespaced custom resource is deleted, so that the
-// next one starts without the last one's InfraEnvs, Agents,
-// BareMetalHosts or Cluster API objects. Namespaces and what else they
-// hold (Secrets, events) stay, as do the signing keys and Leases in
-// agentboot's own namespace and the RBAC Identities applied.
+// than most tests that use one. Main lets the tests of a binary take turns
+// on one per kind (the stacks' own, with agentboot's CRDs; the hosted
+// clusters' of test/hosted, without): each Stack still starts its own
+// manager and servers, and when it stops, every namespaced custom resource
+// is deleted, so that the next one starts without the last one's
+// InfraEnvs, Agents, BareMetalHosts or Cluster API objects. Namespaces and
+// what else they hold (Secrets, events) stay, as do the signing keys and
+// Leases in agentboot's own namespace and the RBAC Identities applied.
 var shared struct {
 	sync.Mutex
-	main    bool // Main runs this binary's tests
+	main  bool // Main runs this binary's tests
+	pools map[testenv.Options]*pool
+}
+
+// pool is the shared control plane started with one set of options.
+type pool struct {
 	env     *testenv.Env
 	inUse   bool
 	unwatch func()
 }
 
 // Main runs a package's tests (call it from TestMain) with one control
-// plane for their stacks, and stops it before the process exits; should
-// the process die first (a test's panic, the -timeout), a watchdog
-// process stops it. A stack that starts while another still runs (two at
-// once in a test) gets a control plane of its own, as every stack does in
-// a binary without Main. Options.Identities run on the shared one again
-// for each stack: they must be idempotent, as applying deploy/ (Deployed)
-// is. Tests that share it create their namespaces with GenerateName and
-// must pass with -count=2.
+// plane for their stacks (and one for their hosted clusters), and stops
+// them before the process exits; should the process die first (a test's
+// panic, the -timeout), a watchdog process stops them. A stack that starts
+// while another still runs (two at once in a test) gets a control plane of
+// its own, as every stack does in a binary without Main. Options.Identities
+// run on the shared one again for each stack: they must be idempotent, as
+// applying deploy/ (Deployed) is. Tests that share it create their
+// namespaces with GenerateName and must pass with -count=2.
 func Main(m *testing.M) {
 	shared.Lock()
 	shared.main = true
+	shared.pools = map[testenv.Options]*pool{}
 	shared.Unlock()
 	code := m.Run()
 	shared.Lock()
-	if shared.env != nil {
-		if err := shared.env.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stop the shared control plane:", err)
+	for _, p := range shared.pools {
+		if p.env != nil {
+			if err := p.env.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, "stop a shared control plane:", err)
+			}
+			p.unwatch()
 		}
-	}
-	if shared.unwatch != nil {
-		shared.unwatch()
 	}
 	shared.Unlock()
 	os.Exit(code)
 }
 
-// controlPlane returns the control plane for a new stack and what gives it
-// back when the stack stops.
-func controlPlane() (*testenv.Env, func() error, error) {
-	envOpts := testenv.Options{HyperShift: true}
+// Borrow gives t a control plane started with opts until t ends: under
+// Main, the one this binary's tests take turns on, which empty readies
+// for the next test once t is done (an error fails t and retires that
+// control plane); otherwise, or while another test holds it, one of its
+// own. test/hosted plays hosted clusters on it.
+func Borrow(t testing.TB, opts testenv.Options, empty func(*testenv.Env) error) *testenv.Env {
+	t.Helper()
+	env, release, err := controlPlane(opts, empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := release(); err != nil {
+			t.Error(err)
+		}
+	})
+	return env
+}
+
+// controlPlane returns a control plane started with opts for one user,
+// and what gives it back when that user is done.
+func controlPlane(opts testenv.Options, empty func(*testenv.Env) error) (*testenv.Env, func() error, error) {
 	shared.Lock()
-	useShared := shared.main && !shared.inUse
+	p := shared.pools[opts]
+	useShared := shared.main && (p == nil || !p.inUse)
 	if useShared {
-		shared.inUse = true
+		if p == nil {
+			p = &pool{}
+			shared.pools[opts] = p
+		}
+		p.inUse = true
 	}
 	shared.Unlock()
 	if !useShared {
-		env, err := testenv.Start(envOpts)
+		env, err := testenv.Start(opts)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -89,31 +119,30 @@ func controlPlane() (*testenv.Env, func() error, error) {
 			return err
 		}, nil
 	}
-	// Only this stack touches shared.env until it gives it back.
-	if shared.env == nil {
-		env, err := testenv.Start(envOpts)
+	// Only this user touches p's control plane until it gives it back.
+	if p.env == nil {
+		env, err := testenv.Start(opts)
 		if err != nil {
 			shared.Lock()
-			shared.inUse = false
+			p.inUse = false
 			shared.Unlock()
 			return nil, nil, err
 		}
-		shared.env = env
-		shared.unwatch = watch()
+		p.env, p.unwatch = env, watch()
 	}
-	env := shared.env
+	env := p.env
 	return env, func() error {
 		err := empty(env)
 		shared.Lock()
 		defer shared.Unlock()
 		if err != nil {
-			// The next stack would find this one's objects: it gets a
+			// The next user would find this one's objects: it gets a
 			// control plane of its own instead.
 			_ = env.Stop()
-			shared.unwatch()
-			shared.env, shared.unwatch = nil, nil
+			p.unwatch()
+			p.env, p.unwatch = nil, nil
 		}
-		shared.inUse = false
+		p.inUse = false
 		if err != nil {
 			return fmt.Errorf("empty the shared control plane (retired): %w", err)
 		}
@@ -179,9 +208,10 @@ func children(names ...string) []int {
 	return out
 }
 
-// empty deletes every namespaced custom resource, removing its finalizers
-// first (no controller is left to remove them), until none is left.
-func empty(env *testenv.Env) error {
+// emptyCRs deletes every namespaced custom resource, removing its
+// finalizers first (no controller is left to remove them), until none is
+// left.
+func emptyCRs(env *testenv.Env) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dyn, err := dynamic.NewForConfig(env.Config)

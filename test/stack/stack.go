@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -211,12 +212,20 @@ func agentFor(goarch string) (string, error) {
 	return b.path, b.err
 }
 
+// globalLogger sets controller-runtime's global logger, which only its
+// first SetLogger sets: a test's logger there would still be used after
+// that test ended, a panic in a binary whose tests take turns on one
+// control plane. What logs without a logger of its own writes to stderr.
+var globalLogger sync.Once
+
 func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 	if opts.AdvertiseHost == "" {
 		opts.AdvertiseHost = "127.0.0.1"
 	}
-	ctrl.SetLogger(log)
-	env, release, err := controlPlane()
+	globalLogger.Do(func() {
+		ctrl.SetLogger(funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{}))
+	})
+	env, release, err := controlPlane(testenv.Options{HyperShift: true}, emptyCRs)
 	if err != nil {
 		return nil, nil, err
 	}
