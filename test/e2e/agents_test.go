@@ -26,12 +26,11 @@ func TestLabDiscoveryFromISO(t *testing.T) {
 	})
 	iso := download(t, ie.Status.ISODownloadURL)
 	const mac = "52:54:00:1a:b0:01"
-	// Two vCPUs, but no SVM: under TCG (QEMU 7.2), a 2-vCPU guest that ran
-	// the agent's KVM probe on the emulated SVM once froze a vCPU, so the
-	// kernel waited forever in kvm_destroy_vm for an IPI the frozen vCPU
-	// never answered (CI, 2026-11-26). The probe's verdicts are the subject
-	// of TestLabVirtualizationVerdicts, on one-vCPU guests. Its two vCPUs
-	// share one TCG thread (test/vm says why).
+	// Two vCPUs on one TCG thread (test/vm says why: such guests froze
+	// twice in CI with a thread each, once in kvm_destroy_vm after the
+	// agent's KVM probe on the emulated SVM). Without SVM as well, as a
+	// precaution: the probe's verdicts are the subject of
+	// TestLabVirtualizationVerdicts, on one-vCPU guests.
 	v := bootVM(t, vm.Options{Name: "lab-a", CDROM: iso, Boot: "d", MAC: mac, CPUs: 2, CPU: "qemu64,-svm", MemoryMB: 1536, Disks: []string{sparseDisk(t, 150_000_000_000)}})
 	a := agents(t, ie.Namespace, 1, v)[0]
 

@@ -78,7 +78,10 @@ func Main(m *testing.M) {
 // Main, the one this binary's tests take turns on, which empty readies
 // for the next test once t is done (an error fails t and retires that
 // control plane); otherwise, or while another test holds it, one of its
-// own. test/hosted plays hosted clusters on it.
+// own. test/hosted plays hosted clusters on it. Cleanups run last in,
+// first out, so empty may run while what t started earlier (a stack's
+// manager) still writes: it must tolerate that, and a control plane it
+// cannot empty is retired, never handed on.
 func Borrow(t testing.TB, opts testenv.Options, empty func(*testenv.Env) error) *testenv.Env {
 	t.Helper()
 	env, release, err := controlPlane(opts, empty)

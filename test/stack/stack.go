@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -214,8 +215,9 @@ func agentFor(goarch string) (string, error) {
 
 // globalLogger sets controller-runtime's global logger, which only its
 // first SetLogger sets: a test's logger there would still be used after
-// that test ended, a panic in a binary whose tests take turns on one
-// control plane. What logs without a logger of its own writes to stderr.
+// that test ended, a panic once anything of a later test (or of the same
+// test run again, -count=2) logs through it. What logs without a logger of
+// its own writes to stderr.
 var globalLogger sync.Once
 
 func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
@@ -223,7 +225,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		opts.AdvertiseHost = "127.0.0.1"
 	}
 	globalLogger.Do(func() {
-		ctrl.SetLogger(funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{}))
+		ctrl.SetLogger(funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, strings.TrimSpace(prefix+" "+args)) }, funcr.Options{}))
 	})
 	env, release, err := controlPlane(testenv.Options{HyperShift: true}, emptyCRs)
 	if err != nil {
