@@ -182,8 +182,8 @@ func (c *Cluster) StartProvider() {
 	skip := true
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: s,
-		// Its own, bound to t: controller-runtime's global logger is
-		// bound to the binary's first test.
+		// Its own, bound to t (controller-runtime's global logger takes
+		// only its first SetLogger; test/stack points it at stderr).
 		Logger:                 testr.NewWithInterface(t, testr.Options{}),
 		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{c.CP: {}}},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
