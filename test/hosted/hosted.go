@@ -57,34 +57,34 @@ func Start(t testing.TB) *Cluster {
 	return c
 }
 
-// empty deletes the CSRs and Nodes a test's kubelets left, and checks
-// that none is left.
-func empty(env *testenv.Env) error {
+// empty is the hosted clusters' stack.Emptier: it deletes the CSRs and
+// Nodes a test's kubelets left.
+func empty(env *testenv.Env) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
-		return err
+		return "", err
 	}
 	all := metav1.ListOptions{}
-	if err := c.CertificatesV1().CertificateSigningRequests().DeleteCollection(ctx, metav1.DeleteOptions{}, all); err != nil {
-		return fmt.Errorf("delete the CSRs: %w", err)
-	}
-	if err := c.CoreV1().Nodes().DeleteCollection(ctx, metav1.DeleteOptions{}, all); err != nil {
-		return fmt.Errorf("delete the Nodes: %w", err)
-	}
 	csrs, err := c.CertificatesV1().CertificateSigningRequests().List(ctx, all)
 	if err != nil {
-		return err
+		return "", err
 	}
 	nodes, err := c.CoreV1().Nodes().List(ctx, all)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if n := len(csrs.Items) + len(nodes.Items); n > 0 {
-		return fmt.Errorf("%d CSRs and %d Nodes are left", len(csrs.Items), len(nodes.Items))
+	if len(csrs.Items)+len(nodes.Items) == 0 {
+		return "", nil
 	}
-	return nil
+	if err := c.CertificatesV1().CertificateSigningRequests().DeleteCollection(ctx, metav1.DeleteOptions{}, all); err != nil {
+		return "", fmt.Errorf("delete the CSRs: %w", err)
+	}
+	if err := c.CoreV1().Nodes().DeleteCollection(ctx, metav1.DeleteOptions{}, all); err != nil {
+		return "", fmt.Errorf("delete the Nodes: %w", err)
+	}
+	return fmt.Sprintf("%d CSRs and %d Nodes", len(csrs.Items), len(nodes.Items)), nil
 }
 
 // Signers, identities and key usages of kubelet CSRs.

@@ -76,13 +76,9 @@ func Main(m *testing.M) {
 
 // Borrow gives t a control plane started with opts until t ends: under
 // Main, the one this binary's tests take turns on, which empty readies
-// for the next test once t is done (an error fails t and retires that
-// control plane); otherwise, or while another test holds it, one of its
-// own. test/hosted plays hosted clusters on it. Cleanups run last in,
-// first out, so empty may run while what t started earlier (a stack's
-// manager) still writes: it must tolerate that, and a control plane it
-// cannot empty is retired, never handed on.
-func Borrow(t testing.TB, opts testenv.Options, empty func(*testenv.Env) error) *testenv.Env {
+// for the next test once t is done; otherwise, or while another test
+// holds it, one of its own. test/hosted plays hosted clusters on it.
+func Borrow(t testing.TB, opts testenv.Options, empty Emptier) *testenv.Env {
 	t.Helper()
 	env, release, err := controlPlane(opts, empty)
 	if err != nil {
@@ -96,9 +92,20 @@ func Borrow(t testing.TB, opts testenv.Options, empty func(*testenv.Env) error) 
 	return env
 }
 
+// An Emptier makes one pass over a shared control plane, deleting what a
+// test left there, and says what it found ("" for nothing). The control
+// plane is handed on once a pass finds nothing: cleanups run last in,
+// first out, so what the test started earlier (a stack's manager) may
+// still write during the first. An error, or something still found after
+// emptyPasses, retires the control plane: it is stopped, never handed on,
+// and the test fails.
+type Emptier func(*testenv.Env) (found string, err error)
+
+const emptyPasses = 6
+
 // controlPlane returns a control plane started with opts for one user,
 // and what gives it back when that user is done.
-func controlPlane(opts testenv.Options, empty func(*testenv.Env) error) (*testenv.Env, func() error, error) {
+func controlPlane(opts testenv.Options, empty Emptier) (*testenv.Env, func() error, error) {
 	shared.Lock()
 	p := shared.pools[opts]
 	useShared := shared.main && (p == nil || !p.inUse)
@@ -135,7 +142,7 @@ func controlPlane(opts testenv.Options, empty func(*testenv.Env) error) (*testen
 	}
 	env := p.env
 	return env, func() error {
-		err := empty(env)
+		err := emptyUntilClean(env, empty)
 		shared.Lock()
 		defer shared.Unlock()
 		if err != nil {
@@ -211,64 +218,67 @@ func children(names ...string) []int {
 	return out
 }
 
+// emptyUntilClean runs empty until a pass finds nothing.
+func emptyUntilClean(env *testenv.Env, empty Emptier) error {
+	for pass := 1; ; pass++ {
+		found, err := empty(env)
+		switch {
+		case err != nil:
+			return err
+		case found == "":
+			return nil
+		case pass == emptyPasses:
+			return fmt.Errorf("%s is still there after %d passes", found, pass)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // emptyCRs deletes every namespaced custom resource, removing its
-// finalizers first (no controller is left to remove them), until none is
-// left.
-func emptyCRs(env *testenv.Env) error {
+// finalizers first (no controller is left to remove them).
+func emptyCRs(env *testenv.Env) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dyn, err := dynamic.NewForConfig(env.Config)
 	if err != nil {
-		return err
+		return "", err
 	}
 	raw, err := dyn.Resource(apiextensionsv1.SchemeGroupVersion.WithResource("customresourcedefinitions")).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return fmt.Errorf("list CRDs: %w", err)
+		return "", fmt.Errorf("list CRDs: %w", err)
 	}
-	var kinds []dynamic.NamespaceableResourceInterface
+	found := ""
 	for _, u := range raw.Items {
 		var crd apiextensionsv1.CustomResourceDefinition
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &crd); err != nil {
-			return fmt.Errorf("CRD %s: %w", u.GetName(), err)
+			return "", fmt.Errorf("CRD %s: %w", u.GetName(), err)
 		}
 		if crd.Spec.Scope != apiextensionsv1.NamespaceScoped {
 			continue
 		}
 		for _, v := range crd.Spec.Versions {
-			if v.Storage {
-				kinds = append(kinds, dyn.Resource(schema.GroupVersionResource{Group: crd.Spec.Group, Version: v.Name, Resource: crd.Spec.Names.Plural}))
+			if !v.Storage {
+				continue
 			}
-		}
-	}
-	// Until a pass finds nothing: a goroutine of the stopped manager may
-	// still have been writing during the one before.
-	for pass := 0; ; pass++ {
-		left := ""
-		for _, res := range kinds {
+			res := dyn.Resource(schema.GroupVersionResource{Group: crd.Spec.Group, Version: v.Name, Resource: crd.Spec.Names.Plural})
 			list, err := res.List(ctx, metav1.ListOptions{})
 			if err != nil {
-				return fmt.Errorf("list: %w", err)
+				return "", fmt.Errorf("list %s: %w", crd.Name, err)
 			}
 			for _, o := range list.Items {
-				left = fmt.Sprintf("%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
+				found = fmt.Sprintf("%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
 				r := res.Namespace(o.GetNamespace())
 				if len(o.GetFinalizers()) > 0 {
 					_, err := r.Patch(ctx, o.GetName(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
 					if err != nil && !apierrors.IsNotFound(err) {
-						return fmt.Errorf("remove the finalizers of %s: %w", left, err)
+						return "", fmt.Errorf("remove the finalizers of %s: %w", found, err)
 					}
 				}
 				if err := r.Delete(ctx, o.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-					return fmt.Errorf("delete %s: %w", left, err)
+					return "", fmt.Errorf("delete %s: %w", found, err)
 				}
 			}
 		}
-		switch {
-		case left == "":
-			return nil
-		case pass == 5:
-			return fmt.Errorf("%s is still there after %d passes", left, pass+1)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
+	return found, nil
 }
