@@ -9,15 +9,17 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/vm"
@@ -40,34 +42,17 @@ func devDisk(t *testing.T, arch string) string {
 	return filepath.Join(filepath.Dir(iso), "agentboot-dev-metal."+arch+".raw")
 }
 
-// The dev OS's raw disk image with a pointer Ignition config where
-// CoreOS's installer puts it (ignition/config.ign on the boot partition)
-// boots from disk with BIOS, fetches the worker config with the token and
-// applies it.
-func TestInstalledDiskFetchesPointerIgnition(t *testing.T) {
-	t.Parallel()
-	data, err := os.ReadFile(devDisk(t, "x86_64"))
-	require.NoError(t, err, "make dev-image builds the raw disk image")
-	disk := filepath.Join(t.TempDir(), "disk.raw")
-	require.NoError(t, os.WriteFile(disk, data, 0o644))
-	ep := ignitionEndpoint(t)
-	ign := filepath.Join(t.TempDir(), "config.ign")
-	require.NoError(t, os.WriteFile(ign, ep.Pointer, 0o644))
-	if out, err := exec.Command("mcopy", "-i", disk+"@@1M", ign, "::ignition/config.ign").CombinedOutput(); err != nil {
-		t.Fatalf("mcopy: %v: %s", err, out)
-	}
-	v := vm.Start(t, vm.Options{Name: "installed-disk", Disks: []string{disk}, Boot: "c", Net: "user", MemoryMB: 1024})
-	_, err = v.WaitFor(t.Context(), regexp.MustCompile(hosted.WorkerMarker), bootTimeout)
-	require.NoError(t, err, "serial log:\n%s", v.Tail(40))
-	requireSerialLog(t, v, "booted from disk /dev/vda1", "ignition: found /boot/ignition/config.ign")
-	require.Contains(t, ep.Seen(), hosted.WantRequest, "the pointer config's headers reached the endpoint")
-}
-
-// `agent install`, run in the discovery OS booted from the InfraEnv ISO,
-// writes the raw disk image to the VM's disk (checksum verified) with the
-// pointer config on its boot partition and reboots; the VM then boots from
-// that disk into the worker config: a PC with BIOS, and an aarch64 server
-// with UEFI, whose firmware finds the installed EFI system partition.
+// A server boots the InfraEnv's ISO, its agent registers, and its Agent
+// describes the machine: a PC with BIOS (x86_64), and an aarch64 server
+// (qemu's virt board, UEFI from AAVMF) with the dev OS image's aarch64
+// build, the arm64 agent and a virtualization verdict KVM itself gave (the
+// board emulates EL2, so the guest's KVM really runs a guest). Approved,
+// the host meets the InfraEnv's requirements. Then `agent install`, run in
+// that discovery OS, writes the raw disk image to the VM's disk (checksum
+// verified) with the pointer config on its boot partition, where CoreOS's
+// installer puts it, and reboots; the VM boots from that disk (the aarch64
+// firmware finds the installed EFI system partition) and fetches the worker
+// config from the hosted cluster's Ignition endpoint with the token.
 func TestAgentInstallThenBootFromDisk(t *testing.T) {
 	t.Parallel()
 	for _, arch := range []string{"x86_64", "aarch64"} {
@@ -78,51 +63,149 @@ func TestAgentInstallThenBootFromDisk(t *testing.T) {
 	}
 }
 
+// discovered is what the Agent of a host discovered with arch must show.
+type discovered struct {
+	cpus     int64
+	memoryMB int
+	// memoryOver is how far above memoryMB the inventory's physical
+	// memory may be: on the aarch64 virt board, ghw's total (from the
+	// kernel's memory blocks) came out one 128 MiB block above the RAM.
+	memoryOver int64
+	mac        string
+	bootMode   string
+	check      func(t *testing.T, a *v1beta1.Agent)
+}
+
+var discoveredAs = map[string]discovered{
+	"x86_64": {cpus: 1, memoryMB: 1024, mac: "52:54:00:ab:cd:01", bootMode: "bios", check: func(t *testing.T, a *v1beta1.Agent) {
+		require.NotNil(t, a.Status.Inventory.Virtualization)
+	}},
+	"aarch64": {cpus: 2, memoryMB: 1536, memoryOver: 128 << 20, mac: "52:54:00:ab:cd:64", bootMode: "uefi", check: func(t *testing.T, a *v1beta1.Agent) {
+		inv := a.Status.Inventory
+		require.NotEmpty(t, inv.CPU.ModelName, "the model from the CPU's MIDR: an Arm kernel has no `model name`")
+		virt := inv.Virtualization
+		require.Equal(t, v1beta1.VirtSupported, virt.Verdict, "%+v", virt)
+		require.True(t, virt.KVMUsable, "%+v", virt)
+		require.Contains(t, virt.Reason, "EL2")
+	}},
+}
+
 func agentInstallThenBootFromDisk(t *testing.T, arch string) {
+	want := discoveredAs[arch]
 	image := devDisk(t, arch)
 	data, err := os.ReadFile(image)
-	require.NoError(t, err)
+	require.NoError(t, err, "make dev-image builds the raw disk image")
 	sum := sha256.Sum256(data)
-	imgSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, image) })}
+	// The installation waits until the test has seen the host discovered:
+	// the discovery OS reboots into the installed disk as soon as it is
+	// written.
+	discoveredCh := make(chan struct{})
+	imgSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/discovered" {
+			select {
+			case <-discoveredCh:
+			default:
+				http.Error(w, "not yet", http.StatusNotFound)
+			}
+			return
+		}
+		http.ServeFile(w, r, image)
+	})}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = imgSrv.Serve(ln) }()
 	t.Cleanup(func() { imgSrv.Close() })
 	ep := ignitionEndpoint(t)
 
-	cmd := fmt.Sprintf("/usr/local/bin/agent install --disk /dev/vda --image-url http://%s:%d/disk.raw --image-sha256 %s --ignition-file /etc/agentboot-test/pointer.ign --reboot",
-		hostFromGuest, ln.Addr().(*net.TCPAddr).Port, hex.EncodeToString(sum[:]))
+	base := fmt.Sprintf("http://%s:%d", hostFromGuest, ln.Addr().(*net.TCPAddr).Port)
+	script := fmt.Sprintf(`until wget -q -O /dev/null %s/discovered; do sleep 1; done
+exec /usr/local/bin/agent install --disk /dev/vda --image-url %s/disk.raw --image-sha256 %s --ignition-file /etc/agentboot-test/pointer.ign --reboot
+`, base, base, hex.EncodeToString(sum[:]))
 	override := hosted.IgnitionConfig(t, map[string]any{
-		"storage": map[string]any{"files": []any{map[string]any{
-			"path": "/etc/agentboot-test/pointer.ign", "mode": 0o600,
-			"contents": map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString(ep.Pointer)},
-		}}},
+		"storage": map[string]any{"files": []any{
+			map[string]any{
+				"path": "/etc/agentboot-test/pointer.ign", "mode": 0o600,
+				"contents": map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString(ep.Pointer)},
+			},
+			map[string]any{
+				"path": "/usr/local/bin/install.sh", "mode": 0o755,
+				"contents": map[string]any{"source": "data:;base64," + base64.StdEncoding.EncodeToString([]byte(script))},
+			},
+		}},
 		"systemd": map[string]any{"units": []any{map[string]any{
 			"name": "install.service", "enabled": true,
-			"contents": "[Service]\nExecStart=" + cmd + "\n[Install]\nWantedBy=multi-user.target\n",
+			"contents": "[Service]\nExecStart=/bin/sh /usr/local/bin/install.sh\n[Install]\nWantedBy=multi-user.target\n",
 		}}},
 	})
 	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) {
 		ie.Spec.IgnitionConfigOverride = string(override)
 		ie.Spec.CPUArchitecture = arch
+		ie.Spec.HostRequirements = &v1beta1.HostRequirements{MinCPUCores: 1, MinMemoryMiB: 900}
 	})
 	iso := download(t, ie.Status.ISODownloadURL)
 	disk := filepath.Join(t.TempDir(), "disk.raw")
 	require.NoError(t, os.WriteFile(disk, nil, 0o644))
-	require.NoError(t, os.Truncate(disk, 2<<30))
+	require.NoError(t, os.Truncate(disk, 120_000_000_000)) // sparse
 
-	// Discovery: the install runs, and the reboot ends qemu (-no-reboot).
-	v := vm.Start(t, vm.Options{Name: "agent-install", Arch: arch, CDROM: iso, Boot: "d", Net: "user", MemoryMB: 1024, Disks: []string{disk}})
-	_, err = v.WaitFor(t.Context(), regexp.MustCompile(`msg=Rebooting percentage=100`), bootTimeout)
+	// Discovery.
+	v := vm.Start(t, vm.Options{Name: "agent-install", Arch: arch, CPUs: int(want.cpus), CDROM: iso, Boot: "d", Net: "user", MAC: want.mac, MemoryMB: want.memoryMB, Disks: []string{disk}})
+	kernel := `devinit: agentboot dev OS starting \(kernel \S+-amd64\)`
+	if arch == "aarch64" {
+		kernel = `devinit: agentboot dev OS starting \(kernel \S+-arm64\)`
+	}
+	expect(t, v, append([]string{kernel, `devinit: booted from ISO agentboot-dev-\S+ on /dev/sr0`}, appliedDiscoveryIgnitionFor(arch)...)...)
+	// The reconciler labels the Agent from its inventory after the agent
+	// API stored it: wait for both.
+	archLabel := v1beta1.InventoryLabelPrefix + "cpu-architecture"
+	a := waitAgent(t, v, ie.Namespace, "the agent registers and the host becomes known", func(a *v1beta1.Agent) bool {
+		return a.Status.Inventory.ReportTime != nil && a.Status.Inventory.Virtualization != nil &&
+			a.Labels[archLabel] != "" && a.Status.DebugInfo.State == "known-unbound"
+	})
+	inv := a.Status.Inventory
+	require.Equal(t, arch, inv.CPU.Architecture)
+	require.Equal(t, arch, a.Labels[archLabel])
+	require.Equal(t, want.cpus, inv.CPU.Count)
+	require.GreaterOrEqual(t, inv.Memory.PhysicalBytes, int64(want.memoryMB-64)<<20)
+	require.LessOrEqual(t, inv.Memory.PhysicalBytes, int64(want.memoryMB+64)<<20+want.memoryOver)
+	require.Equal(t, want.bootMode, inv.Boot.CurrentBootMode)
+	require.Equal(t, "QEMU", inv.SystemVendor.Manufacturer, "SMBIOS")
+	require.True(t, inv.SystemVendor.Virtual)
+	require.Equal(t, "host-"+strings.ReplaceAll(want.mac, ":", "-"), inv.Hostname, "no hostname of its own: derived from the MAC")
+	macs := map[string]bool{}
+	for _, i := range inv.Interfaces {
+		macs[i.MacAddress] = true
+	}
+	require.True(t, macs[want.mac], "interfaces %+v", inv.Interfaces)
+	vda := diskNamed(t, inv, "vda")
+	require.Equal(t, int64(120_000_000_000), vda.SizeBytes)
+	require.True(t, vda.InstallationEligibility.Eligible, "%+v", vda.InstallationEligibility)
+	want.check(t, &a)
+
+	ctx := t.Context()
+	_, err = s.Env.Kubectl(ctx, "", "-n", ie.Namespace, "patch", "agent", a.Name, "--type", "merge", "--patch", `{"spec":{"approved":true}}`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		if s.Client.Get(ctx, client.ObjectKeyFromObject(&a), &a) != nil {
+			return false
+		}
+		c := conditions.Find(a.Status.Conditions, v1beta1.RequirementsMetCondition)
+		return c != nil && c.Status == "True"
+	}, time.Minute, 500*time.Millisecond, "RequirementsMet after approval")
+
+	// Installation: the reboot ends qemu (-no-reboot).
+	close(discoveredCh)
+	_, err = v.WaitFor(ctx, regexp.MustCompile(`msg=Rebooting percentage=100`), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", v.Tail(40))
 	requireSerialLog(t, v, `msg="Starting installation"`, `msg="Writing image to disk" percentage=90`)
 	require.Eventually(t, v.Exited, bootTimeout, time.Second, "the VM did not reboot; serial log:\n%s", v.Tail(20))
 
-	// First boot from the installed disk.
+	// First boot from the installed disk (on one vCPU: under TCG a second
+	// costs more than it shows here).
 	v2 := vm.Start(t, vm.Options{Name: "agent-installed", Arch: arch, Disks: []string{disk}, Boot: "c", Net: "user", MemoryMB: 1024})
-	_, err = v2.WaitFor(t.Context(), regexp.MustCompile(hosted.WorkerMarker), bootTimeout)
+	_, err = v2.WaitFor(ctx, regexp.MustCompile(hosted.WorkerMarker), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", v2.Tail(40))
-	require.Contains(t, ep.Seen(), hosted.WantRequest)
+	requireSerialLog(t, v2, "booted from disk /dev/vda1", "ignition: found /boot/ignition/config.ign")
+	require.Contains(t, ep.Seen(), hosted.WantRequest, "the pointer config's headers reached the endpoint")
 }
 
 func requireSerialLog(t *testing.T, v *vm.VM, patterns ...string) {

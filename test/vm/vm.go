@@ -78,9 +78,11 @@ type VM struct {
 	done    chan struct{}
 	mu      sync.Mutex
 	exitErr error
+	ran     time.Duration // until qemu ended
 }
 
-// LogDir is where serial logs go; they survive a failed test.
+// LogDir is where serial logs go; they survive a failed test, and every
+// test with AGENTBOOT_KEEP_VM_LOGS=1.
 func LogDir() string {
 	if d := os.Getenv("AGENTBOOT_TEST_LOGS"); d != "" {
 		return d
@@ -203,6 +205,7 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 			}
 			args = append(args, "-accel", a)
 		}
+
 	}
 	if o.CPU != "" {
 		args = append(args, "-cpu", o.CPU)
@@ -301,22 +304,30 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 		stderr.Close()
 		return nil, fmt.Errorf("start qemu: %v", err)
 	}
+	started := time.Now()
 	go func() {
 		err := v.cmd.Wait()
 		stderr.Close()
 		v.mu.Lock()
-		v.exitErr = err
+		v.exitErr, v.ran = err, time.Since(started)
 		v.mu.Unlock()
 		close(v.done)
 	}()
 	t.Cleanup(func() {
 		v.Kill()
-		if !t.Failed() {
+		// What a boot costs is what the suite's time is made of under TCG.
+		if ps := v.cmd.ProcessState; ps != nil {
+			t.Logf("VM %s ran %s; qemu used %s of CPU", o.Name, v.ran.Round(100*time.Millisecond), (ps.UserTime() + ps.SystemTime()).Round(100*time.Millisecond))
+		}
+		switch {
+		case t.Failed():
+			t.Logf("VM %s serial log kept at %s; its last lines:\n%s", o.Name, logPath, v.Tail(40))
+		case os.Getenv("AGENTBOOT_KEEP_VM_LOGS") == "1":
+			t.Logf("VM %s serial log kept at %s", o.Name, logPath)
+		default:
 			os.Remove(logPath)
 			os.Remove(logPath + ".qemu")
-			return
 		}
-		t.Logf("VM %s serial log kept at %s; its last lines:\n%s", o.Name, logPath, v.Tail(40))
 	})
 	return v, nil
 }
