@@ -7,11 +7,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -181,10 +183,15 @@ func DevImageFor(arch string) (string, error) {
 }
 
 // FreePorts returns n distinct loopback TCP ports that were free a moment
-// ago: each is held open until all are chosen, so none repeats. Another
-// process may still take one before the caller listens; callers that can
-// should listen on :0 instead.
+// ago; each is held open until all are chosen, so none repeats. They come
+// from below the kernel's ephemeral range (ip_local_port_range), which
+// every connect() and listen on :0 draws from: no other process takes one
+// by chance before the caller listens on it, or after the caller closed
+// it (a test that checks a port was freed). Tests that choose the same
+// one at random find it taken and fail; with thousands to choose from,
+// that is rare. Callers that can should listen on :0 instead.
 func FreePorts(n int) ([]int, error) {
+	low, high := unreservedPorts()
 	var ports []int
 	var ls []net.Listener
 	defer func() {
@@ -192,15 +199,37 @@ func FreePorts(n int) ([]int, error) {
 			l.Close()
 		}
 	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			return nil, fmt.Errorf("no %d free TCP ports in %d-%d on 127.0.0.1 after %d tries", n, low, high, tries)
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", low+rand.IntN(high-low)))
 		if err != nil {
-			return nil, err
+			continue
 		}
 		ls = append(ls, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// unreservedPorts is the range FreePorts chooses from: from 10000 to the
+// start of the ephemeral range, or above its end when it starts too low.
+func unreservedPorts() (low, high int) {
+	first, last := 32768, 60999 // Linux's default
+	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(raw)); len(f) == 2 {
+			a, errA := strconv.Atoi(f[0])
+			b, errB := strconv.Atoi(f[1])
+			if errA == nil && errB == nil && a <= b {
+				first, last = a, b
+			}
+		}
+	}
+	if first-10000 >= 4096 {
+		return 10000, first
+	}
+	return last + 1, 65536
 }
 
 // Tool returns the path of a tool `make tools` links into bin/.
