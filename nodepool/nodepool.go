@@ -39,7 +39,11 @@ type Config struct {
 	// agent API (a proxy or SNAT in front of it): serving CSRs are then
 	// checked against the addresses hosts report, since none were seen.
 	AgentAPIBehindNAT bool
-	Log               logr.Logger
+	// CSRClockSkew is how much older than its AgentMachine a kubelet CSR
+	// may be and still be approved (10s): the two clusters' apiservers
+	// stamp them with their own clocks.
+	CSRClockSkew time.Duration
+	Log          logr.Logger
 }
 
 // SetupWithManager adds the worker controller, which follows bound hosts
@@ -59,6 +63,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		Poll:          cfg.Poll,
 		NoCSRApproval: cfg.NoCSRApproval,
 		BehindNAT:     cfg.AgentAPIBehindNAT,
+		ClockSkew:     cfg.CSRClockSkew,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -54,12 +54,16 @@ type env struct {
 	cluster  *capiagent.Cluster
 }
 
+// csrClockSkew is shorter than the default (10 s) so that a test can
+// wait it out.
+const csrClockSkew = 2 * time.Second
+
 // start runs agentboot, a hosted cluster "vcluster2" whose Agents live in
 // the InfraEnv's namespace, and HyperShift, Cluster API and (with
 // provider) cluster-api-provider-agent around it.
 func start(t *testing.T, provider bool) *env {
 	// The manager runs with the RBAC deploy/ gives it.
-	return startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond}, Identities: stack.Deployed}), provider)
+	return startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond, CSRClockSkew: csrClockSkew}, Identities: stack.Deployed}), provider)
 }
 
 // startOn is start on a running stack.
@@ -698,8 +702,9 @@ func TestKubeletCSRsStrict(t *testing.T) {
 	kl := &hosted.Kubelet{T: t, C: e.hosted, Name: "host-1"}
 	kl.CSR("planted", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
 	// The hosted cluster's clock and the management cluster's may differ:
-	// a CSR may predate its machine by 10 s. This one is older.
-	time.Sleep(12 * time.Second)
+	// a CSR may predate its machine by csrClockSkew. This one is older
+	// (timestamps have whole seconds).
+	time.Sleep(csrClockSkew + time.Second)
 	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
 	np.Scale(1)
 	e.installStep(h)

@@ -35,8 +35,9 @@ const (
 	MaxPendingCSRs = 100
 	// maxClientCSRAge: a client CSR older than this is not looked at.
 	maxClientCSRAge = time.Hour
-	// maxClockSkew: a CSR may predate its AgentMachine by this much.
-	maxClockSkew = 10 * time.Second
+	// defaultClockSkew: a CSR may predate its AgentMachine by this much
+	// (Reconciler.ClockSkew).
+	defaultClockSkew = 10 * time.Second
 )
 
 // csrContext is what a CSR of this host is checked against.
@@ -48,10 +49,11 @@ type csrContext struct {
 	behindNAT  bool
 	nodeExists bool
 	// notBefore: a CSR created earlier was not made for this
-	// installation (its AgentMachine is younger, or it is over an hour
-	// old); approved is the client CSR already approved for this Node.
-	notBefore time.Time
-	approved  string
+	// installation (its AgentMachine, created at machineCreated, is
+	// younger, or it is over an hour old); approved is the client CSR
+	// already approved for this Node.
+	notBefore, machineCreated time.Time
+	approved                  string
 }
 
 // approveCSRs approves this host's pending kubelet CSRs: one client CSR from
@@ -64,7 +66,7 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 	if err != nil {
 		return 0, fmt.Errorf("list CertificateSigningRequests: %w", err)
 	}
-	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), behindNAT: r.BehindNAT, nodeExists: nodeExists, notBefore: machineCreated.Add(-maxClockSkew)}
+	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), behindNAT: r.BehindNAT, nodeExists: nodeExists, notBefore: machineCreated.Add(-r.ClockSkew), machineCreated: machineCreated}
 	pending := 0
 	for i := range list.Items {
 		csr := &list.Items[i]
@@ -166,7 +168,7 @@ func checkCSR(csr *certificatesv1.CertificateSigningRequest, cc csrContext, now 
 	}
 	if created := csr.CreationTimestamp.Time; created.Before(cc.notBefore) {
 		return fmt.Sprintf("it was created at %s, before this host's machine (%s): it was not made for this installation",
-			created.UTC().Format(time.RFC3339), cc.notBefore.Add(maxClockSkew).UTC().Format(time.RFC3339))
+			created.UTC().Format(time.RFC3339), cc.machineCreated.UTC().Format(time.RFC3339))
 	}
 	if err := req.CheckSignature(); err != nil {
 		return "its signature does not verify"

@@ -61,6 +61,10 @@ type Reconciler struct {
 	NoCSRApproval bool
 	// BehindNAT: the agent API does not see hosts' own addresses.
 	BehindNAT bool
+	// ClockSkew is how much older than its AgentMachine a kubelet CSR may
+	// be and still be approved (10s): the hosted cluster's apiserver and
+	// the management cluster's stamp them, each with its own clock.
+	ClockSkew time.Duration
 	Now       func() time.Time
 
 	clients clients
@@ -85,6 +89,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.CallTimeout <= 0 {
 		r.CallTimeout = 30 * time.Second
+	}
+	if r.ClockSkew <= 0 {
+		r.ClockSkew = defaultClockSkew
 	}
 	if r.Now == nil {
 		r.Now = time.Now
