@@ -140,12 +140,13 @@ func (b *builder) fetch(a *apt, packages []string) ([]string, error) {
 	if err := os.MkdirAll(debDir, 0o755); err != nil {
 		return nil, err
 	}
+	candidates, err := a.candidates(packages)
+	if err != nil {
+		return nil, err
+	}
 	var debs []string
 	for _, pkg := range packages {
-		candidate, err := a.candidate(pkg)
-		if err != nil {
-			return nil, err
-		}
+		candidate := candidates[pkg]
 		// apt names files with the epoch's colon escaped, and with the
 		// architecture (the target's, or all).
 		ver := strings.ReplaceAll(candidate, ":", "%3a")
@@ -181,12 +182,13 @@ func firstMatch(pattern string) string {
 }
 
 func (b *builder) buildDevinit() ([]byte, error) {
-	tmp, err := os.MkdirTemp("", "devinit-")
-	if err != nil {
+	// At the same path every time: go build does not link again when
+	// the binary there is up to date (a link costs seconds).
+	dir := filepath.Join(b.cache, "devinit", b.t.goarch)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
-	bin := filepath.Join(tmp, "devinit")
+	bin := filepath.Join(dir, "devinit")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./test/devimage/devinit")
 	cmd.Dir = b.repo
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+b.t.goarch)

@@ -191,16 +191,31 @@ func (a *apt) kernelPackage() (string, error) {
 	return "", errors.New("cannot tell which kernel " + meta + " depends on")
 }
 
-// candidate is the version apt would install of pkg.
-func (a *apt) candidate(pkg string) (string, error) {
-	out, err := a.cache("policy", pkg)
+// candidates are the versions apt would install of pkgs, asked in one
+// apt-cache call (each call loads apt's whole package cache, about a
+// second).
+func (a *apt) candidates(pkgs []string) (map[string]string, error) {
+	out, err := a.cache(append([]string{"policy"}, pkgs...)...)
 	if err != nil {
-		return "", fmt.Errorf("apt-cache policy %s: %w", pkg, err)
+		return nil, fmt.Errorf("apt-cache policy %s: %w", strings.Join(pkgs, " "), err)
 	}
+	got := map[string]string{}
+	pkg := ""
 	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == "Candidate:" && f[1] != "(none)" {
-			return f[1], nil
+		if line != "" && line[0] != ' ' && strings.HasSuffix(line, ":") {
+			// A package's block: "name:", or "name:arch:" for another
+			// architecture than apt's own.
+			pkg, _, _ = strings.Cut(strings.TrimSuffix(line, ":"), ":")
+			continue
+		}
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "Candidate:" && f[1] != "(none)" && pkg != "" {
+			got[pkg] = f[1]
 		}
 	}
-	return "", fmt.Errorf("no %s candidate version of %s: %s", a.t.deb, pkg, a.updateHint())
+	for _, p := range pkgs {
+		if got[p] == "" {
+			return nil, fmt.Errorf("no %s candidate version of %s: %s", a.t.deb, p, a.updateHint())
+		}
+	}
+	return got, nil
 }
