@@ -40,8 +40,8 @@ type Config struct {
 	// checked against the addresses hosts report, since none were seen.
 	AgentAPIBehindNAT bool
 	// CSRClockSkew is how much older than its AgentMachine a kubelet CSR
-	// may be and still be approved (10s): the two clusters' apiservers
-	// stamp them with their own clocks.
+	// may be and still be approved (zero means 10s): the two clusters'
+	// apiservers stamp them with their own clocks.
 	CSRClockSkew time.Duration
 	Log          logr.Logger
 }

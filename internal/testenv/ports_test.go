@@ -14,6 +14,9 @@ func TestFreePorts(t *testing.T) {
 		t.Fatal(err)
 	}
 	low, high := unreservedPorts()
+	if high == low {
+		t.Skip("the ephemeral range leaves too few ports below 30000 on this machine")
+	}
 	seen := map[int]bool{}
 	for _, p := range ports {
 		if seen[p] {

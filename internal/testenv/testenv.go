@@ -184,12 +184,15 @@ func DevImageFor(arch string) (string, error) {
 
 // FreePorts returns n distinct loopback TCP ports that were free a moment
 // ago; each is held open until all are chosen, so none repeats. They come
-// from below the kernel's ephemeral range (ip_local_port_range), which
-// every connect() and listen on :0 draws from: no other process takes one
-// by chance before the caller listens on it, or after the caller closed
-// it (a test that checks a port was freed). Tests that choose the same
-// one at random find it taken and fail; with thousands to choose from,
-// that is rare. Callers that can should listen on :0 instead.
+// from 10000 up to the kernel's ephemeral range (ip_local_port_range),
+// which every connect() and listen on :0 draws from, and below 30000,
+// where Kubernetes' NodePorts begin (kube-proxy redirects them without
+// holding a socket): no other process takes one by chance before the
+// caller listens on it, or after the caller closed it (a test that checks
+// a port was freed). Tests that choose the same one at random find it
+// taken and fail; with thousands to choose from, that is rare. Where the
+// ephemeral range leaves too few, they are ephemeral ports, as the
+// kernel hands out. Callers that can should listen on :0 instead.
 func FreePorts(n int) ([]int, error) {
 	low, high := unreservedPorts()
 	var ports []int
@@ -201,10 +204,17 @@ func FreePorts(n int) ([]int, error) {
 	}()
 	for tries := 0; len(ports) < n; tries++ {
 		if tries == 1000 {
-			return nil, fmt.Errorf("no %d free TCP ports in %d-%d on 127.0.0.1 after %d tries", n, low, high, tries)
+			return nil, fmt.Errorf("no %d free TCP ports in %d-%d on 127.0.0.1 after %d tries", n, low, high-1, tries)
 		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", low+rand.IntN(high-low)))
+		port := 0
+		if high > low {
+			port = low + rand.IntN(high-low)
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
+			if port == 0 {
+				return nil, err
+			}
 			continue
 		}
 		ls = append(ls, l)
@@ -213,23 +223,22 @@ func FreePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// unreservedPorts is the range FreePorts chooses from: from 10000 to the
-// start of the ephemeral range, or above its end when it starts too low.
+// unreservedPorts is the range [low, high) FreePorts chooses from; empty
+// when the ephemeral range leaves fewer than 1000 ports below 30000.
 func unreservedPorts() (low, high int) {
-	first, last := 32768, 60999 // Linux's default
+	first := 32768 // Linux's default
 	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(raw)); len(f) == 2 {
-			a, errA := strconv.Atoi(f[0])
-			b, errB := strconv.Atoi(f[1])
-			if errA == nil && errB == nil && a <= b {
-				first, last = a, b
+			if a, err := strconv.Atoi(f[0]); err == nil {
+				first = a
 			}
 		}
 	}
-	if first-10000 >= 4096 {
-		return 10000, first
+	low, high = 10000, min(first, 30000)
+	if high-low < 1000 {
+		return 0, 0
 	}
-	return last + 1, 65536
+	return low, high
 }
 
 // Tool returns the path of a tool `make tools` links into bin/.

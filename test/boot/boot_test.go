@@ -4,7 +4,7 @@
 // the minimal ISO with UEFI, and network boot through qemu's own iPXE
 // firmware; then installation to disk, the boot from it, and disk
 // sanitization. The dev OS image's init reports on the serial console what
-// it found and did. A boot under TCG costs tens of CPU seconds: a test
+// it found and did. A boot under TCG costs 10-35 CPU seconds: a test
 // that boots a VM checks everything that boot shows.
 package boot_test
 

@@ -65,8 +65,11 @@ func TestAgentInstallThenBootFromDisk(t *testing.T) {
 
 // discovered is what the Agent of a host discovered with arch must show.
 type discovered struct {
-	cpus     int64
-	memoryMB int
+	// infraEnvArch is how the InfraEnv names the architecture: aarch64
+	// is asked for by its alias arm64, as users write it.
+	infraEnvArch string
+	cpus         int64
+	memoryMB     int
 	// memoryOver is how far above memoryMB the inventory's physical
 	// memory may be: on the aarch64 virt board, ghw's total (from the
 	// kernel's memory blocks) came out one 128 MiB block above the RAM.
@@ -77,10 +80,10 @@ type discovered struct {
 }
 
 var discoveredAs = map[string]discovered{
-	"x86_64": {cpus: 1, memoryMB: 1024, mac: "52:54:00:ab:cd:01", bootMode: "bios", check: func(t *testing.T, a *v1beta1.Agent) {
+	"x86_64": {infraEnvArch: "x86_64", cpus: 1, memoryMB: 1024, mac: "52:54:00:ab:cd:01", bootMode: "bios", check: func(t *testing.T, a *v1beta1.Agent) {
 		require.NotNil(t, a.Status.Inventory.Virtualization)
 	}},
-	"aarch64": {cpus: 2, memoryMB: 1536, memoryOver: 128 << 20, mac: "52:54:00:ab:cd:64", bootMode: "uefi", check: func(t *testing.T, a *v1beta1.Agent) {
+	"aarch64": {infraEnvArch: v1beta1.CPUArchitectureArm64, cpus: 2, memoryMB: 1536, memoryOver: 128 << 20, mac: "52:54:00:ab:cd:64", bootMode: "uefi", check: func(t *testing.T, a *v1beta1.Agent) {
 		inv := a.Status.Inventory
 		require.NotEmpty(t, inv.CPU.ModelName, "the model from the CPU's MIDR: an Arm kernel has no `model name`")
 		virt := inv.Virtualization
@@ -118,7 +121,7 @@ func agentInstallThenBootFromDisk(t *testing.T, arch string) {
 	ep := ignitionEndpoint(t)
 
 	base := fmt.Sprintf("http://%s:%d", hostFromGuest, ln.Addr().(*net.TCPAddr).Port)
-	script := fmt.Sprintf(`until wget -q -O /dev/null %s/discovered; do sleep 1; done
+	script := fmt.Sprintf(`until wget -q -O /dev/null %s/discovered 2>/dev/null; do sleep 1; done
 exec /usr/local/bin/agent install --disk /dev/vda --image-url %s/disk.raw --image-sha256 %s --ignition-file /etc/agentboot-test/pointer.ign --reboot
 `, base, base, hex.EncodeToString(sum[:]))
 	override := hosted.IgnitionConfig(t, map[string]any{
@@ -139,7 +142,7 @@ exec /usr/local/bin/agent install --disk /dev/vda --image-url %s/disk.raw --imag
 	})
 	ie := infraEnv(t, func(ie *v1beta1.InfraEnv) {
 		ie.Spec.IgnitionConfigOverride = string(override)
-		ie.Spec.CPUArchitecture = arch
+		ie.Spec.CPUArchitecture = want.infraEnvArch
 		ie.Spec.HostRequirements = &v1beta1.HostRequirements{MinCPUCores: 1, MinMemoryMiB: 900}
 	})
 	iso := download(t, ie.Status.ISODownloadURL)
@@ -193,6 +196,7 @@ exec /usr/local/bin/agent install --disk /dev/vda --image-url %s/disk.raw --imag
 	}, time.Minute, 500*time.Millisecond, "RequirementsMet after approval")
 
 	// Installation: the reboot ends qemu (-no-reboot).
+	require.NotContains(t, v.Log(), "Starting installation", "the installation did not wait for the gate")
 	close(discoveredCh)
 	_, err = v.WaitFor(ctx, regexp.MustCompile(`msg=Rebooting percentage=100`), bootTimeout)
 	require.NoError(t, err, "serial log:\n%s", v.Tail(40))

@@ -228,7 +228,7 @@ func emptyUntilClean(env *testenv.Env, empty Emptier) error {
 		case found == "":
 			return nil
 		case pass == emptyPasses:
-			return fmt.Errorf("%s is still there after %d passes", found, pass)
+			return fmt.Errorf("still found after %d passes: %s", pass, found)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -205,7 +205,6 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 			}
 			args = append(args, "-accel", a)
 		}
-
 	}
 	if o.CPU != "" {
 		args = append(args, "-cpu", o.CPU)

@@ -62,7 +62,7 @@ type Reconciler struct {
 	// BehindNAT: the agent API does not see hosts' own addresses.
 	BehindNAT bool
 	// ClockSkew is how much older than its AgentMachine a kubelet CSR may
-	// be and still be approved (10s): the hosted cluster's apiserver and
+	// be and still be approved (zero means 10s): the hosted cluster's apiserver and
 	// the management cluster's stamp them, each with its own clock.
 	ClockSkew time.Duration
 	Now       func() time.Time

@@ -31,6 +31,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/agentboot/agentboot/internal/initramfs"
@@ -182,13 +183,26 @@ func firstMatch(pattern string) string {
 }
 
 func (b *builder) buildDevinit() ([]byte, error) {
-	// At the same path every time: go build does not link again when
-	// the binary there is up to date (a link costs seconds).
-	dir := filepath.Join(b.cache, "devinit", b.t.goarch)
+	// In the checkout's bin/, at the same path every time: go build does
+	// not link again when the binary there is up to date (a link costs
+	// seconds). The lock keeps two builds in this checkout (make run and
+	// make test at once) from reading each other's half-written binary.
+	dir, err := filepath.Abs(filepath.Join(b.repo, "bin", "devimage"))
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	bin := filepath.Join(dir, "devinit")
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
+	bin := filepath.Join(dir, "devinit-"+b.t.goarch)
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./test/devimage/devinit")
 	cmd.Dir = b.repo
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+b.t.goarch)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -162,7 +163,13 @@ func (a *apt) updateHint() string {
 }
 
 func (a *apt) cache(args ...string) ([]byte, error) {
-	return exec.Command("apt-cache", append(append([]string{}, a.opts...), args...)...).Output()
+	cmd := exec.Command("apt-cache", append(append([]string{}, a.opts...), args...)...)
+	cmd.Env = append(os.Environ(), "LC_ALL=C") // "Candidate:" is translated
+	out, err := cmd.Output()
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) && len(ee.Stderr) > 0 {
+		err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
+	}
+	return out, err
 }
 
 func (a *apt) download(dir, pkgVersion string) error {
