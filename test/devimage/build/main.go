@@ -40,7 +40,7 @@ import (
 
 // builderVersion changes whenever the image layout changes, to invalidate
 // cached images.
-const builderVersion = "6"
+const builderVersion = "7"
 
 type builder struct {
 	out, cache, repo string
@@ -818,25 +818,30 @@ func copyFile(src, dst string) error {
 const (
 	diskBootLabel   = "boot"
 	diskPartOffset  = 1 << 20
-	diskPartSize    = 96 << 20
 	diskSectorBytes = 512
+	// The partition is as large as its files and 8 MiB for what an
+	// installer adds (the Ignition config), in whole MiB, and at least
+	// 40 MiB (FAT32 needs 65525 clusters): what `agent install` writes,
+	// and checksums, under TCG in the tests, costs seconds per 10 MiB.
+	diskPartSlack   = 8 << 20
+	diskPartMinSize = 40 << 20
 )
+
+// diskPartSize is the size of a boot partition holding files.
+func diskPartSize(files map[string][]byte) int64 {
+	size := int64(diskPartSlack)
+	for _, data := range files {
+		size += int64(len(data))
+	}
+	size = (size + 1<<20 - 1) &^ (1<<20 - 1)
+	return max(size, diskPartMinSize)
+}
 
 // makeDisk builds the raw disk image an installer writes: the dev OS boots
 // from its "boot" partition (the kernel, the initramfs and the root
 // filesystem), and devinit applies the Ignition config an installer put at
 // ignition/config.ign on that partition, where CoreOS's installer puts it.
 func (b *builder) makeDisk(out, root string, kernel, initrd, rootfs []byte) error {
-	part := filepath.Join(b.work, "boot.part")
-	if err := os.WriteFile(part, nil, 0o644); err != nil {
-		return err
-	}
-	if err := os.Truncate(part, diskPartSize); err != nil {
-		return err
-	}
-	if out, err := exec.Command("mkfs.vfat", "-F", "32", "-n", diskBootLabel, part).CombinedOutput(); err != nil {
-		return fmt.Errorf("mkfs.vfat: %v: %s", err, out)
-	}
 	args := "console=tty0 console=" + b.t.console + ",115200n8 agentboot.disk=" + diskBootLabel
 	files := map[string][]byte{"vmlinuz": kernel, "initrd.img": initramfs.Pad4(initrd), "rootfs.img": rootfs}
 	dirs := []string{"ignition"}
@@ -854,6 +859,17 @@ func (b *builder) makeDisk(out, root string, kernel, initrd, rootfs []byte) erro
 		files["EFI/agentboot/grub.cfg"] = []byte("set timeout=0\nmenuentry 'agentboot dev OS' {\n\tlinux /vmlinuz " + args + "\n\tinitrd /initrd.img\n}\n")
 		dirs = append(dirs, "EFI", "EFI/BOOT", "EFI/agentboot")
 		partType = 0xef // EFI system partition
+	}
+	partSize := diskPartSize(files)
+	part := filepath.Join(b.work, "boot.part")
+	if err := os.WriteFile(part, nil, 0o644); err != nil {
+		return err
+	}
+	if err := os.Truncate(part, partSize); err != nil {
+		return err
+	}
+	if out, err := exec.Command("mkfs.vfat", "-F", "32", "-n", diskBootLabel, part).CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.vfat: %v: %s", err, out)
 	}
 	copies := map[string]string{}
 	for name, data := range files {
@@ -885,7 +901,7 @@ func (b *builder) makeDisk(out, root string, kernel, initrd, rootfs []byte) erro
 	entry[0] = 0x80 // bootable
 	entry[4] = partType
 	binary.LittleEndian.PutUint32(entry[8:], diskPartOffset/diskSectorBytes)
-	binary.LittleEndian.PutUint32(entry[12:], diskPartSize/diskSectorBytes)
+	binary.LittleEndian.PutUint32(entry[12:], uint32(partSize/diskSectorBytes))
 	// CHS fields say "use LBA".
 	copy(entry[1:4], []byte{0xfe, 0xff, 0xff})
 	copy(entry[5:8], []byte{0xfe, 0xff, 0xff})
