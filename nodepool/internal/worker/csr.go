@@ -48,13 +48,18 @@ type csrContext struct {
 	ips, seen  []net.IP
 	behindNAT  bool
 	nodeExists bool
-	// notBefore: a CSR created earlier was not made for this
-	// installation (its AgentMachine, created at machineCreated, is
-	// younger, or it is over an hour old); approved is the client CSR
-	// already approved for this Node.
-	notBefore, machineCreated time.Time
-	approved                  string
+	// machineCreated is when the host's AgentMachine was created; a CSR
+	// created more than clockSkew before it was not made for this
+	// installation. approved is the client CSR already approved for this
+	// Node.
+	machineCreated time.Time
+	clockSkew      time.Duration
+	approved       string
 }
+
+// notBefore is the earliest creation time of a CSR made for this
+// installation.
+func (cc csrContext) notBefore() time.Time { return cc.machineCreated.Add(-cc.clockSkew) }
 
 // approveCSRs approves this host's pending kubelet CSRs: one client CSR from
 // the node bootstrapper while its Node does not exist yet, made for this
@@ -66,13 +71,13 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 	if err != nil {
 		return 0, fmt.Errorf("list CertificateSigningRequests: %w", err)
 	}
-	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), behindNAT: r.BehindNAT, nodeExists: nodeExists, notBefore: machineCreated.Add(-r.ClockSkew), machineCreated: machineCreated}
+	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), behindNAT: r.BehindNAT, nodeExists: nodeExists, machineCreated: machineCreated, clockSkew: r.ClockSkew}
 	pending := 0
 	for i := range list.Items {
 		csr := &list.Items[i]
 		if !decided(csr) {
 			pending++
-		} else if approvedClient(csr, hostname) && !csr.CreationTimestamp.Time.Before(cc.notBefore) {
+		} else if approvedClient(csr, hostname) && !csr.CreationTimestamp.Time.Before(cc.notBefore()) {
 			cc.approved = csr.Name
 		}
 	}
@@ -166,7 +171,7 @@ func checkCSR(csr *certificatesv1.CertificateSigningRequest, cc csrContext, now 
 	if err != nil || req.Subject.CommonName != node {
 		return errNotThisHost
 	}
-	if created := csr.CreationTimestamp.Time; created.Before(cc.notBefore) {
+	if created := csr.CreationTimestamp.Time; created.Before(cc.notBefore()) {
 		return fmt.Sprintf("it was created at %s, before this host's machine (%s): it was not made for this installation",
 			created.UTC().Format(time.RFC3339), cc.machineCreated.UTC().Format(time.RFC3339))
 	}

@@ -87,7 +87,7 @@ func TestCheckCSR(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(now.Add(-age))},
 				Spec: certificatesv1.CertificateSigningRequestSpec{
 					Request: request(t, c.cn, c.orgs, c.dns, c.ips), SignerName: c.signer, Username: c.user, Groups: groups, Usages: c.usages}}
-			cc := csrContext{hostname: "w1", ips: hostIPs, seen: c.seen, behindNAT: c.behindNAT, nodeExists: c.nodeExists, notBefore: now.Add(-machineAge - defaultClockSkew), machineCreated: now.Add(-machineAge), approved: c.approved}
+			cc := csrContext{hostname: "w1", ips: hostIPs, seen: c.seen, behindNAT: c.behindNAT, nodeExists: c.nodeExists, machineCreated: now.Add(-machineAge), clockSkew: defaultClockSkew, approved: c.approved}
 			got := checkCSR(csr, cc, now)
 			if c.want == "" {
 				require.Empty(t, got)
