@@ -70,14 +70,18 @@ DEV_ARGS = $(if $(FRESH),--fresh) $(if $(ADVERTISE_ADDRESS),--advertise-address=
 # ./...'s order) ran alone for minutes at the end of the suite.
 SLOW_TESTS := ./test/boot ./bmc ./nodepool ./agent/service ./image-service ./cmd/agentboot ./deploy ./infraenv-controller ./agent/service/internal/steps
 
+# What the tests need, built after the prerequisites are checked.
+.PHONY: test-deps
+test-deps: prereqs
+	@$(MAKE) --no-print-directory testbin tools dev-image build
+
 # Four test binaries at once: bmc, nodepool and agent/service mostly wait
 # (on simulated BMCs, hosted clusters, timers: 60-90 % of their time), so
 # others run beside them. On 2 cores warm make test took 8:05 with -p 2,
 # 7:02 with -p 3, 6:25 with -p 4 and test/boot's boots merged; it is now
 # CPU-bound (1.9 cores busy for 735 CPU seconds). -race: no gain.
 .PHONY: test
-test: prereqs ## every test that needs no root
-	@$(MAKE) --no-print-directory testbin tools dev-image build
+test: test-deps ## every test that needs no root
 	go test -p 4 $(GO_TEST_FLAGS) $(SLOW_TESTS) ./...
 
 # The same tests with the race detector. It makes the tests' own code 3-4
@@ -85,8 +89,7 @@ test: prereqs ## every test that needs no root
 # suite keeps both cores busy, so make test leaves it out. CI runs both:
 # make test as a newcomer runs it, make test-race for the races.
 .PHONY: test-race
-test-race: prereqs ## make test with the race detector (CI runs it after make test)
-	@$(MAKE) --no-print-directory testbin tools dev-image build
+test-race: test-deps ## make test with the race detector (CI runs it after make test)
 	go test -race $(GO_TEST_FLAGS) $(SLOW_TESTS) ./...
 
 .PHONY: run
