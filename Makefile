@@ -73,7 +73,14 @@ SLOW_TESTS := ./test/boot ./bmc ./nodepool ./agent/service ./image-service ./cmd
 # What the tests need, built after the prerequisites are checked.
 .PHONY: test-deps
 test-deps: prereqs
-	@$(MAKE) --no-print-directory testbin tools dev-image build
+	@$(MAKE) --no-print-directory testbin tools dev-image build vm-accel
+
+# KVM only on positive evidence (a guest under qemu's KVM reached the dev
+# kernel), else TCG; the answer is kept per machine boot, qemu, /dev/kvm and
+# dev ISO in $(AGENTBOOT_CACHE)/vm-accel.json (CONTRIBUTING: "VMs in tests").
+.PHONY: vm-accel
+vm-accel: ## print which qemu accelerator the VM tests use and why (AGENTBOOT_QEMU_ACCEL overrides)
+	@go run ./test/vm/accel
 
 # Four test binaries at once: bmc, nodepool and agent/service mostly wait
 # (on simulated BMCs, hosted clusters, timers: 60-90 % of their time), so
@@ -136,6 +143,7 @@ bench-pxe: build ## DHCP offers/s and TFTP throughput vs dnsmasq in network name
 .PHONY: e2e
 e2e: testbin tools dev-image build pxe-grub ## the VM lab: real VMs in a network namespace (root)
 	@[ "$$(id -u)" = 0 ] || { echo "make e2e needs root (network namespaces, taps)"; exit 1; }
+	@$(MAKE) --no-print-directory vm-accel
 	go test -tags e2e -count=1 -timeout 60m $(GO_TEST_FLAGS) ./test/e2e/...
 
 FUZZ_TIME ?= 10s

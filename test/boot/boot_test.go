@@ -77,6 +77,9 @@ func waitAgent(t *testing.T, v *vm.VM, ns, what string, ok func(*v1beta1.Agent) 
 		if s.Client.List(context.Background(), &list, client.InNamespace(ns)) == nil && len(list.Items) == 1 && ok(&list.Items[0]) {
 			return list.Items[0]
 		}
+		if err := v.Err(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
 	}
 	t.Fatalf("%s: not within %s (Agents: %d); serial log:\n%s", what, bootTimeout, len(list.Items), v.Tail(30))
 	return v1beta1.Agent{}

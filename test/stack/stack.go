@@ -46,6 +46,7 @@ import (
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/nodepool"
+	"github.com/agentboot/agentboot/test/vm"
 )
 
 // Namespace is agentboot's own namespace in the stack.
@@ -425,14 +426,7 @@ func sharedImageCache(stream string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	base := os.Getenv("AGENTBOOT_CACHE")
-	if base == "" {
-		user, err := os.UserCacheDir()
-		if err != nil {
-			return "", err
-		}
-		base = filepath.Join(user, "agentboot")
-	}
+	base := vm.CacheDir()
 	sum := sha256.Sum256(data)
 	dir := filepath.Join(base, "test-images", hex.EncodeToString(sum[:8]))
 	if err := os.MkdirAll(dir, 0o700); err != nil {

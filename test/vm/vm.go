@@ -79,6 +79,9 @@ type VM struct {
 	mu      sync.Mutex
 	exitErr error
 	ran     time.Duration // until qemu ended
+	// stopped says why qemu stopped the guest under KVM (set before the
+	// VM is killed for it; read after done closes).
+	stopped error
 }
 
 // LogDir is where serial logs go; they survive a failed test, and every
@@ -88,49 +91,6 @@ func LogDir() string {
 		return d
 	}
 	return filepath.Join(os.TempDir(), "agentboot-test-logs")
-}
-
-// Accelerators lists qemu -accel values: KVM when it really runs guests,
-// else TCG. A /dev/kvm that opens is not enough (some hosts fail at the
-// first real-mode instruction), so KVM is probed once per machine boot by
-// booting the dev OS image for a few seconds; AGENTBOOT_QEMU_ACCEL overrides.
-func Accelerators() []string {
-	if a := os.Getenv("AGENTBOOT_QEMU_ACCEL"); a != "" {
-		return []string{a}
-	}
-	accelOnce.Do(func() { accel = probeAccel() })
-	return []string{accel}
-}
-
-var (
-	accelOnce sync.Once
-	accel     string
-)
-
-func probeAccel() string {
-	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
-	if err != nil {
-		return "tcg"
-	}
-	f.Close()
-	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	memo := filepath.Join(os.TempDir(), "agentboot-kvm-probe-"+strings.TrimSpace(string(bootID)))
-	if got, err := os.ReadFile(memo); err == nil {
-		return strings.TrimSpace(string(got))
-	}
-	result := "tcg"
-	iso := filepath.Join(repoRoot(), "dist", "dev-image", "agentboot-dev-live.x86_64.iso")
-	if _, err := os.Stat(iso); err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
-		defer cancel()
-		out, _ := exec.CommandContext(ctx, "qemu-system-x86_64", "-accel", "kvm", "-m", "256", "-nographic", "-display", "none",
-			"-monitor", "none", "-serial", "none", "-no-reboot", "-nic", "none", "-boot", "d", "-cdrom", iso).CombinedOutput()
-		if ctx.Err() != nil && !strings.Contains(string(out), "KVM internal error") && !strings.Contains(string(out), "failed to initialize kvm") {
-			result = "kvm"
-		}
-	}
-	_ = os.WriteFile(memo, []byte(result), 0o644)
-	return result
 }
 
 func repoRoot() string {
@@ -152,6 +112,7 @@ func Start(t testing.TB, o Options) *VM {
 // outside the test's goroutine (a simulated BMC powering a Machine on).
 func StartVM(t testing.TB, o Options) (*VM, error) {
 	arm := o.Arch == "aarch64"
+	var accel Accel // x86_64's choice
 	if o.Arch != "" && o.Arch != "x86_64" && !arm {
 		return nil, fmt.Errorf("vm: unknown architecture %q (x86_64, aarch64)", o.Arch)
 	}
@@ -192,19 +153,19 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 			o.CPU = "max,pauth-impdef=on"
 		}
 	} else {
-		for _, a := range Accelerators() {
-			if strings.HasPrefix(a, "tcg") && !strings.Contains(a, "thread=") && o.CPUs > 1 {
-				// One host thread runs all vCPUs in turn. With a thread each
-				// (QEMU 7.2's default), 2-vCPU x86 guests froze twice in CI:
-				// once in getrandom right after the kernel patched its
-				// crng-ready static key (soft lockup, 424 s), once waiting in
-				// kvm_destroy_vm for an IPI, as if a vCPU kept executing code
-				// another had just patched. Not reproduced on demand (8 runs
-				// under load); none since with one thread.
-				a += ",thread=single"
-			}
-			args = append(args, "-accel", a)
+		accel = Choose()
+		a := accel.Name
+		if strings.HasPrefix(a, "tcg") && !strings.Contains(a, "thread=") && o.CPUs > 1 {
+			// One host thread runs all vCPUs in turn. With a thread each
+			// (QEMU 7.2's default), 2-vCPU x86 guests froze twice in CI:
+			// once in getrandom right after the kernel patched its
+			// crng-ready static key (soft lockup, 424 s), once waiting in
+			// kvm_destroy_vm for an IPI, as if a vCPU kept executing code
+			// another had just patched. Not reproduced on demand (8 runs
+			// under load); none since with one thread.
+			a += ",thread=single"
 		}
+		args = append(args, "-accel", a)
 	}
 	if o.CPU != "" {
 		args = append(args, "-cpu", o.CPU)
@@ -297,7 +258,18 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
-	v.cmd.Stdout, v.cmd.Stderr = stderr, stderr
+	// qemu reports a KVM failure on stderr and pauses the guest: the VM
+	// is stopped at once with that reason, and every later VM uses TCG.
+	watch := &lines{out: stderr, fn: func(line string) {
+		if !strings.HasPrefix(accel.Name, "kvm") || !kvmFailure.MatchString(line) || v.stopped != nil {
+			return
+		}
+		now := kvmStopped(fmt.Sprintf("VM %s of %s stopped under KVM: %s", o.Name, t.Name(), line))
+		v.stopped = fmt.Errorf("%w: %s (%s from now on)", ErrKVMStopped, line, now)
+		t.Errorf("VM %s: %v", o.Name, v.stopped)
+		_ = v.cmd.Process.Kill()
+	}}
+	v.cmd.Stdout, v.cmd.Stderr = watch, watch
 	v.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := v.cmd.Start(); err != nil {
 		stderr.Close()
@@ -394,13 +366,19 @@ func (v *VM) Tail(n int) string {
 var ErrExited = errors.New("qemu exited")
 
 // WaitFor waits until the serial log has a line matching re, and returns it.
+// It returns at once when qemu ends first (ErrExited), or when qemu stopped
+// the guest under KVM (ErrKVMStopped).
 func (v *VM) WaitFor(ctx context.Context, re *regexp.Regexp, timeout time.Duration) (string, error) {
 	deadline := time.Now().Add(timeout)
 	for {
+		exited := v.Exited() // before reading: a line written just before the end counts
 		if line := v.find(re); line != "" {
 			return line, nil
 		}
-		if v.Exited() {
+		if exited {
+			if err := v.Err(); err != nil {
+				return "", err
+			}
 			return "", fmt.Errorf("%w before %q appeared", ErrExited, re)
 		}
 		if time.Now().After(deadline) {
@@ -409,9 +387,19 @@ func (v *VM) WaitFor(ctx context.Context, re *regexp.Regexp, timeout time.Durati
 		select {
 		case <-ctx.Done():
 			return "", ctx.Err()
+		case <-v.done:
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// Err is why qemu stopped the guest under KVM (wrapping ErrKVMStopped), once
+// it has ended; nil otherwise.
+func (v *VM) Err() error {
+	if !v.Exited() {
+		return nil
+	}
+	return v.stopped
 }
 
 func (v *VM) find(re *regexp.Regexp) string {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/kvmguest"
 )
 
 // Facts are the observations a verdict is made from.
@@ -167,7 +168,7 @@ func Probe(root string) Facts {
 	f.Hypervisor = f.Hypervisor || flags["hypervisor"]
 	if _, err := os.Stat(filepath.Join(root, "dev/kvm")); err == nil {
 		f.KVMDevice = true
-		f.KVMErr = tryKVM(filepath.Join(root, "dev/kvm"))
+		f.KVMErr = kvmguest.Run(filepath.Join(root, "dev/kvm"))
 	}
 	for _, mod := range []string{"kvm_intel", "kvm_amd"} {
 		raw, err := os.ReadFile(filepath.Join(root, "sys/module", mod, "parameters/nested"))

@@ -1,11 +1,10 @@
 //go:build amd64 || arm64
 
-package virt
+package kvmguest
 
 import (
 	"errors"
 	"fmt"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -37,19 +36,6 @@ func ioctl(fd int, req, arg uintptr) (uintptr, error) {
 		return r, e
 	}
 	return r, nil
-}
-
-// tryKVM creates a VM and runs the architecture's test guest (runGuest).
-// A /dev/kvm that answers the API but cannot run code is not usable.
-func tryKVM(dev string) error {
-	done := make(chan error, 1)
-	go func() { done <- runGuest(dev) }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(5 * time.Second):
-		return errors.New("KVM_RUN did not return within 5s")
-	}
 }
 
 // testVM is a VM with one page of guest memory holding the test code at

@@ -1,4 +1,4 @@
-package virt
+package kvmguest
 
 import (
 	"errors"

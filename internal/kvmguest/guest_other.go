@@ -1,6 +1,6 @@
 //go:build !amd64 && !arm64
 
-package virt
+package kvmguest
 
 import (
 	"fmt"
@@ -8,9 +8,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// tryKVM checks the API version and creates a VM; running a test guest is
-// implemented for x86 only.
-func tryKVM(dev string) error {
+// runGuest checks the API version and creates a VM; running a test guest is
+// implemented for x86_64 and arm64 only.
+func runGuest(dev string) error {
 	kvm, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dev, err)
