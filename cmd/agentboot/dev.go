@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -171,15 +172,9 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &imgCfg, AgentService: ag.config(), NodePool: m.nodePool(), BMC: bmcCfg}, log); err != nil {
+	agentCfg := ag.config()
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &imgCfg, AgentService: agentCfg, NodePool: m.nodePool(), BMC: bmcCfg}, log); err != nil {
 		return err
-	}
-
-	fmt.Fprintf(os.Stderr, "\nagentboot dev is up. In another terminal:\n\n  export KUBECONFIG=%s\n  %s/kubectl get infraenvs,agents -A\n\n"+
-		"Hosts reach agentboot at %s: image service %s and %s, agent API %s.\nCtrl-C stops everything.\n\n",
-		cluster.KubeconfigPath(), d.binDir, advertise, disc.imageURL, disc.imageHTTPURL, disc.agentAPIURL)
-	if pxeServer != nil {
-		fmt.Fprintf(os.Stderr, "Network boot (%s mode) answers on %s; iPXE fetches %s?mac=<MAC>.\n\n", px.mode, px.iface, px.bootScriptURL)
 	}
 
 	mgrCtx, stopMgr := context.WithCancel(ctx)
@@ -190,6 +185,20 @@ func runDev(ctx context.Context, args []string) error {
 	if pxeServer != nil {
 		go func() { pxeDone <- pxeServer.Start(mgrCtx) }()
 	}
+	// "Up" only once the image service and the agent API accept
+	// connections: a host booted right after the message must not meet a
+	// refusal.
+	if err := awaitServing(ctx, mgrDone, imgCfg.HTTPSAddr, imgCfg.HTTPAddr, agentCfg.Addr); err != nil {
+		stopMgr()
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "\nagentboot dev is up. In another terminal:\n\n  export KUBECONFIG=%s\n  %s/kubectl get infraenvs,agents -A\n\n"+
+		"Hosts reach agentboot at %s: image service %s and %s, agent API %s.\nCtrl-C stops everything.\n\n",
+		cluster.KubeconfigPath(), d.binDir, advertise, disc.imageURL, disc.imageHTTPURL, disc.agentAPIURL)
+	if pxeServer != nil {
+		fmt.Fprintf(os.Stderr, "Network boot (%s mode) answers on %s; iPXE fetches %s?mac=<MAC>.\n\n", px.mode, px.iface, px.bootScriptURL)
+	}
+
 	select {
 	case <-ctx.Done():
 		log.Info("stopping")
@@ -209,6 +218,44 @@ func runDev(ctx context.Context, args []string) error {
 		<-mgrDone
 		return fmt.Errorf("PXE service: %w", err)
 	}
+}
+
+// serveTimeout bounds how long the servers may take to listen once the
+// manager started; they open their sockets at once.
+const serveTimeout = 2 * time.Minute
+
+// awaitServing waits until every address accepts a TCP connection (a
+// wildcard host is dialled on loopback), the manager ends, or ctx is done.
+func awaitServing(ctx context.Context, mgrDone <-chan error, addrs ...string) error {
+	deadline := time.Now().Add(serveTimeout)
+	for _, addr := range addrs {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return fmt.Errorf("listen address %q: %w", addr, err)
+		}
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			host = "127.0.0.1"
+		}
+		target := net.JoinHostPort(host, port)
+		for {
+			c, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", target)
+			if err == nil {
+				c.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("nothing listens on %s %s after the manager started: %w", target, serveTimeout, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case err := <-mgrDone:
+				return fmt.Errorf("the manager stopped before it served %s: %v", target, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return nil
 }
 
 // installDev installs the CRDs (with hive's ClusterDeployment and

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -22,8 +23,6 @@ type IPMIOptions struct {
 	Addr           string // IP to listen on (127.0.0.1 by default)
 	Port           int
 	Machine        Machine
-	// Prefix runs ipmi_sim through another command (`ip netns exec <ns>`).
-	Prefix []string
 	// Timing makes power transitions take time (see Timing).
 	Timing Timing
 }
@@ -148,7 +147,7 @@ func (b *IPMI) Start() error {
 	if b.cmd != nil {
 		return nil
 	}
-	args := append(append([]string(nil), b.o.Prefix...), "ipmi_sim", "-c", filepath.Join(b.dir, "lan.conf"),
+	args := append([]string(nil), "ipmi_sim", "-c", filepath.Join(b.dir, "lan.conf"),
 		"-f", filepath.Join(b.dir, "sim.emu"), "-s", filepath.Join(b.dir, "state"), "-n")
 	logf, err := os.OpenFile(b.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -163,14 +162,52 @@ func (b *IPMI) Start() error {
 	}
 	b.cmd, b.exited = cmd, make(chan struct{})
 	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(b.exited)
-	// ipmi_sim opens its UDP port right after reading the config.
-	select {
-	case <-b.exited:
+	// Ready when it answers: an ASF presence ping (RMCP, which IPMI-over-LAN
+	// BMCs answer before any session) gets a pong. Not "it has not exited
+	// yet": a BMC that fails later, or listens late on a loaded machine,
+	// made tests run against no BMC at all.
+	if err := b.awaitPong(60 * time.Second); err != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-b.exited
 		b.cmd = nil
-		return fmt.Errorf("ipmi_sim exited at once; see %s", b.logPath)
-	case <-time.After(300 * time.Millisecond):
+		return fmt.Errorf("ipmi_sim on %s: %w; see %s", net.JoinHostPort(b.o.Addr, fmt.Sprint(b.o.Port)), err, b.logPath)
 	}
 	return nil
+}
+
+// presencePing is an RMCP ASF Presence Ping (DSP0136): RMCP version 6, no
+// acknowledgement (sequence 0xff), class ASF; IANA 4542, type 0x80, tag.
+var presencePing = []byte{0x06, 0x00, 0xff, 0x06, 0x00, 0x00, 0x11, 0xbe, 0x80, 0x5a, 0x00, 0x00}
+
+// awaitPong pings ipmi_sim until a Presence Pong (type 0x40, our tag) comes
+// back, ipmi_sim exits, or timeout passes.
+func (b *IPMI) awaitPong(timeout time.Duration) error {
+	conn, err := net.Dial("udp", net.JoinHostPort(b.o.Addr, fmt.Sprint(b.o.Port)))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(timeout)
+	buf := make([]byte, 64)
+	for time.Now().Before(deadline) {
+		select {
+		case <-b.exited:
+			return errors.New("it exited before answering")
+		default:
+		}
+		if _, err := conn.Write(presencePing); err != nil {
+			return err
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		n, err := conn.Read(buf) // "connection refused" until it listens
+		if err == nil && n >= 10 && buf[3] == 0x06 && buf[8] == 0x40 && buf[9] == presencePing[9] {
+			return nil
+		}
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return fmt.Errorf("no answer to an RMCP presence ping within %s", timeout)
 }
 
 // Stop kills ipmi_sim; the machine keeps its power state.

@@ -35,7 +35,7 @@ func startPXE(t *testing.T, name, bridge, hostIP string, extra ...string) {
 	args := append([]string{agentbootBin, "pxe", "--log-format", "text", "--log-level", "debug",
 		"--interface", bridge, "--boot-script-url", bootScriptURL(),
 		"--tftp-addr", hostIP + ":69", "--http-addr", hostIP + ":8070"}, extra...)
-	require.NoError(t, theLab.Start(name, args...))
+	require.NoError(t, theLab.Start(name, lab.PXEReady, args...))
 }
 
 // agentWithMAC waits until an Agent in ns reports an inventory with mac.
@@ -202,10 +202,10 @@ func TestLabPXEChainload(t *testing.T) {
 		})
 		leases := filepath.Join(theLab.Dir, "dhcpd.leases")
 		require.NoError(t, os.WriteFile(leases, nil, 0o644))
-		require.NoError(t, theLab.Start("chain-dhcpd", "/usr/sbin/dhcpd", "-4", "-f", "-d", "-cf", conf, "-lf", leases,
+		require.NoError(t, theLab.Start("chain-dhcpd", lab.DhcpdReady, "/usr/sbin/dhcpd", "-4", "-f", "-d", "-cf", conf, "-lf", leases,
 			"-pf", filepath.Join(theLab.Dir, "dhcpd.pid"), seg.Bridge))
 		// The site's TFTP server, serving Debian's iPXE binaries.
-		require.NoError(t, theLab.Start("chain-tftp", "dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0",
+		require.NoError(t, theLab.Start("chain-tftp", lab.DnsmasqReady, "dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0",
 			"--interface="+seg.Bridge, "--bind-interfaces", "--enable-tftp", "--tftp-root=/usr/lib/ipxe"))
 		const mac = "52:54:00:2b:00:02"
 		v := bootVMOn(t, seg.Bridge, vm.Options{Name: "chain-dhcpd", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})

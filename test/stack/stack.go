@@ -403,13 +403,17 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 					return err
 				}
 				stopProcess = next
-				return nil
+				return waitListening(opts.Dial, s.AgentAPIAddr, time.Minute)
 			}
 		}
 		cleanup = append(cleanup, func() { stopProcess() })
 	}
-	if err := waitListening(opts.Dial, s.HTTPSAddr, 30*time.Second); err != nil {
-		return fail(err)
+	// Ready when every server of the stack accepts connections, the agent
+	// API included: a test's first registration must not meet a refusal.
+	for _, addr := range []string{s.HTTPSAddr, s.HTTPAddr, s.AgentAPIAddr} {
+		if err := waitListening(opts.Dial, addr, time.Minute); err != nil {
+			return fail(err)
+		}
 	}
 	return s, stop, nil
 }
@@ -457,7 +461,7 @@ func waitListening(dial func(ctx context.Context, network, addr string) (net.Con
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("image service did not listen on %s within %s", addr, timeout)
+	return fmt.Errorf("nothing listens on %s (image service or agent API) after %s", addr, timeout)
 }
 
 // Certificates makes a CA and a serving certificate for loopback and host in

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,12 +145,30 @@ func (l *Lab) Dnsmasq(name, bridge, router, prefix string, extra ...string) erro
 		"--dhcp-range=" + prefix + ".100," + prefix + ".199,255.255.255.0,12h",
 		"--dhcp-leasefile=" + filepath.Join(l.Dir, name+".leases"),
 		"--dhcp-option=option:router," + router, "--log-dhcp", "--log-facility=" + filepath.Join(l.Dir, name+".log")}
-	return l.Start(name, append(args, extra...)...)
+	return l.Start(name, DnsmasqReady, append(args, extra...)...)
 }
 
+// Lines that say a program of the lab has bound its sockets: dnsmasq logs
+// "started" after binding them, ISC dhcpd "Server starting service." after
+// opening its interfaces, and `agentboot pxe` "PXE service running" once
+// every listener is open.
+var (
+	DnsmasqReady = regexp.MustCompile(`dnsmasq: started, version`)
+	DhcpdReady   = regexp.MustCompile(`Server starting service\.`)
+	PXEReady     = regexp.MustCompile(`PXE service running`)
+)
+
+// readyTimeout bounds how long a program may take to say it is ready; a
+// loaded two-core machine starts one in well under a second.
+const readyTimeout = time.Minute
+
 // Start runs a long-lived program inside the namespace until the lab
-// closes; its output goes to <name>.out in the lab's directory.
-func (l *Lab) Start(name string, args ...string) error {
+// closes; its output goes to <name>.out in the lab's directory. It returns
+// once the output has a line matching ready (the program has bound its
+// sockets), and an error with the output if the program exits first or
+// says nothing of the kind within readyTimeout: not "it has not exited
+// yet", which under load let VMs boot before their DHCP server listened.
+func (l *Lab) Start(name string, ready *regexp.Regexp, args ...string) error {
 	full := append(l.Exec(), args...)
 	cmd := exec.Command(full[0], full[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -179,14 +198,28 @@ func (l *Lab) Start(name string, args ...string) error {
 		}
 	})
 	l.mu.Unlock()
-	// A program that cannot start (a taken port, a bad option) exits at
-	// once: say so here, with its output.
-	select {
-	case <-exited:
+	output := func() string {
 		data, _ := os.ReadFile(out.Name())
-		return fmt.Errorf("%s exited at once: %s", name, strings.TrimSpace(string(data)))
-	case <-time.After(500 * time.Millisecond):
-		return nil
+		return strings.TrimSpace(string(data))
+	}
+	for deadline := time.Now().Add(readyTimeout); ; {
+		gone := false
+		select {
+		case <-exited:
+			gone = true
+		case <-time.After(100 * time.Millisecond):
+		}
+		switch {
+		case ready.MatchString(output()):
+			if gone {
+				return fmt.Errorf("%s exited after it started: %s", name, output())
+			}
+			return nil
+		case gone:
+			return fmt.Errorf("%s exited before it was ready: %s", name, output())
+		case time.Now().After(deadline):
+			return fmt.Errorf("%s: no %q in its output within %s: %s", name, ready, readyTimeout, output())
+		}
 	}
 }
 
