@@ -80,6 +80,13 @@ func Start(opts Options) (*Env, error) {
 		ErrorIfCRDPathMissing: len(crds) > 0,
 		BinaryAssetsDirectory: bin,
 		Scheme:                s,
+		// envtest's 20 s for etcd and kube-apiserver to answer and 10 s for
+		// the CRDs (HyperShift's are large) to be established are deadlines
+		// for a quiet machine; make test runs four test binaries on two
+		// cores. Both wait on the real answer, so a healthy start is no
+		// slower; only a start that never comes fails later.
+		ControlPlaneStartTimeout: controlPlaneStartTimeout(),
+		CRDInstallOptions:        envtest.CRDInstallOptions{MaxTime: 2 * time.Minute},
 	}
 	cfg, err := env.Start()
 	if err != nil {
@@ -91,6 +98,15 @@ func Start(opts Options) (*Env, error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+// controlPlaneStartTimeout is envtest's KUBEBUILDER_CONTROLPLANE_START_TIMEOUT
+// when set, else 2 minutes.
+func controlPlaneStartTimeout() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT")); err == nil {
+		return d
+	}
+	return 2 * time.Minute
 }
 
 // StartT is Start for one test: it fails t when the control plane cannot

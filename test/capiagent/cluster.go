@@ -447,12 +447,19 @@ func (p *NodePool) Delete(name string) {
 	m := newObj(MachineGVK)
 	require.NoError(t, p.c.C.Get(ctx, client.ObjectKey{Namespace: p.c.CP, Name: name}, m))
 	require.NoError(t, p.c.C.Delete(ctx, m))
-	go p.c.deleteMachine(name)
+	// The deletion ends with the test, before the control plane it writes
+	// to is handed to the next test (a late write deleted a Node by a name
+	// the next test reuses).
+	dctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.c.deleteMachine(dctx, name)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
-func (c *Cluster) deleteMachine(name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+func (c *Cluster) deleteMachine(ctx context.Context, name string) {
 	key := client.ObjectKey{Namespace: c.CP, Name: name}
 	am := newObj(AgentMachineGVK)
 	node := ""

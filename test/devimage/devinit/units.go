@@ -141,6 +141,9 @@ func supervise(u unit) {
 			services[u.name] = cmd.Process
 			servicesMu.Unlock()
 			ws := <-ch
+			servicesMu.Lock()
+			delete(services, u.name)
+			servicesMu.Unlock()
 			logf("%s exited with status %d", u.name, ws.ExitStatus())
 		}
 		servicesMu.Lock()
@@ -153,19 +156,29 @@ func supervise(u unit) {
 	}
 }
 
-// stopServices terminates every unit before reboot or poweroff.
+// stopServices terminates every unit before reboot or poweroff: SIGTERM,
+// then a wait until each has exited (a service's last report, say the
+// agent's, is not cut off by a fixed pause that a slow guest outlasts), and
+// SIGKILL for what is left after 30 s.
 func stopServices() {
 	servicesMu.Lock()
 	stopping = true
-	procs := make([]*os.Process, 0, len(services))
 	for _, p := range services {
-		procs = append(procs, p)
-	}
-	servicesMu.Unlock()
-	for _, p := range procs {
 		_ = syscall.Kill(-p.Pid, syscall.SIGTERM)
 	}
-	if len(procs) > 0 {
-		time.Sleep(2 * time.Second)
+	servicesMu.Unlock()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		servicesMu.Lock()
+		left := len(services)
+		servicesMu.Unlock()
+		if left == 0 {
+			return
+		}
+	}
+	servicesMu.Lock()
+	defer servicesMu.Unlock()
+	for name, p := range services {
+		logf("%s did not stop within 30s: killed", name)
+		_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
 	}
 }
