@@ -3,11 +3,8 @@ package agentservice_test
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -19,7 +16,10 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentclient "github.com/agentboot/agentboot/agent/internal/client"
@@ -525,15 +525,38 @@ func TestHostIdentity(t *testing.T) {
 	require.NoError(t, err)
 	realSession := real.token[:strings.LastIndexByte(real.token, '.')]
 
-	// The agent of the current session registering again (its token was
-	// refused, say after the service's key changed) continues it.
+	// The Agent records the session's ID, never its secret.
+	started := real.agent(t).Annotations[lifecycle.SessionStartedAnnotation]
+	recorded := real.agent(t).Annotations["agentboot.io/session"]
+	require.NotEmpty(t, recorded)
+	require.NotContains(t, recorded, realSession)
+
+	// The agent of the current session registering again with its secret
+	// (its token was refused, say after the service's key changed)
+	// continues the boot under a new token: the old one is never handed
+	// out again, and stops working.
 	c, err := agentclient.New(cfg)
 	require.NoError(t, err)
 	resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: realSession})
 	require.NoError(t, err)
-	require.Equal(t, real.token, resp.AgentToken, "the same session")
-	_, err = c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: strings.Repeat("0", 32)})
-	require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "a made-up session continues nothing: %v", err)
+	require.NotEqual(t, real.token, resp.AgentToken, "a continued session gets a new token")
+	require.Eventually(t, func() bool { // once the service's cache has the new session
+		_, err := real.c.Instructions(ctx, real.ns, real.id, agentwire.InstructionsRequest{Time: time.Now()})
+		return err != nil && strings.Contains(err.Error(), "401")
+	}, 10*time.Second, 100*time.Millisecond, "the earlier token of the session stops working")
+	real.c.SetToken(resp.AgentToken)
+	real.token = resp.AgentToken
+	real.beat(t)
+	require.Equal(t, started, real.agent(t).Annotations[lifecycle.SessionStartedAnnotation], "the same boot goes on")
+	realSession = real.token[:strings.LastIndexByte(real.token, '.')]
+	// Neither a made-up session nor the ID the Agent records continues
+	// anything.
+	for _, session := range []string{strings.Repeat("0", 32), real.agent(t).Annotations["agentboot.io/session"]} {
+		_, err = c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: session})
+		require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "%q continues nothing: %v", session, err)
+	}
+	waitEvent(t, ie.Namespace, id, "SessionRefused")
+	real.beat(t)
 	a0 := real.agent(t)
 	p0 := client.MergeFrom(a0.DeepCopy())
 	delete(a0.Annotations, "agentboot.io/contested-at") // that attempt is not what this test disputes
@@ -627,36 +650,64 @@ func TestHostIdentity(t *testing.T) {
 	require.Equal(t, string(bmh.UID), booted.agent(t).Annotations[lifecycle.BootedByAnnotation])
 }
 
-// An agent started by a release before registration sessions holds a
-// token of the old format: it keeps working for its Agent until the host
-// registers again.
-func TestAgentTokenOfEarlierRelease(t *testing.T) {
+// TestReaderCannotTakeAHost: an identity that may only get, list and watch
+// Agents and InfraEnvs (a view role, a monitoring or backup tool) reads
+// everything a host's Agent and its InfraEnv show, the discovery Ignition
+// the InfraEnv's status links to included, and still gets no agent token
+// and no step of a live host; the Agent's events say a registration was
+// refused. The host carries on.
+func TestReaderCannotTakeAHost(t *testing.T) {
 	ctx := context.Background()
 	ie := infraEnv(t, nil)
-	h := register(t, ie, 61)
-	a := h.agent(t)
-	patch := client.MergeFrom(a.DeepCopy())
-	delete(a.Annotations, "agentboot.io/session") // as the earlier release left it
-	require.NoError(t, s.Client.Patch(ctx, a, patch))
-	var secret corev1.Secret
-	require.NoError(t, s.Client.Get(ctx, client.ObjectKey{Namespace: stack.Namespace, Name: signing.SecretName}, &secret))
-	m := hmac.New(sha256.New, secret.Data["key"])
-	for _, part := range []string{signing.PurposeAgent, string(ie.UID), h.ns + "/" + h.id} {
-		m.Write([]byte(part))
-		m.Write([]byte{0})
-	}
-	old, err := agentclient.New(h.cfg)
+	victim := register(t, ie, 71)
+	victim.beat(t)
+
+	const user = "agent-reader"
+	require.NoError(t, s.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: user}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{v1beta1.GroupVersion.Group}, Resources: []string{"agents", "infraenvs"}, Verbs: []string{"get", "list", "watch"}},
+	}}))
+	require.NoError(t, s.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: user},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: rbacv1.GroupName, Name: user}}}))
+	cfg := rest.CopyConfig(s.Env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+	reader, err := client.New(cfg, client.Options{Scheme: s.Client.Scheme()})
 	require.NoError(t, err)
-	old.SetToken(base64.RawURLEncoding.EncodeToString(m.Sum(nil)))
-	require.Eventually(t, func() bool {
-		_, err := old.Instructions(ctx, h.ns, h.id, agentwire.InstructionsRequest{Time: time.Now()})
-		return err == nil
-	}, 30*time.Second, 600*time.Millisecond, "the old token works for an Agent without a session")
-	// Once a session began, it does not.
-	again := reregister(t, ie, 61)
-	_, err = old.Instructions(ctx, h.ns, h.id, agentwire.InstructionsRequest{Time: time.Now()})
-	require.ErrorContains(t, err, "401")
-	again.beat(t)
+
+	// What the reader sees.
+	var agents v1beta1.AgentList
+	require.Eventually(t, func() bool { return reader.List(ctx, &agents, client.InNamespace(ie.Namespace)) == nil }, 10*time.Second, 100*time.Millisecond, "RBAC applies")
+	require.Len(t, agents.Items, 1)
+	seen := agents.Items[0]
+	var seenIE v1beta1.InfraEnv
+	require.NoError(t, reader.Get(ctx, client.ObjectKeyFromObject(ie), &seenIE))
+	stolen := s.AgentConfig(t, &seenIE) // the registration token, from the discovery Ignition
+	err = reader.Get(ctx, client.ObjectKey{Namespace: stack.Namespace, Name: signing.SecretName}, &corev1.Secret{})
+	require.True(t, apierrors.IsForbidden(err), "the reader reads no Secret: %v", err)
+	ident := agentwire.HostIdentity{MACAddresses: strings.Split(seen.Annotations["agentboot.io/mac-addresses"], ",")}
+	recorded := seen.Annotations["agentboot.io/session"]
+	require.NotEmpty(t, recorded)
+
+	// No token: registering with the whole identity and the session the
+	// Agent records is held off like any registration of a live host.
+	c, err := agentclient.New(stolen)
+	require.NoError(t, err)
+	_, err = c.Register(ctx, stolen.InfraEnv, stolen.RegistrationToken, agentwire.RegisterRequest{
+		InfraEnvUID: stolen.InfraEnv.UID, HostID: seen.Name, Identity: ident, Session: recorded})
+	require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "%v", err)
+	waitEvent(t, ie.Namespace, seen.Name, "SessionRefused")
+
+	// No step: a token made of what the Agent records is refused before
+	// anything is read.
+	for _, token := range []string{recorded, recorded + "." + strings.Repeat("A", 43), victim.token[strings.LastIndexByte(victim.token, '.')+1:]} {
+		c.SetToken(token)
+		_, err = c.Instructions(ctx, seen.Namespace, seen.Name, agentwire.InstructionsRequest{Time: time.Now()})
+		require.ErrorContains(t, err, "401", "token %q", token)
+	}
+
+	// The host's own session goes on, with its own token.
+	victim.beat(t)
+	require.Equal(t, recorded, victim.agent(t).Annotations["agentboot.io/session"])
 }
 
 // Rotating an InfraEnv's registration token: new discovery content and

@@ -61,10 +61,6 @@ const (
 // Key signs and verifies tokens, with one derived key per purpose it holds.
 type Key struct {
 	sub map[string][]byte
-	// legacy is the master key itself, which signed registration tokens
-	// before keys were derived per purpose: discovery images made then
-	// still register. Only the manager's Key has it.
-	legacy []byte
 }
 
 // NewKey derives every purpose's key from the master key raw.
@@ -72,7 +68,7 @@ func NewKey(raw []byte) (Key, error) {
 	if len(raw) < keyLen {
 		return Key{}, fmt.Errorf("signing key is %d bytes, want at least %d", len(raw), keyLen)
 	}
-	k := Key{sub: map[string][]byte{}, legacy: append([]byte(nil), raw...)}
+	k := Key{sub: map[string][]byte{}}
 	for _, p := range purposes {
 		k.sub[p] = derive(raw, p)
 	}
@@ -126,20 +122,8 @@ func (k Key) Verify(token, purpose, uid, version string) bool {
 	if token == "" || uid == "" {
 		return false
 	}
-	if want := k.Token(purpose, uid, version); want != "" && hmac.Equal([]byte(token), []byte(want)) {
-		return true
-	}
-	return purpose == PurposeRegister && version == "" && k.VerifyLegacy(token, purpose, uid, version)
-}
-
-// VerifyLegacy checks a token made with the master key itself, as releases
-// before the derived keys made every token; only the manager's Key can.
-// Agents running then still hold such agent tokens.
-func (k Key) VerifyLegacy(token, purpose, uid, version string) bool {
-	if token == "" || uid == "" || len(k.legacy) < keyLen {
-		return false
-	}
-	return hmac.Equal([]byte(token), []byte(mac(k.legacy, purpose, uid, version)))
+	want := k.Token(purpose, uid, version)
+	return want != "" && hmac.Equal([]byte(token), []byte(want))
 }
 
 // Source gives the current Key.

@@ -25,7 +25,6 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/lifecycle"
-	"github.com/agentboot/agentboot/internal/signing"
 )
 
 // AgentRef is an authenticated host.
@@ -51,8 +50,8 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 		}
 		// The token first: nothing is read for a request that is not from
 		// a host we registered.
-		session, ok := verifyAgentToken(key, bearer(r), ns, id)
-		if !ok && !s.legacyAgent(r.Context(), key, bearer(r), ns, id) {
+		secret, ok := verifyAgentToken(key, bearer(r), ns, id)
+		if !ok {
 			writeError(w, http.StatusUnauthorized, "Unauthorized", "unauthorized")
 			return
 		}
@@ -69,9 +68,9 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 			writeError(w, http.StatusInternalServerError, "Internal", "internal error")
 			return
 		}
-		if a.Annotations[hosts.SessionAnnotation] != session {
+		if !hosts.InSession(&a, secret) {
 			// A session begun a moment ago may not be in the cache yet.
-			if err := s.o.APIReader.Get(r.Context(), client.ObjectKeyFromObject(&a), &a); err != nil || a.Annotations[hosts.SessionAnnotation] != session {
+			if err := s.o.APIReader.Get(r.Context(), client.ObjectKeyFromObject(&a), &a); err != nil || !hosts.InSession(&a, secret) {
 				writeError(w, http.StatusUnauthorized, "Unauthorized", "unauthorized: this host's session ended (another registration began a new one)")
 				return
 			}
@@ -97,22 +96,6 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 		}
 		h(w, r, &AgentRef{Agent: &a, InfraEnv: &ie})
 	})
-}
-
-// legacyAgent accepts the agent token an agent got from a release before
-// registration sessions, for an Agent that has had none since: hosts
-// running then keep running through the upgrade. Its next registration
-// begins a session, and the token stops working. The Agent is read from the
-// cache only, for a token of the old format only.
-func (s *Server) legacyAgent(ctx context.Context, key signing.Key, token, ns, id string) bool {
-	if token == "" || strings.Contains(token, ".") {
-		return false
-	}
-	var a v1beta1.Agent
-	if err := s.o.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: id}, &a); err != nil || a.Annotations[hosts.SessionAnnotation] != "" {
-		return false
-	}
-	return key.VerifyLegacy(token, signing.PurposeAgent, hosts.InfraEnvUID(&a), ns+"/"+id)
 }
 
 // allowWrite limits the status writes one host causes.

@@ -3,7 +3,6 @@ package hostapi
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -70,7 +69,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	if why != "" {
 		s.o.Log.Info("registration's boot proof not accepted", "infraEnv", ns+"/"+name, "agent", req.HostID, "why", why)
 	}
-	agent, kind, err := s.ensureAgent(r.Context(), ie, req, identityDigest(key, ns, req), remoteIP(r), bootedBy)
+	agent, secret, kind, err := s.ensureAgent(r.Context(), ie, req, identityDigest(key, ns, req), remoteIP(r), bootedBy)
 	created := kind == kindCreated
 	var capped *capError
 	if errors.As(err, &capped) {
@@ -124,7 +123,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, agentwire.RegisterResponse{
 		Namespace:        agent.Namespace,
 		HostID:           agent.Name,
-		AgentToken:       agentToken(key, agent),
+		AgentToken:       agentToken(key, agent, secret),
 		PollSeconds:      int(s.o.PollInterval / time.Second),
 		MinDiskSizeBytes: s.minDisk(ie),
 	})
@@ -139,22 +138,23 @@ func agentDeleted(w http.ResponseWriter, ns, id string) {
 }
 
 // agentToken authorises the per-host calls of the Agent's current session:
-// the session, and a MAC of the Agent's name and session, so that it is
-// checked before the Agent is read.
-func agentToken(key signing.Key, a *v1beta1.Agent) string {
-	session := a.Annotations[hosts.SessionAnnotation]
-	return session + "." + key.Token(signing.PurposeAgent, a.Namespace+"/"+a.Name, session)
+// the session's secret, and a MAC of the Agent's name and the secret, so
+// that it is checked before the Agent is read. The token exists only in
+// the registration's answer: the Agent records the session's ID
+// (hosts.SessionID), from which no token can be made.
+func agentToken(key signing.Key, a *v1beta1.Agent, secret string) string {
+	return secret + "." + key.Token(signing.PurposeAgent, a.Namespace+"/"+a.Name, secret)
 }
 
 // verifyAgentToken checks a token for the Agent ns/name and returns the
-// session it names.
-func verifyAgentToken(key signing.Key, token, ns, name string) (session string, ok bool) {
+// session secret it holds.
+func verifyAgentToken(key signing.Key, token, ns, name string) (secret string, ok bool) {
 	i := strings.LastIndexByte(token, '.')
 	if i <= 0 {
 		return "", false
 	}
-	session = token[:i]
-	return session, key.Verify(token[i+1:], signing.PurposeAgent, ns+"/"+name, session)
+	secret = token[:i]
+	return secret, key.Verify(token[i+1:], signing.PurposeAgent, ns+"/"+name, secret)
 }
 
 // remoteIP is the address a request came from, for messages.
@@ -262,7 +262,8 @@ const (
 	kindCreated
 	// kindNewSession: an existing Agent's host, in a new boot.
 	kindNewSession
-	// kindContinued: the current session's agent, registering again.
+	// kindContinued: the current session's agent, registering again with
+	// its session's secret: the same boot goes on, under a new token.
 	kindContinued
 )
 
@@ -289,8 +290,8 @@ func identityDigest(key signing.Key, ns string, req agentwire.RegisterRequest) s
 		strings.ToLower(id.SystemUUID)+"\n"+id.SerialNumber+"\n"+hosts.MACs(id.MACAddresses))
 }
 
-// newSession names a registration session.
-func newSession() string {
+// newSecret is a new session's secret.
+func newSecret() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
@@ -307,7 +308,7 @@ func newSession() string {
 //   - an Agent bound to a cluster, or installing, never begins a new
 //     session (errInDoubt): the registration cannot prove it is the host
 //     that was bound, and a new session would get its installation.
-func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, registration, error) {
+func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, string, registration, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	key := client.ObjectKey{Namespace: ie.Namespace, Name: req.HostID}
 	var existing v1beta1.Agent
@@ -318,10 +319,10 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 		return s.resume(ctx, &existing, ie, req, digest, from, bootedBy)
 	}
 	if !apierrors.IsNotFound(err) {
-		return nil, kindNone, err
+		return nil, "", kindNone, err
 	}
 	if err := s.underCap(ctx, ie); err != nil {
-		return nil, kindNone, err
+		return nil, "", kindNone, err
 	}
 	labels := map[string]string{}
 	for k, v := range ie.Spec.AgentLabels {
@@ -344,61 +345,76 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 			Approved: ie.Spec.AgentApproval != nil && ie.Spec.AgentApproval.AutoApprove,
 		},
 	}
-	s.beginSession(agent, bootedBy)
+	secret := s.beginSession(agent, bootedBy)
 	if err := s.o.Client.Create(ctx, agent); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			// Registered a moment ago (another replica, a retry).
 			if err := s.o.APIReader.Get(ctx, key, &existing); err != nil {
 				if apierrors.IsNotFound(err) {
-					return nil, kindNone, errDeleting
+					return nil, "", kindNone, errDeleting
 				}
-				return nil, kindNone, err
+				return nil, "", kindNone, err
 			}
 			return s.resume(ctx, &existing, ie, req, digest, from, bootedBy)
 		}
-		return nil, kindNone, err
+		return nil, "", kindNone, err
 	}
 	writes.WithLabelValues("agent").Inc()
-	return agent, kindCreated, nil
+	return agent, secret, kindCreated, nil
 }
 
 // resume begins a new session of an existing Agent, under the identity
-// rule of ensureAgent.
-func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, registration, error) {
+// rule of ensureAgent, or continues the current one for the host that shows
+// its secret.
+func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, string, registration, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
-	switch recorded := a.Annotations[hosts.IdentityAnnotation]; {
-	case recorded == "" && a.Annotations[hosts.MACsAnnotation] != macs:
-		// Created before identities were recorded: all its MACs must
-		// match (one is no secret).
-		return nil, kindNone, errConflict
-	case recorded != "" && recorded != digest:
-		return nil, kindNone, errConflict
+	if recorded := a.Annotations[hosts.IdentityAnnotation]; recorded != digest {
+		// Every Agent records its identity at creation; one without is
+		// nobody's to continue.
+		return nil, "", kindNone, errConflict
 	}
-	if cur := a.Annotations[hosts.SessionAnnotation]; req.Session != "" && cur != "" && subtle.ConstantTimeCompare([]byte(req.Session), []byte(cur)) == 1 {
+	if hosts.InSession(a, req.Session) {
 		// The agent of the current session, whose token was refused
-		// (the service's key changed): same host, same boot.
-		return a, kindContinued, nil
+		// (the service's key changed): same host, same boot. It gets a
+		// new secret; the old token is never handed out again.
+		patch := client.MergeFrom(a.DeepCopy())
+		secret := newSecret()
+		a.Annotations[hosts.SessionAnnotation] = hosts.SessionID(secret)
+		writes.WithLabelValues("agent").Inc()
+		if err := s.o.Client.Patch(ctx, a, patch); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, "", kindNone, errDeleting
+			}
+			return nil, "", kindNone, err
+		}
+		return a, secret, kindContinued, nil
 	}
 	// A boot proof for the Agent's own BareMetalHost says its BMC just
 	// booted it: that outweighs an earlier session, and a binding.
 	proven := bootedBy != "" && req.BootProof != nil && a.Labels[v1beta1.BMHLabel] == req.BootProof.BareMetalHost
 	alive, err := s.sessionAlive(ctx, a)
 	if err != nil {
-		return nil, kindNone, err
+		return nil, "", kindNone, err
 	}
 	if alive && !proven {
+		if req.Session != "" {
+			// Not this session's secret: a replay of something read
+			// somewhere, or a forgery. It gets nothing, and says so.
+			s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "SessionRefused", "Register",
+				"a registration from %s named a session that is not this Agent's current one: it was given nothing (a session is continued only with the secret in the host's agent token, which no object records)", from)
+		}
 		if a.Annotations[hosts.ContestedAnnotation] == "" {
 			patch := client.MergeFrom(a.DeepCopy())
 			a.Annotations[hosts.ContestedAnnotation] = s.o.Now().UTC().Format(time.RFC3339) + " from " + from
 			writes.WithLabelValues("agent").Inc()
 			if err := s.o.Client.Patch(ctx, a, patch); err != nil {
-				return nil, kindNone, err
+				return nil, "", kindNone, err
 			}
 		}
-		return nil, kindNone, errActive
+		return nil, "", kindNone, errActive
 	}
 	if lifecycle.Bound(a) && !proven {
-		return nil, kindNone, errInDoubt
+		return nil, "", kindNone, errInDoubt
 	}
 	patch := client.MergeFrom(a.DeepCopy())
 	if a.Labels == nil {
@@ -410,33 +426,36 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 	}
 	a.Annotations[hosts.MACsAnnotation] = macs
 	a.Annotations[hosts.IdentityAnnotation] = digest
-	s.beginSession(a, bootedBy)
+	secret := s.beginSession(a, bootedBy)
 	delete(a.Annotations, hosts.ContestedAnnotation)
 	a.OwnerReferences = []metav1.OwnerReference{infraEnvOwner(ie)}
 	writes.WithLabelValues("agent").Inc()
 	if err := s.o.Client.Patch(ctx, a, patch); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, kindNone, errDeleting
+			return nil, "", kindNone, errDeleting
 		}
-		return nil, kindNone, err
+		return nil, "", kindNone, err
 	}
-	return a, kindNewSession, nil
+	return a, secret, kindNewSession, nil
 }
 
 // beginSession records a new session on a (to be written by the caller):
-// its name, when it began, and the BareMetalHost whose virtual media it
-// proved it booted from, if any.
-func (s *Server) beginSession(a *v1beta1.Agent, bootedBy string) {
+// its ID, when it began, and the BareMetalHost whose virtual media it
+// proved it booted from, if any; it returns the session's secret, which
+// only the registration's answer carries.
+func (s *Server) beginSession(a *v1beta1.Agent, bootedBy string) string {
 	if a.Annotations == nil {
 		a.Annotations = map[string]string{}
 	}
-	a.Annotations[hosts.SessionAnnotation] = newSession()
+	secret := newSecret()
+	a.Annotations[hosts.SessionAnnotation] = hosts.SessionID(secret)
 	a.Annotations[lifecycle.SessionStartedAnnotation] = s.o.Now().UTC().Format(time.RFC3339Nano)
 	if bootedBy != "" {
 		a.Annotations[lifecycle.BootedByAnnotation] = bootedBy
 	} else {
 		delete(a.Annotations, lifecycle.BootedByAnnotation)
 	}
+	return secret
 }
 
 // bootedBy checks a registration's boot proof and returns the UID of the

@@ -4,6 +4,9 @@
 package hosts
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"sort"
 	"strings"
 
@@ -65,7 +68,10 @@ func InfraEnvUID(a *v1beta1.Agent) string {
 // a host registers and is accepted; the agent token names it, so a token of
 // an earlier session stops working.
 const (
-	// SessionAnnotation names the current session.
+	// SessionAnnotation is the current session's ID (SessionID): a digest
+	// of the session's secret, which only the host holds (in its agent
+	// token). Whoever reads the Agent cannot continue the session or make
+	// a token from it; whoever writes it can only end the session.
 	SessionAnnotation = "agentboot.io/session"
 	// IdentityAnnotation is a keyed digest of everything the host said it
 	// is (host ID, SMBIOS UUID and serial, every MAC address): a later
@@ -76,3 +82,18 @@ const (
 	// session is heard from after that, two hosts claim one identity.
 	ContestedAnnotation = "agentboot.io/contested-at"
 )
+
+// SessionID is what an Agent records of a session: a SHA-256 digest of its
+// secret (128 random bits, so a digest without a key cannot be reversed or
+// guessed, and stays valid when the service's signing key changes).
+func SessionID(secret string) string {
+	sum := sha256.Sum256([]byte("agentboot.io/session\x00" + secret))
+	return hex.EncodeToString(sum[:16])
+}
+
+// InSession reports, in constant time, whether secret is that of the
+// Agent's current session.
+func InSession(a *v1beta1.Agent, secret string) bool {
+	cur := a.Annotations[SessionAnnotation]
+	return secret != "" && cur != "" && subtle.ConstantTimeCompare([]byte(SessionID(secret)), []byte(cur)) == 1
+}
