@@ -2,12 +2,15 @@ package bmc_test
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -593,6 +596,63 @@ func TestTLSVerification(t *testing.T) {
 	e.wait(verified, "refusing the self-signed certificate", errorContains(metal3.RegistrationError, "certificate"))
 	insecure := e.host("tls-insecure", addr, 61, func(h *metal3.BareMetalHost) { h.Spec.BMC.DisableCertificateVerification = true })
 	e.wait(insecure, "provisioned", state(metal3.StateProvisioned))
+
+	// The BMC's own CA beside its credentials: verified, no need to turn
+	// verification off.
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	require.NoError(t, e.Client.Create(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "with-ca"},
+		Data: map[string][]byte{"username": []byte("admin"), "password": []byte(password), "ca.crt": ca}}))
+	withCA := e.host("tls-own-ca", addr, 62, func(h *metal3.BareMetalHost) { h.Spec.BMC.CredentialsName = "with-ca" })
+	e.wait(withCA, "provisioned", state(metal3.StateProvisioned))
+	require.NoError(t, e.Client.Create(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "bad-ca"},
+		Data: map[string][]byte{"username": []byte("admin"), "password": []byte(password), "ca.crt": []byte("not a certificate")}}))
+	badCA := e.host("tls-bad-ca", addr, 63, func(h *metal3.BareMetalHost) { h.Spec.BMC.CredentialsName = "bad-ca" })
+	e.wait(badCA, "refusing the CA", errorContains(metal3.RegistrationError, "credentials Secret "+e.ns+"/bad-ca: ca.crt holds no PEM certificate"))
+}
+
+// A BMC that answers without end (here 1 GiB) is read no further than
+// driver.MaxAnswerBytes: the manager's memory stays flat, the host gets an
+// error naming the cause, and the BMC sent little of what it meant to.
+func TestBMCAnswerIsBounded(t *testing.T) {
+	e := start(t)
+	var sent atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		chunk := []byte(strings.Repeat(" ", 64<<10))
+		if n, err := w.Write([]byte(`{"@odata.id": "/redfish/v1/", "Name": "`)); err == nil {
+			sent.Add(int64(n))
+		}
+		for i := 0; i < (1<<30)/len(chunk); i++ {
+			n, err := w.Write(chunk)
+			sent.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	before := peakRSS(t)
+	h := e.host("endless", "redfish+http://"+strings.TrimPrefix(srv.URL, "http://")+"/redfish/v1/Systems/1", 64)
+	got := e.wait(h, "reporting the endless answer", errorContains(metal3.RegistrationError, "larger than 8 MiB"))
+	require.LessOrEqual(t, len(got.Status.ErrorMessage), 600)
+	require.Less(t, sent.Load(), int64(64<<20), "the BMC was read no further than the bound (plus socket buffers)")
+	require.Less(t, peakRSS(t)-before, int64(256<<20), "the manager's peak memory stayed flat")
+}
+
+// peakRSS is this process's peak resident memory (VmHWM), which holds the
+// stack's manager.
+func peakRSS(t *testing.T) int64 {
+	raw, err := os.ReadFile("/proc/self/status")
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			require.NoError(t, err)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM in /proc/self/status")
+	return 0
 }
 
 // With --bmc-networks, a BareMetalHost pointing its BMC anywhere else is an

@@ -6,10 +6,13 @@ package driver
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"time"
@@ -32,8 +35,14 @@ type Options struct {
 	// InsecureTLS skips verification of a Redfish BMC's certificate
 	// (spec.bmc.disableCertificateVerification).
 	InsecureTLS bool
-	// RootCAs verify Redfish BMCs; nil means the system pool.
+	// RootCAs verify Redfish BMCs; nil means the system pool. The
+	// reconciler sets the CA of the BMC's credentials Secret (ca.crt).
 	RootCAs *x509.CertPool
+	// Pin is the address the BMC's name was checked at (--bmc-networks):
+	// every connection goes there, so a name that resolves elsewhere at
+	// connect time (DNS rebinding) reaches nothing new. Zero dials the
+	// name.
+	Pin netip.Addr
 	// CallTimeout bounds each power and boot call (30s by default).
 	CallTimeout time.Duration
 	// MediaTimeout bounds each virtual media call (2m by default: the BMC
@@ -148,6 +157,9 @@ func Open(ctx context.Context, a address.Address, c Credentials, o Options) (BMC
 	}
 	provider := "gofish"
 	host := a.Host
+	if o.Pin.IsValid() {
+		host = o.Pin.String()
+	}
 	switch a.Protocol {
 	case address.IPMI:
 		path, err := exec.LookPath(o.IPMITool)
@@ -160,10 +172,8 @@ func Open(ctx context.Context, a address.Address, c Credentials, o Options) (BMC
 		host = a.BaseURL()
 		// Basic auth: stateless, so no Redfish session to leak or exhaust
 		// when a call times out; every Redfish service must accept it.
-		opts = append(opts, bmclib.WithRedfishPort(fmt.Sprint(a.Port)), bmclib.WithRedfishUseBasicAuth(true))
-		if !o.InsecureTLS {
-			opts = append(opts, bmclib.WithSecureTLS(o.RootCAs))
-		}
+		opts = append(opts, bmclib.WithRedfishPort(fmt.Sprint(a.Port)), bmclib.WithRedfishUseBasicAuth(true),
+			bmclib.WithHTTPClient(redfishClient(o)))
 	default:
 		return nil, fmt.Errorf("unsupported BMC protocol %q", a.Protocol)
 	}
@@ -179,6 +189,67 @@ func Open(ctx context.Context, a address.Address, c Credentials, o Options) (BMC
 		return nil, b.fail("connect", err)
 	}
 	return b, nil
+}
+
+// MaxAnswerBytes bounds what one connection to a Redfish BMC may carry to
+// the manager: the TLS handshake, the headers and the body of one answer
+// (keep-alives are off, so a connection carries one). A Redfish answer is
+// kilobytes; a BMC answering gigabytes used to grow the manager by as much.
+const MaxAnswerBytes = 8 << 20
+
+// ErrAnswerTooLarge is what a call gets when the BMC's answer passes
+// MaxAnswerBytes: the connection is closed and nothing more is read.
+var ErrAnswerTooLarge = fmt.Errorf("the BMC's answer is larger than %d MiB (a Redfish answer is kilobytes): not read", MaxAnswerBytes>>20)
+
+// redfishClient is the HTTP client of one Redfish session: connections to
+// the pinned address, each read up to MaxAnswerBytes, certificates checked
+// against o.RootCAs unless the BareMetalHost disables verification, no
+// proxy from the environment. (bmclib clones the *http.Transport for its
+// providers; the dialler and TLS settings go with it.)
+func redfishClient(o Options) *http.Client {
+	dialer := &net.Dialer{Timeout: o.CallTimeout}
+	return &http.Client{
+		Timeout: o.MediaTimeout,
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if o.Pin.IsValid() {
+					_, port, err := net.SplitHostPort(addr)
+					if err != nil {
+						return nil, err
+					}
+					addr = net.JoinHostPort(o.Pin.String(), port)
+				}
+				conn, err := dialer.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &boundedConn{Conn: conn, left: MaxAnswerBytes}, nil
+			},
+			TLSClientConfig:        &tls.Config{RootCAs: o.RootCAs, InsecureSkipVerify: o.InsecureTLS, MinVersion: tls.VersionTLS12}, //nolint:gosec // the BareMetalHost's own choice
+			TLSHandshakeTimeout:    o.CallTimeout,
+			ResponseHeaderTimeout:  o.MediaTimeout,
+			MaxResponseHeaderBytes: 64 << 10,
+			DisableKeepAlives:      true,
+		},
+	}
+}
+
+// boundedConn fails every read past its budget.
+type boundedConn struct {
+	net.Conn
+	left int64
+}
+
+func (c *boundedConn) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, ErrAnswerTooLarge
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.Conn.Read(p)
+	c.left -= int64(n)
+	return n, err
 }
 
 type session struct {

@@ -76,10 +76,11 @@ func TestBMCNetworks(t *testing.T) {
 			}[host], nil
 		},
 	}
+	// want is the address connected to, or the error.
 	for addr, want := range map[string]string{
-		"ipmi://198.18.0.9":                                     "",
-		"redfish://bmc.lab/redfish/v1/Systems/1":                "",
-		"redfish://[2001:db8::5]/redfish/v1/Systems/1":          "",
+		"ipmi://198.18.0.9":                                     "198.18.0.9",
+		"redfish://bmc.lab/redfish/v1/Systems/1":                "198.18.4.2",
+		"redfish://[2001:db8::5]/redfish/v1/Systems/1":          "2001:db8::5",
 		"redfish://127.0.0.1:8000/redfish/v1/Systems/1":         "BMC address 127.0.0.1 (127.0.0.1) is outside the BMC networks this agentboot may reach (--bmc-networks=198.18.0.0/15,2001:db8::/32)",
 		"redfish://internal.svc/redfish/v1/Systems/1":           "(10.96.0.1) is outside",
 		"redfish-virtualmedia://split.lab/redfish/v1/Systems/1": "(10.0.0.3) is outside",
@@ -88,14 +89,17 @@ func TestBMCNetworks(t *testing.T) {
 	} {
 		a, err := address.Parse(addr)
 		require.NoError(t, err, addr)
-		err = r.allowed(context.Background(), a)
-		if want == "" {
+		pin, err := r.resolve(context.Background(), a)
+		if ip, perr := netip.ParseAddr(want); perr == nil {
 			require.NoError(t, err, addr)
+			require.Equal(t, ip, pin, "%s is connected to at the address that was checked", addr)
 			continue
 		}
 		require.ErrorContains(t, err, want, addr)
 	}
-	require.NoError(t, (&Reconciler{}).allowed(context.Background(), address.Address{Host: "10.0.0.1"}), "no --bmc-networks: any")
+	pin, err := (&Reconciler{}).resolve(context.Background(), address.Address{Host: "10.0.0.1"})
+	require.NoError(t, err, "no --bmc-networks: any")
+	require.Equal(t, netip.MustParseAddr("10.0.0.1"), pin)
 }
 
 func TestBoundMessage(t *testing.T) {

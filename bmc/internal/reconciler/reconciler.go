@@ -7,6 +7,7 @@ package reconciler
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -287,18 +288,23 @@ func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driv
 	if err != nil {
 		return nil, address.Address{}, failed(metal3.RegistrationError, err)
 	}
-	if err := r.allowed(ctx, a); err != nil {
+	pin, err := r.resolve(ctx, a)
+	if err != nil {
 		return nil, address.Address{}, failed(metal3.RegistrationError, err)
 	}
 	if host.Spec.BMC.CredentialsName == "" {
 		return nil, address.Address{}, failed(metal3.RegistrationError, errors.New("spec.bmc.credentialsName is empty"))
 	}
-	creds, err := r.credentials(ctx, host)
+	creds, ca, err := r.credentials(ctx, host)
 	if err != nil {
 		return nil, address.Address{}, failed(metal3.RegistrationError, err)
 	}
 	opts := r.Driver
 	opts.InsecureTLS = host.Spec.BMC.DisableCertificateVerification
+	opts.Pin = pin
+	if ca != nil {
+		opts.RootCAs = ca
+	}
 	bmc, err := r.Dial(ctx, a, creds, opts)
 	if err != nil {
 		return nil, address.Address{}, failed(errType, fmt.Errorf("BMC %s: %w", a.Endpoint(), err))
@@ -307,13 +313,11 @@ func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driv
 	return bmc, a, step{errType: errType}
 }
 
-// allowed checks the BMC's address against Networks: an IP literal, or
-// every address its name resolves to. Names are resolved again at connect
-// time; list BMCs by IP where DNS could change in between.
-func (r *Reconciler) allowed(ctx context.Context, a address.Address) error {
-	if len(r.Networks) == 0 {
-		return nil
-	}
+// resolve returns the address to connect to the BMC at: an IP literal, or
+// the first address its name resolves to, after checking every one against
+// Networks. The connection goes to that address (driver.Options.Pin), so
+// what was checked is what is reached.
+func (r *Reconciler) resolve(ctx context.Context, a address.Address) (netip.Addr, error) {
 	var addrs []netip.Addr
 	if ip, err := netip.ParseAddr(a.Host); err == nil {
 		addrs = []netip.Addr{ip}
@@ -325,11 +329,14 @@ func (r *Reconciler) allowed(ctx context.Context, a address.Address) error {
 			}
 		}
 		if addrs, err = resolve(ctx, a.Host); err != nil {
-			return fmt.Errorf("BMC address %s: %w", a.Host, err)
+			return netip.Addr{}, fmt.Errorf("BMC address %s: %w", a.Host, err)
 		}
 	}
 	if len(addrs) == 0 {
-		return fmt.Errorf("BMC address %s resolves to nothing", a.Host)
+		return netip.Addr{}, fmt.Errorf("BMC address %s resolves to nothing", a.Host)
+	}
+	if len(r.Networks) == 0 {
+		return addrs[0].Unmap(), nil
 	}
 	for _, ip := range addrs {
 		ip = ip.Unmap()
@@ -345,26 +352,42 @@ func (r *Reconciler) allowed(ctx context.Context, a address.Address) error {
 			for i, n := range r.Networks {
 				nets[i] = n.String()
 			}
-			return fmt.Errorf("BMC address %s (%s) is outside the BMC networks this agentboot may reach (--bmc-networks=%s): nothing was sent to it", a.Host, ip, strings.Join(nets, ","))
+			return netip.Addr{}, fmt.Errorf("BMC address %s (%s) is outside the BMC networks this agentboot may reach (--bmc-networks=%s): nothing was sent to it", a.Host, ip, strings.Join(nets, ","))
 		}
 	}
-	return nil
+	return addrs[0].Unmap(), nil
 }
 
-func (r *Reconciler) credentials(ctx context.Context, host *metal3.BareMetalHost) (driver.Credentials, error) {
+// CAKey is the key of a BareMetalHost's credentials Secret that may hold
+// the CA certificates (PEM) its Redfish BMC's certificate is checked
+// against, instead of the system's: a BMC with a certificate of its own
+// needs no disableCertificateVerification.
+const CAKey = "ca.crt"
+
+// credentials reads the BMC's credentials Secret: the username and
+// password, and the CA certificates of CAKey when present.
+func (r *Reconciler) credentials(ctx context.Context, host *metal3.BareMetalHost) (driver.Credentials, *x509.CertPool, error) {
 	name := host.Spec.BMC.CredentialsName
 	s := &corev1.Secret{}
 	if err := r.Secrets.Get(ctx, client.ObjectKey{Namespace: host.Namespace, Name: name}, s); err != nil {
 		if apierrors.IsNotFound(err) {
-			return driver.Credentials{}, fmt.Errorf("credentials Secret %s/%s not found", host.Namespace, name)
+			return driver.Credentials{}, nil, fmt.Errorf("credentials Secret %s/%s not found", host.Namespace, name)
 		}
-		return driver.Credentials{}, fmt.Errorf("read credentials Secret %s/%s: %w", host.Namespace, name, err)
+		return driver.Credentials{}, nil, fmt.Errorf("read credentials Secret %s/%s: %w", host.Namespace, name, err)
 	}
 	c := driver.Credentials{Username: string(s.Data["username"]), Password: string(s.Data["password"])}
 	if c.Username == "" || c.Password == "" {
-		return c, fmt.Errorf("credentials Secret %s/%s needs non-empty keys username and password", host.Namespace, name)
+		return c, nil, fmt.Errorf("credentials Secret %s/%s needs non-empty keys username and password", host.Namespace, name)
 	}
-	return c, nil
+	pem, ok := s.Data[CAKey]
+	if !ok {
+		return c, nil, nil
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return c, nil, fmt.Errorf("credentials Secret %s/%s: %s holds no PEM certificate", host.Namespace, name, CAKey)
+	}
+	return c, pool, nil
 }
 
 // writeStatus derives the error fields from res and patches the status
