@@ -756,3 +756,88 @@ func TestKubeletCSRApprovalOff(t *testing.T) {
 	e.waitAgent(h, "configuring", func(a *v1beta1.Agent) bool { return a.Status.Progress.CurrentStage == v1beta1.StageConfiguring })
 	require.False(t, kl.Approved("client"))
 }
+
+// TestEraseDebtFollowsTheHardware: a host installed into a cluster owes an
+// erase by its hardware, not by its Agent. Released, it comes back as
+// hosts do — one NIC more (its identity no longer matches, so a new Agent
+// under its derived ID), through another namespace's InfraEnv, with every
+// NIC replaced but its disk — and each time the Agent it comes back as owes
+// the erase before it is bindable, with the reason shown. The erase done,
+// the debt is settled: the same machine is free at its next registration,
+// and an unrelated host never owed anything.
+func TestEraseDebtFollowsTheHardware(t *testing.T) {
+	e := start(t, true)
+	ctx := context.Background()
+	h := e.readyHost(1, map[string]string{"pool": "debt"})
+	inv := stack.FakeInventory("host-1", stack.MAC(1))
+	inv.SystemVendor.SerialNumber = "SN-DEBT-1"
+	inv.Disks[0].Serial = "DISK-DEBT-1"
+	require.NoError(t, h.PutInventory(inv))
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "debt"})
+	np.Scale(1)
+	e.installStep(h)
+	e.install(h, "host-1")
+	np.Scale(0)
+	e.waitAgent(h, "released", func(a *v1beta1.Agent) bool { return a.Spec.ClusterDeploymentName == nil })
+
+	ieOther := e.CreateInfraEnv(t, "elsewhere", "pool", nil)
+	owesByHardware := func(t *testing.T, back *stack.Host, matched string) {
+		t.Helper()
+		a := e.waitAgent(back, "owing the erase by its hardware", func(a *v1beta1.Agent) bool { return lifecycle.SanitizationOwed(a) })
+		require.False(t, lifecycle.Bindable(a))
+		require.Contains(t, a.Status.DiskSanitization.Reason, "this machine (matched by "+matched+") was installed into a cluster as Agent "+h.NS+"/"+h.ID)
+		requireEventOn(t, e, back.NS, "Agent", back.ID, "SanitizationOwedByHardware", "matched by "+matched)
+		steps := e.firstSteps(back)
+		require.Len(t, steps, 1)
+		require.Equal(t, agentwire.StepSanitize, steps[0].Kind, "the erase comes first")
+	}
+	t.Run("one NIC more: a new Agent under its derived ID", func(t *testing.T) {
+		// Only the MACs say who it is here: no serial, a disk without one.
+		nics := *inv
+		nics.SystemVendor.SerialNumber = ""
+		nics.Disks = []agentwire.Disk{inv.Disks[0]}
+		nics.Disks[0].Serial = ""
+		nics.Interfaces = append(append([]agentwire.Interface(nil), inv.Interfaces...), agentwire.Interface{Name: "eth1", MacAddress: stack.MAC(101), IPV4Addresses: []string{}, IPV6Addresses: []string{}, Flags: []string{"up"}, Mtu: 1500})
+		back, err := e.TryRegisterAs(t, e.ie, "8d0c6a51-7e4f-8b3a-9c2d-000000000101",
+			agentwire.HostIdentity{MACAddresses: []string{stack.MAC(1), stack.MAC(101)}}, &nics)
+		require.NoError(t, err)
+		require.NotEqual(t, h.ID, back.ID)
+		owesByHardware(t, back, "a MAC address")
+	})
+	t.Run("through another namespace's InfraEnv", func(t *testing.T) {
+		back, err := e.TryRegisterAs(t, ieOther, stack.HostID(1), agentwire.HostIdentity{MACAddresses: []string{stack.MAC(1)}}, inv)
+		require.NoError(t, err)
+		require.Equal(t, ieOther.Namespace, back.NS)
+		require.NotEqual(t, h.NS, back.NS)
+		owesByHardware(t, back, "its SMBIOS UUID")
+	})
+	newNICs := *inv
+	newNICs.Interfaces = []agentwire.Interface{{Name: "eth0", MacAddress: stack.MAC(102), IPV4Addresses: []string{"198.18.0.11/24"}, IPV6Addresses: []string{}, Flags: []string{"up"}, HasCarrier: true, Mtu: 1500}}
+	newNICs.SystemVendor.SerialNumber = "SN-NEW-BOARD"
+	var clean *stack.Host
+	t.Run("every NIC and the board replaced, the disk kept", func(t *testing.T) {
+		back, err := e.TryRegisterAs(t, ieOther, "8d0c6a51-7e4f-8b3a-9c2d-000000000102", agentwire.HostIdentity{MACAddresses: []string{stack.MAC(102)}}, &newNICs)
+		require.NoError(t, err)
+		owesByHardware(t, back, "a disk's serial number or WWN")
+		clean = back
+	})
+
+	// The erase done, the machine owes nothing any more, under any Agent.
+	require.NotNil(t, clean)
+	require.NoError(t, clean.StepResult("sanitize", agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{{Disk: "/dev/vda", Method: "overwrite",
+		Bytes: 200_000_000_000, DurationSeconds: 900, Verification: "sampled-reads-zero", Checked: "read back as zeros"}}}))
+	require.Eventually(t, func() bool {
+		var debts corev1.ConfigMapList
+		require.NoError(t, e.Client.List(ctx, &debts, client.InNamespace(stack.Namespace), client.HasLabels{"agentboot.io/erase-debt"}))
+		return len(debts.Items) == 0
+	}, wait, 200*time.Millisecond, "the debt is settled")
+	again, err := e.TryRegisterAs(t, ieOther, "8d0c6a51-7e4f-8b3a-9c2d-000000000103", agentwire.HostIdentity{MACAddresses: []string{stack.MAC(1), stack.MAC(103)}}, inv)
+	require.NoError(t, err)
+	// An unrelated host, registered now, owes nothing either.
+	stranger, err := e.TryRegisterAs(t, ieOther, stack.HostID(104), agentwire.HostIdentity{MACAddresses: []string{stack.MAC(104)}}, stack.FakeInventory("host-104", stack.MAC(104)))
+	require.NoError(t, err)
+	for _, free := range []*stack.Host{again, stranger} {
+		a := e.waitAgent(free, "inventoried", func(a *v1beta1.Agent) bool { return a.Status.Inventory.ReportTime != nil })
+		require.False(t, lifecycle.SanitizationOwed(a), "%s owes nothing: %+v", free.ID, a.Status.DiskSanitization)
+	}
+}

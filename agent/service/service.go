@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/agentboot/agentboot/agent/service/internal/debts"
 	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	"github.com/agentboot/agentboot/agent/service/internal/reconciler"
@@ -78,6 +79,11 @@ type Config struct {
 	Log          logr.Logger
 }
 
+// EraseDebtLabel marks the ConfigMaps in agentboot's namespace that record
+// the erases machines owe by their hardware (docs/security.md): the
+// manager's cache holds those ConfigMaps and no others.
+const EraseDebtLabel = debts.Label
+
 // DefaultMaxAgentsPerInfraEnv is the default of Config.MaxAgentsPerInfraEnv.
 const DefaultMaxAgentsPerInfraEnv = 5000
 
@@ -126,6 +132,9 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 			return errors.New("agent service: the agent API is HTTPS only and needs a certificate and key")
 		}
 	}
+	if err := debts.Index(context.Background(), mgr); err != nil {
+		return err
+	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.Agent{}, hosts.HostnameIndex, func(o client.Object) []string {
 		if h := o.(*v1beta1.Agent).Hostname(); h != "" {
 			return []string{h}
@@ -158,11 +167,12 @@ func setupController(mgr manager.Manager, cfg Config) error {
 }
 
 func setupAPI(mgr manager.Manager, cfg Config) error {
+	owed := &debts.Store{Client: mgr.GetClient(), Namespace: cfg.Namespace, Now: time.Now}
 	var install hostapi.Steps
 	if cfg.Ignition != nil && cfg.Catalog != nil {
 		install = &steps.Steps{
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-			Catalog: cfg.Catalog, Settings: cfg.Settings, Ignition: cfg.Ignition, Sanitization: cfg.Sanitization,
+			Catalog: cfg.Catalog, Settings: cfg.Settings, Ignition: cfg.Ignition, Sanitization: cfg.Sanitization, Debts: owed,
 			Events: eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")), Log: cfg.Log.WithName("steps"), Now: time.Now,
 		}
 	}
@@ -177,6 +187,7 @@ func setupAPI(mgr manager.Manager, cfg Config) error {
 		PollInterval:       cfg.PollInterval,
 		LeaseRenewInterval: cfg.LeaseRenewInterval,
 		Steps:              install,
+		Debts:              owed,
 		Log:                cfg.Log,
 	})
 	return mgr.Add(&server{cfg: cfg, handler: srv.Handler()})

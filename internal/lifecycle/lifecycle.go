@@ -111,12 +111,25 @@ func ForgetInstallation(st *v1beta1.AgentStatus, why string) bool {
 	installprogress.Reset(&st.Progress)
 	st.InstallationDiskID = ""
 	ds := st.DiskSanitization
-	if ds == nil || ds.OnRelease == "" || ds.OnRelease == string(sanitize.None) {
+	if ds == nil {
 		return false
 	}
-	// A level already owed (an administrator's request) is never
-	// weakened by the release's.
-	ds.Required, ds.Reason, ds.State, ds.Message, ds.Session = sanitize.Stronger(ds.Required, ds.OnRelease), why, v1beta1.SanitizationPending, "", ""
+	return OweSanitization(st, ds.OnRelease, why)
+}
+
+// OweSanitization makes the host owe a sanitization at level (none and ""
+// owe nothing) before it can be bound again, and says whether it does. A
+// level already owed (an administrator's request, an earlier release) is
+// never weakened.
+func OweSanitization(st *v1beta1.AgentStatus, level, why string) bool {
+	if level == "" || level == string(sanitize.None) {
+		return false
+	}
+	if st.DiskSanitization == nil {
+		st.DiskSanitization = &v1beta1.AgentDiskSanitization{}
+	}
+	ds := st.DiskSanitization
+	ds.Required, ds.Reason, ds.State, ds.Message, ds.Session = sanitize.Stronger(ds.Required, level), why, v1beta1.SanitizationPending, "", ""
 	ds.StartTime, ds.CompletionTime = nil, nil
 	return true
 }

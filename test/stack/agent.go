@@ -188,6 +188,21 @@ func (s *Stack) TryRegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, med
 	return h, nil
 }
 
+// TryRegisterAs registers a host saying hostID and ident, as the agent does
+// (with its derived ID where its UUID is taken, say), and uploads inv.
+func (s *Stack) TryRegisterAs(t testing.TB, ie *v1beta1.InfraEnv, hostID string, ident agentwire.HostIdentity, inv *agentwire.Inventory) (*Host, error) {
+	t.Helper()
+	h := &Host{s: s, Cfg: s.AgentConfig(t, ie)}
+	var resp agentwire.RegisterResponse
+	err := h.call(http.MethodPost, "/api/v1/infraenvs/"+ie.Namespace+"/"+ie.Name+"/hosts", h.Cfg.RegistrationToken,
+		agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: hostID, Identity: ident}, &resp)
+	if err != nil {
+		return nil, err
+	}
+	h.NS, h.ID, h.Token = resp.Namespace, resp.HostID, resp.AgentToken
+	return h, h.PutInventory(inv)
+}
+
 // PutInventory uploads an inventory, as the agent does.
 func (h *Host) PutInventory(inv *agentwire.Inventory) error {
 	return h.call(http.MethodPut, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/inventory", h.Token, inv, nil)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,7 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	agentservice "github.com/agentboot/agentboot/agent/service"
 	"github.com/agentboot/agentboot/internal/testenv"
 )
 
@@ -235,10 +238,21 @@ func emptyUntilClean(env *testenv.Env, empty Emptier) error {
 }
 
 // emptyCRs deletes every namespaced custom resource, removing its
-// finalizers first (no controller is left to remove them).
+// finalizers first (no controller is left to remove them), and the erase
+// debts agentboot recorded by hardware: the next test's hosts are other
+// machines, even where they reuse the same made-up UUIDs and MACs.
 func emptyCRs(env *testenv.Env) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	var debts corev1.ConfigMapList
+	if err := env.Client.List(ctx, &debts, client.InNamespace(Namespace), client.HasLabels{agentservice.EraseDebtLabel}); err != nil {
+		return "", fmt.Errorf("list erase debts: %w", err)
+	}
+	for i := range debts.Items {
+		if err := env.Client.Delete(ctx, &debts.Items[i]); err != nil && !apierrors.IsNotFound(err) {
+			return "", fmt.Errorf("delete erase debt %s: %w", debts.Items[i].Name, err)
+		}
+	}
 	dyn, err := dynamic.NewForConfig(env.Config)
 	if err != nil {
 		return "", err
@@ -248,6 +262,9 @@ func emptyCRs(env *testenv.Env) (string, error) {
 		return "", fmt.Errorf("list CRDs: %w", err)
 	}
 	found := ""
+	if len(debts.Items) > 0 {
+		found = "erase debt " + debts.Items[0].Name
+	}
 	for _, u := range raw.Items {
 		var crd apiextensionsv1.CustomResourceDefinition
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &crd); err != nil {

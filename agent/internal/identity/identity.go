@@ -14,54 +14,6 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 )
 
-// placeholderUUIDs are values firmware ships unset or shared between boards.
-var placeholderUUIDs = map[string]bool{
-	"00000000-0000-0000-0000-000000000000": true,
-	"ffffffff-ffff-ffff-ffff-ffffffffffff": true,
-	"03000200-0400-0500-0006-000700080009": true,
-}
-
-// placeholderSerials are serial numbers firmware ships unset.
-var placeholderSerials = []string{
-	"to be filled by o.e.m.", "default string", "system serial number", "not specified", "none",
-	"not applicable", "0", "0123456789", "123456789", "chassis serial number", "n/a",
-}
-
-// ValidUUID reports whether u identifies one machine.
-func ValidUUID(u string) bool {
-	u = strings.ToLower(strings.TrimSpace(u))
-	if len(u) != 36 || placeholderUUIDs[u] {
-		return false
-	}
-	for i, r := range u {
-		switch i {
-		case 8, 13, 18, 23:
-			if r != '-' {
-				return false
-			}
-		default:
-			if !strings.ContainsRune("0123456789abcdef", r) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// ValidSerial reports whether s is a real serial number.
-func ValidSerial(s string) bool {
-	s = strings.ToLower(strings.TrimSpace(s))
-	if s == "" {
-		return false
-	}
-	for _, p := range placeholderSerials {
-		if s == p {
-			return false
-		}
-	}
-	return true
-}
-
 // Read collects the identity facts of this host; root is "/" except in tests.
 func Read(root string) agentwire.HostIdentity {
 	id := agentwire.HostIdentity{MACAddresses: []string{}}
@@ -69,10 +21,10 @@ func Read(root string) agentwire.HostIdentity {
 		raw, _ := os.ReadFile(filepath.Join(root, p))
 		return strings.TrimSpace(string(raw))
 	}
-	if u := strings.ToLower(read("sys/class/dmi/id/product_uuid")); ValidUUID(u) {
+	if u := strings.ToLower(read("sys/class/dmi/id/product_uuid")); agentwire.ValidUUID(u) {
 		id.SystemUUID = u
 	}
-	if s := read("sys/class/dmi/id/product_serial"); ValidSerial(s) {
+	if s := read("sys/class/dmi/id/product_serial"); agentwire.ValidSerial(s) {
 		id.SerialNumber = s
 	}
 	entries, _ := os.ReadDir(filepath.Join(root, "sys/class/net"))

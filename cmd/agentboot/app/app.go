@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -73,6 +74,8 @@ func NewManager(cfg *rest.Config, o ManagerOptions, log logr.Logger) (manager.Ma
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Secret{}:        {Namespaces: map[string]cache.Config{o.Namespace: {}}},
 			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{o.Namespace: {}}},
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{o.Namespace: {}},
+				Label: labels.SelectorFromSet(labels.Set{agentservice.EraseDebtLabel: "true"})},
 		}},
 		Logger:                        log,
 		Metrics:                       metrics,

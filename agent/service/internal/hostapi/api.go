@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/agentboot/agentboot/agent/service/internal/debts"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -51,6 +52,9 @@ type Options struct {
 	LeaseRenewInterval time.Duration
 	// Steps provides instructions; nil gives none.
 	Steps Steps
+	// Debts are the erases machines owe by their hardware: an inventory
+	// matching one makes its Agent owe it.
+	Debts *debts.Store
 	Log   logr.Logger
 	Now   func() time.Time
 }

@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/agentboot/agentboot/agent/service/internal/debts"
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
@@ -192,6 +193,12 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 	}
 	patch := client.MergeFrom(a.DeepCopy())
 	a.Status.Inventory = inv
+	owed, err := s.oweByHardware(r.Context(), a)
+	if err != nil {
+		s.o.Log.Error(err, "look up erase debts", "agent", a.Namespace+"/"+a.Name)
+		writeError(w, http.StatusInternalServerError, "Internal", "could not store the inventory")
+		return
+	}
 	if err := s.o.Client.Status().Patch(r.Context(), a, patch); err != nil {
 		if apierrors.IsInvalid(err) {
 			writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %v", err)
@@ -202,7 +209,45 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 		return
 	}
 	writes.WithLabelValues("agent-status").Inc()
+	if owed != nil {
+		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "SanitizationOwedByHardware", "Inventory", "%s", a.Status.DiskSanitization.Reason)
+	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// oweByHardware makes a free Agent that owes nothing yet owe the erase its
+// machine owes (debts: a record an installation of the same hardware left,
+// under any Agent, host ID or namespace), in a's status as about to be
+// written with its new inventory: the host is never bindable with the last
+// tenant's data on its disks, however it came back. A bound Agent is left
+// alone (its own cluster's data is no leak to that cluster).
+func (s *Server) oweByHardware(ctx context.Context, a *v1beta1.Agent) (*debts.Debt, error) {
+	if s.o.Debts == nil || lifecycle.Bound(a) || lifecycle.SanitizationOwed(a) {
+		return nil, nil
+	}
+	d, err := s.o.Debts.Find(ctx, debts.AgentMarks(a))
+	if err != nil || d == nil {
+		return nil, err
+	}
+	why := fmt.Sprintf("this machine (matched by %s) was installed into a cluster as Agent %s on %s and has not erased its disks since (%s)", matchedWhat(d.Matched), d.Agent, d.Since, d.Reason)
+	if !lifecycle.OweSanitization(&a.Status, d.Level, why) {
+		return nil, nil
+	}
+	return d, nil
+}
+
+func matchedWhat(kind string) string {
+	switch kind {
+	case "uuid":
+		return "its SMBIOS UUID"
+	case "serial":
+		return "its serial number"
+	case "mac":
+		return "a MAC address"
+	case "disk":
+		return "a disk's serial number or WWN"
+	}
+	return kind
 }
 
 // sameInventory compares all but the report time.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/agentboot/agentboot/agent/service/internal/debts"
 	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
@@ -247,8 +248,16 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 	}
 	if done.State == v1beta1.SanitizationFailed {
 		s.Events.Eventf(&cur, nil, corev1.EventTypeWarning, "DiskSanitizationFailed", "Sanitize", "%s", done.Message)
-	} else {
-		s.Events.Eventf(&cur, nil, corev1.EventTypeNormal, "DisksSanitized", "Sanitize", "level %s: %s", done.Level, done.Message)
+		return nil
+	}
+	s.Events.Eventf(&cur, nil, corev1.EventTypeNormal, "DisksSanitized", "Sanitize", "level %s: %s", done.Level, done.Message)
+	if s.Debts != nil {
+		// The machine is clean: what it owed by its hardware is paid. A
+		// debt left by a failure here is owed again at its next boot (an
+		// erase too many, never one too few).
+		if err := s.Debts.Settle(ctx, debts.AgentMarks(&cur)); err != nil {
+			s.Log.Error(err, "settle erase debts", "agent", cur.Namespace+"/"+cur.Name)
+		}
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/agentboot/agentboot/agent/service/internal/debts"
 	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
@@ -56,9 +57,12 @@ type Steps struct {
 	// Sanitization is the level a host owes when its installation is
 	// forgotten, recorded when the installation is handed out.
 	Sanitization sanitize.Policy
-	Events       events.EventRecorder
-	Log          logr.Logger
-	Now          func() time.Time
+	// Debts records, by hardware, the erase an installation leaves owed,
+	// and settles it when the machine sanitized its disks.
+	Debts  *debts.Store
+	Events events.EventRecorder
+	Log    logr.Logger
+	Now    func() time.Time
 }
 
 var _ hostapi.Steps = (*Steps)(nil)
@@ -91,13 +95,21 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 	if err != nil {
 		return nil, s.block(ctx, a, err.Error(), reason(err))
 	}
+	onRelease := string(s.Sanitization.For(ref.InfraEnv.Namespace, ref.InfraEnv.Name))
+	// The debt first, by hardware: once the step is out the disks may hold
+	// the cluster's data, whatever becomes of this Agent.
+	if s.Debts != nil {
+		if err := s.Debts.Record(ctx, a, onRelease, fmt.Sprintf("installed through InfraEnv %s/%s", ref.InfraEnv.Namespace, ref.InfraEnv.Name)); err != nil {
+			return nil, err
+		}
+	}
 	claimed := a.DeepCopy()
 	installprogress.Start(&claimed.Status.Progress, fmt.Sprintf("installing to %s (%s) from %s", disk.Path, disk.ID, step.ImageURL), s.Now())
 	claimed.Status.InstallationDiskID = disk.ID
 	if claimed.Status.DiskSanitization == nil {
 		claimed.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{}
 	}
-	claimed.Status.DiskSanitization.OnRelease = string(s.Sanitization.For(ref.InfraEnv.Namespace, ref.InfraEnv.Name))
+	claimed.Status.DiskSanitization.OnRelease = onRelease
 	if err := s.Client.Status().Patch(ctx, claimed, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
 			return nil, nil // changed meanwhile: the next heartbeat looks again
