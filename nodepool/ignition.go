@@ -77,8 +77,10 @@ func PointerIgnition(ctx context.Context, r client.Reader, a *v1beta1.Agent, b *
 		return "", &binding.Refused{Msg: fmt.Sprintf("AgentClusterInstall %s has no spec.ignitionEndpoint.url: nothing to point the host at", aci)}
 	}
 	base, err := url.Parse(ie.URL)
-	if err != nil || base.Scheme != "https" && base.Scheme != "http" || base.Host == "" {
-		return "", &binding.Refused{Msg: fmt.Sprintf("AgentClusterInstall %s: spec.ignitionEndpoint.url %q is not an http(s) URL", aci, ie.URL)}
+	if err != nil || base.Scheme != "https" || base.Host == "" || base.User != nil {
+		// Plain http would carry the hosted cluster's join token in the
+		// clear across the boot network; HyperShift's endpoint is https.
+		return "", &binding.Refused{Msg: fmt.Sprintf("AgentClusterInstall %s: spec.ignitionEndpoint.url %q is not an https URL (without credentials): the pointer config carries the cluster's join token", aci, ie.URL)}
 	}
 	pool := a.Spec.MachineConfigPool
 	if pool == "" {
@@ -115,6 +117,11 @@ func PointerIgnition(ctx context.Context, r client.Reader, a *v1beta1.Agent, b *
 		Config:  types.IgnitionConfig{Merge: []types.Resource{{Source: &source, HTTPHeaders: headers}}},
 	}}
 	if ie.CaCertificateReference != nil {
+		if ns := ie.CaCertificateReference.Namespace; ns != b.Namespace {
+			// HyperShift keeps it there (ignition-server-ca-cert); a CA
+			// from anywhere else could point the host at another server.
+			return "", &binding.Refused{Msg: fmt.Sprintf("AgentClusterInstall %s: the ignition endpoint's CA Secret is in namespace %q; it must be in the control-plane namespace %q", aci, ns, b.Namespace)}
+		}
 		ca, err := endpointCA(ctx, r, *ie.CaCertificateReference, aci)
 		if err != nil {
 			return "", err

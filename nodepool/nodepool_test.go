@@ -543,6 +543,13 @@ func TestCAPIAgentFaults(t *testing.T) {
 	require.NoError(t, e.Client.Patch(ctx, aci, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"ignitionEndpoint":null}}`))))
 	blocked("AgentClusterInstall " + e.cluster.CP + "/vcluster2 has no spec.ignitionEndpoint.url")
 	requireAgentEvent(t, e, h, "BindingRefused", "has no spec.ignitionEndpoint.url")
+	// Plain http would carry the join token in the clear; a CA from
+	// another namespace could vouch for another server.
+	require.NoError(t, e.Client.Patch(ctx, aci, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"ignitionEndpoint":{"url":"http://ignition.vcluster2.example.com/ignition"}}}`))))
+	blocked(`spec.ignitionEndpoint.url "http://ignition.vcluster2.example.com/ignition" is not an https URL`)
+	require.NoError(t, e.Client.Patch(ctx, aci, client.RawPatch(types.MergePatchType, endpoint)))
+	require.NoError(t, e.Client.Patch(ctx, aci, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"ignitionEndpoint":{"caCertificateReference":{"namespace":"`+e.agentsNS+`","name":"ignition-server-ca-cert"}}}}`))))
+	blocked(`the ignition endpoint's CA Secret is in namespace "` + e.agentsNS + `"; it must be in the control-plane namespace "` + e.cluster.CP + `"`)
 	require.NoError(t, e.Client.Patch(ctx, aci, client.RawPatch(types.MergePatchType, endpoint)))
 
 	tokenKey := client.ObjectKey{Namespace: a.Spec.IgnitionEndpointTokenReference.Namespace, Name: a.Spec.IgnitionEndpointTokenReference.Name}

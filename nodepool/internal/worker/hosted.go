@@ -5,6 +5,9 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,6 +55,71 @@ func (r *Reconciler) hosted(ctx context.Context, a *v1beta1.Agent) (kubernetes.I
 	return c, b, err
 }
 
+// restConfig builds a client configuration from a kubeconfig's current
+// context, taking its server, CA and credentials only. Whoever can write the
+// kubeconfig Secret in a control-plane namespace must not make the manager
+// run a command (exec, auth-provider plugins), read its own files (paths
+// to certificates or tokens), talk through a proxy, act as someone else
+// (impersonation), or trust any server (insecure-skip-tls-verify).
+func restConfig(raw []byte) (*rest.Config, error) {
+	kc, err := clientcmd.Load(raw)
+	if err != nil {
+		return nil, fmt.Errorf("not a kubeconfig: %w", err)
+	}
+	cx := kc.Contexts[kc.CurrentContext]
+	if cx == nil {
+		return nil, fmt.Errorf("current-context %q names no context", kc.CurrentContext)
+	}
+	cl, auth := kc.Clusters[cx.Cluster], kc.AuthInfos[cx.AuthInfo]
+	if cl == nil || auth == nil {
+		return nil, fmt.Errorf("context %q names no cluster or no user", kc.CurrentContext)
+	}
+	u, err := url.Parse(cl.Server)
+	var refused []string
+	switch {
+	case err != nil || u.Scheme != "https" || u.Host == "":
+		refused = append(refused, fmt.Sprintf("server %q is not an https URL", cl.Server))
+	case cl.InsecureSkipTLSVerify:
+		refused = append(refused, "insecure-skip-tls-verify")
+	case len(cl.CertificateAuthorityData) == 0:
+		refused = append(refused, "no certificate-authority-data")
+	}
+	for what, set := range map[string]bool{
+		"certificate-authority (a file path)": cl.CertificateAuthority != "",
+		"proxy-url":                           cl.ProxyURL != "",
+		"exec":                                auth.Exec != nil,
+		"auth-provider":                       auth.AuthProvider != nil,
+		"client-certificate or client-key (file paths)": auth.ClientCertificate != "" || auth.ClientKey != "",
+		"tokenFile":             auth.TokenFile != "",
+		"as (impersonation)":    auth.Impersonate != "" || auth.ImpersonateUID != "" || len(auth.ImpersonateGroups) > 0 || len(auth.ImpersonateUserExtra) > 0,
+		"username and password": auth.Username != "" || auth.Password != "",
+	} {
+		if set {
+			refused = append(refused, what)
+		}
+	}
+	hasCert := len(auth.ClientCertificateData) > 0 && len(auth.ClientKeyData) > 0
+	if !hasCert && auth.Token == "" {
+		refused = append(refused, "no credentials (client-certificate-data and client-key-data, or token)")
+	}
+	if len(refused) > 0 {
+		slices.Sort(refused)
+		return nil, fmt.Errorf("refused: %s (agentboot takes a hosted cluster's server, CA and credentials only)", strings.Join(refused, ", "))
+	}
+	return &rest.Config{
+		Host:        cl.Server,
+		BearerToken: auth.Token,
+		TLSClientConfig: rest.TLSClientConfig{
+			ServerName: cl.TLSServerName,
+			CAData:     cl.CertificateAuthorityData,
+			CertData:   auth.ClientCertificateData,
+			KeyData:    auth.ClientKeyData,
+		},
+		// No proxy from the manager's environment either.
+		Proxy: func(*http.Request) (*url.URL, error) { return nil, nil },
+	}, nil
+}
+
 // clientFor returns the client of ClusterDeployment cd's cluster: the one
 // made before while its kubeconfig is unchanged, a new one (closing the
 // old one's idle connections) when it rotated.
@@ -80,9 +148,9 @@ func (r *Reconciler) clientFor(ctx context.Context, cd *hivev1.ClusterDeployment
 	if ok && cur.sum == sum {
 		return cur.client, nil
 	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(raw)
+	cfg, err := restConfig(raw)
 	if err != nil {
-		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of ClusterDeployment %s is not a usable kubeconfig: %v", sk, key, err)}
+		return nil, &binding.Refused{Msg: fmt.Sprintf("kubeconfig Secret %s of ClusterDeployment %s: %v", sk, key, err)}
 	}
 	cfg.Timeout = r.CallTimeout
 	httpClient, err := rest.HTTPClientFor(cfg)

@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	hivev1 "github.com/agentboot/agentboot/api/hive/v1"
 	"github.com/agentboot/agentboot/internal/testenv"
@@ -52,4 +54,54 @@ func TestHostedClientPerCluster(t *testing.T) {
 	cd.Spec.ClusterMetadata = nil
 	_, err = r.clientFor(ctx, cd)
 	require.ErrorContains(t, err, "has no spec.clusterMetadata.adminKubeconfigSecretRef yet")
+}
+
+// A hosted cluster's kubeconfig is read for its server, CA and credentials
+// only: whoever writes the Secret in a control-plane namespace cannot make
+// the manager run a command, read its own files, use a proxy, impersonate
+// or skip the server's certificate. Each refusal names what it refused.
+func TestKubeconfigTakesServerCAAndCredentialsOnly(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{HyperShift: true})
+	good, err := os.ReadFile(env.Kubeconfig)
+	require.NoError(t, err)
+	cfg, err := restConfig(good)
+	require.NoError(t, err, "the control plane's own kubeconfig")
+	require.NotEmpty(t, cfg.CAData)
+
+	kc, err := clientcmd.Load(good)
+	require.NoError(t, err)
+	cx := kc.Contexts[kc.CurrentContext]
+	for name, tc := range map[string]struct {
+		change func(c *clientcmdapi.Cluster, a *clientcmdapi.AuthInfo)
+		want   string
+	}{
+		"exec plugin": {func(_ *clientcmdapi.Cluster, a *clientcmdapi.AuthInfo) {
+			a.Exec = &clientcmdapi.ExecConfig{Command: "/bin/sh"}
+		}, "exec"},
+		"auth provider": {func(_ *clientcmdapi.Cluster, a *clientcmdapi.AuthInfo) {
+			a.AuthProvider = &clientcmdapi.AuthProviderConfig{Name: "oidc"}
+		}, "auth-provider"},
+		"insecure":   {func(c *clientcmdapi.Cluster, _ *clientcmdapi.AuthInfo) { c.InsecureSkipTLSVerify = true }, "insecure-skip-tls-verify"},
+		"plain http": {func(c *clientcmdapi.Cluster, _ *clientcmdapi.AuthInfo) { c.Server = "http://10.0.0.1:6443" }, `server "http://10.0.0.1:6443" is not an https URL`},
+		"a file to read": {func(_ *clientcmdapi.Cluster, a *clientcmdapi.AuthInfo) {
+			a.TokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+		}, "tokenFile"},
+		"CA from a file": {func(c *clientcmdapi.Cluster, _ *clientcmdapi.AuthInfo) { c.CertificateAuthority = "/etc/ssl/ca.crt" }, "certificate-authority (a file path)"},
+		"proxy":          {func(c *clientcmdapi.Cluster, _ *clientcmdapi.AuthInfo) { c.ProxyURL = "http://10.0.0.2:3128" }, "proxy-url"},
+		"impersonation":  {func(_ *clientcmdapi.Cluster, a *clientcmdapi.AuthInfo) { a.Impersonate = "system:admin" }, "as (impersonation)"},
+		"no CA":          {func(c *clientcmdapi.Cluster, _ *clientcmdapi.AuthInfo) { c.CertificateAuthorityData = nil }, "no certificate-authority-data"},
+		"no credentials": {func(_ *clientcmdapi.Cluster, a *clientcmdapi.AuthInfo) {
+			a.ClientCertificateData, a.ClientKeyData, a.Token = nil, nil, ""
+		}, "no credentials"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad := kc.DeepCopy()
+			tc.change(bad.Clusters[cx.Cluster], bad.AuthInfos[cx.AuthInfo])
+			raw, err := clientcmd.Write(*bad)
+			require.NoError(t, err)
+			_, err = restConfig(raw)
+			require.ErrorContains(t, err, "refused: ")
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
 }
