@@ -38,7 +38,40 @@ const (
 	// defaultClockSkew: a CSR may predate its AgentMachine by this much
 	// (Reconciler.ClockSkew).
 	defaultClockSkew = 10 * time.Second
+	// maxListedCSRs bounds how many kubelet CSRs are read from one hosted
+	// cluster per visit (pages of csrPage, by signer): past it, nothing is
+	// approved there.
+	maxListedCSRs = 2000
+	csrPage       = 250
 )
+
+// kubeletSigners are the signers of the CSRs agentboot approves; the
+// hosted cluster's CSRs are listed by them (a field selector), never all.
+var kubeletSigners = []string{certificatesv1.KubeAPIServerClientKubeletSignerName, certificatesv1.KubeletServingSignerName}
+
+// listKubeletCSRs lists the hosted cluster's kubelet CSRs, page by page,
+// up to maxListedCSRs.
+func listKubeletCSRs(ctx context.Context, hc kubernetes.Interface) ([]certificatesv1.CertificateSigningRequest, error) {
+	var out []certificatesv1.CertificateSigningRequest
+	for _, signer := range kubeletSigners {
+		opts := metav1.ListOptions{FieldSelector: "spec.signerName=" + signer, Limit: csrPage}
+		for {
+			list, err := hc.CertificatesV1().CertificateSigningRequests().List(ctx, opts)
+			if err != nil {
+				return nil, fmt.Errorf("list CertificateSigningRequests of %s: %w", signer, err)
+			}
+			out = append(out, list.Items...)
+			if len(out) > maxListedCSRs {
+				return nil, fmt.Errorf("the hosted cluster holds more than %d kubelet CSRs: nothing is approved there until they are cleared", maxListedCSRs)
+			}
+			if list.Continue == "" {
+				break
+			}
+			opts.Continue = list.Continue
+		}
+	}
+	return out, nil
+}
 
 // csrContext is what a CSR of this host is checked against.
 type csrContext struct {
@@ -50,40 +83,59 @@ type csrContext struct {
 	nodeExists bool
 	// machineCreated is when the host's AgentMachine was created; a CSR
 	// created more than clockSkew before it was not made for this
-	// installation. approved is the client CSR already approved for this
-	// Node.
+	// installation. rebooted, when known, is when the host reported
+	// Rebooting: its kubelet starts after that, so a client CSR from
+	// before was not its kubelet's. approved is the client CSR already
+	// approved for this Node; clients are the pending client CSRs that
+	// name it (more than one: which is the kubelet's cannot be told).
 	machineCreated time.Time
+	rebooted       time.Time
 	clockSkew      time.Duration
 	approved       string
+	clients        []string
 }
 
 // notBefore is the earliest creation time of a CSR made for this
 // installation.
 func (cc csrContext) notBefore() time.Time { return cc.machineCreated.Add(-cc.clockSkew) }
 
+// clientNotBefore is the earliest creation time of this host's kubelet's
+// client CSR, and what that time is.
+func (cc csrContext) clientNotBefore() (time.Time, string) {
+	if cc.rebooted.After(cc.machineCreated) {
+		return cc.rebooted.Add(-cc.clockSkew), "the host reported Rebooting"
+	}
+	return cc.notBefore(), "this host's machine was created"
+}
+
 // approveCSRs approves this host's pending kubelet CSRs: one client CSR from
 // the node bootstrapper while its Node does not exist yet, made for this
 // installation, and serving CSRs from the Node itself; each only when the
 // names and addresses are this host's. It returns how many pending CSRs
 // are this host's. machineCreated is when its AgentMachine was created.
-func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated time.Time) (int, error) {
-	list, err := hc.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated, rebooted time.Time) (int, error) {
+	items, err := listKubeletCSRs(ctx, hc)
 	if err != nil {
-		return 0, fmt.Errorf("list CertificateSigningRequests: %w", err)
+		return 0, err
 	}
-	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), behindNAT: r.BehindNAT, nodeExists: nodeExists, machineCreated: machineCreated, clockSkew: r.ClockSkew}
+	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), behindNAT: r.BehindNAT, nodeExists: nodeExists,
+		machineCreated: machineCreated, rebooted: rebooted, clockSkew: r.ClockSkew}
 	pending := 0
-	for i := range list.Items {
-		csr := &list.Items[i]
-		if !decided(csr) {
+	for i := range items {
+		csr := &items[i]
+		switch {
+		case !decided(csr):
 			pending++
-		} else if approvedClient(csr, hostname) && !csr.CreationTimestamp.Time.Before(cc.notBefore()) {
+			if clientOf(csr, hostname) {
+				cc.clients = append(cc.clients, csr.Name)
+			}
+		case approvedClient(csr, hostname) && !csr.CreationTimestamp.Time.Before(cc.notBefore()):
 			cc.approved = csr.Name
 		}
 	}
 	mine := 0
-	for i := range list.Items {
-		csr := &list.Items[i]
+	for i := range items {
+		csr := &items[i]
 		if decided(csr) {
 			continue
 		}
@@ -136,6 +188,15 @@ func (r *Reconciler) refuse(a *v1beta1.Agent, csr, why string) {
 	}
 	r.refused.Add(key, why)
 	r.Events.Eventf(a, nil, corev1.EventTypeWarning, "CSRNotApproved", "ApproveCSR", "CSR %s names this host but is not approved: %s", csr, why)
+}
+
+// clientOf is a kubelet client CSR naming hostname's Node.
+func clientOf(csr *certificatesv1.CertificateSigningRequest, hostname string) bool {
+	if csr.Spec.SignerName != certificatesv1.KubeAPIServerClientKubeletSignerName {
+		return false
+	}
+	req, err := parseRequest(csr)
+	return err == nil && req.Subject.CommonName == "system:node:"+hostname
 }
 
 // approvedClient is an approved kubelet client CSR for hostname's Node.
@@ -195,6 +256,7 @@ func checkCSR(csr *certificatesv1.CertificateSigningRequest, cc csrContext, now 
 	switch csr.Spec.SignerName {
 	case certificatesv1.KubeAPIServerClientKubeletSignerName:
 		groups := slices.Sorted(slices.Values(csr.Spec.Groups))
+		from, what := cc.clientNotBefore()
 		switch {
 		case nodeExists:
 			return "Node " + hostname + " already exists; a new client certificate is the kubelet's own rotation to ask for"
@@ -202,12 +264,18 @@ func checkCSR(csr *certificatesv1.CertificateSigningRequest, cc csrContext, now 
 			return "client CSR " + cc.approved + " was already approved for this Node: one per installation"
 		case csr.Spec.Username != nodeBootstrapper:
 			return fmt.Sprintf("requested by %q, not by %s", csr.Spec.Username, nodeBootstrapper)
+		case csr.CreationTimestamp.Time.Before(from):
+			return fmt.Sprintf("it was created at %s, before %s (%s): it is not this installation's kubelet's",
+				csr.CreationTimestamp.UTC().Format(time.RFC3339), what, from.Add(cc.clockSkew).UTC().Format(time.RFC3339))
 		case !slices.Equal(slices.Compact(groups), nodeBootstrapperGroups):
 			return fmt.Sprintf("requested with groups %q, not exactly the node bootstrapper's %q", csr.Spec.Groups, nodeBootstrapperGroups)
 		case now.Sub(csr.CreationTimestamp.Time) > maxClientCSRAge:
 			return fmt.Sprintf("it has been pending since %s, more than %s", csr.CreationTimestamp.UTC().Format(time.RFC3339), maxClientCSRAge)
 		case len(req.DNSNames)+len(req.IPAddresses)+len(req.EmailAddresses)+len(req.URIs) > 0:
 			return "a client certificate must not carry names or addresses"
+		case len(cc.clients) > 1:
+			// Last: each of them is told its own problem first.
+			return fmt.Sprintf("%d pending client CSRs name Node %s (%s): which one is this host's kubelet cannot be told; approve it by hand and deny the others", len(cc.clients), hostname, strings.Join(cc.clients, ", "))
 		}
 		return usages(certificatesv1.UsageDigitalSignature, certificatesv1.UsageKeyEncipherment, certificatesv1.UsageClientAuth)
 	case certificatesv1.KubeletServingSignerName:

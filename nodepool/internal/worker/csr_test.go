@@ -45,7 +45,9 @@ func TestCheckCSR(t *testing.T) {
 		age        time.Duration // of the CSR (1m)
 		machineAge time.Duration // of the AgentMachine (30m)
 		approved   string
-		seen       []net.IP // source addresses
+		rebooted   time.Duration // ago the host reported Rebooting (0: not known)
+		clients    []string      // pending client CSRs naming the Node
+		seen       []net.IP      // source addresses
 		behindNAT  bool
 		want       string
 	}{
@@ -57,6 +59,9 @@ func TestCheckCSR(t *testing.T) {
 		{name: "serving planted before the machine", signer: serving, user: "system:node:w1", cn: "system:node:w1", orgs: nodes, dns: []string{"w1"}, usages: su, age: 25 * time.Hour, want: "not made for this installation"},
 		{name: "client pending over an hour", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, age: 61 * time.Minute, machineAge: 2 * time.Hour, want: "more than 1h0m0s"},
 		{name: "second client for the Node", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, approved: "csr-first", want: "csr-first was already approved"},
+		{name: "client after the host rebooted", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, rebooted: 5 * time.Minute},
+		{name: "client before the host rebooted", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, age: 10 * time.Minute, rebooted: 5 * time.Minute, want: "before the host reported Rebooting"},
+		{name: "one of two pending clients", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, clients: []string{"csr-a", "csr-b"}, want: "2 pending client CSRs name Node w1 (csr-a, csr-b)"},
 		{name: "another host", signer: client, user: nodeBootstrapper, cn: "system:node:w2", orgs: nodes, usages: cu, want: errNotThisHost},
 		{name: "not a node", signer: client, user: nodeBootstrapper, cn: "admin", orgs: nodes, usages: cu, want: errNotThisHost},
 		{name: "client once the Node exists", signer: client, user: nodeBootstrapper, cn: "system:node:w1", orgs: nodes, usages: cu, nodeExists: true, want: "already exists"},
@@ -87,7 +92,10 @@ func TestCheckCSR(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(now.Add(-age))},
 				Spec: certificatesv1.CertificateSigningRequestSpec{
 					Request: request(t, c.cn, c.orgs, c.dns, c.ips), SignerName: c.signer, Username: c.user, Groups: groups, Usages: c.usages}}
-			cc := csrContext{hostname: "w1", ips: hostIPs, seen: c.seen, behindNAT: c.behindNAT, nodeExists: c.nodeExists, machineCreated: now.Add(-machineAge), clockSkew: defaultClockSkew, approved: c.approved}
+			cc := csrContext{hostname: "w1", ips: hostIPs, seen: c.seen, behindNAT: c.behindNAT, nodeExists: c.nodeExists, machineCreated: now.Add(-machineAge), clockSkew: defaultClockSkew, approved: c.approved, clients: c.clients}
+			if c.rebooted > 0 {
+				cc.rebooted = now.Add(-c.rebooted)
+			}
 			got := checkCSR(csr, cc, now)
 			if c.want == "" {
 				require.Empty(t, got)

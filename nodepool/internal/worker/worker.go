@@ -156,7 +156,11 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	case err != nil:
 		return r.wait(ctx, a, fmt.Errorf("read Node %s in the hosted cluster: %w", name, err))
 	}
-	pending, err := r.approveCSRs(ctx, hc, a, name, node != nil, b.AgentMachineCreated)
+	var rebooted time.Time
+	if p.CurrentStage == v1beta1.StageRebooting && p.StageStartTime != nil {
+		rebooted = p.StageStartTime.Time
+	}
+	pending, err := r.approveCSRs(ctx, hc, a, name, node != nil, b.AgentMachineCreated, rebooted)
 	if err != nil {
 		return r.wait(ctx, a, err)
 	}
