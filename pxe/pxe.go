@@ -13,6 +13,7 @@ package pxe
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
@@ -68,6 +69,9 @@ type Config struct {
 	// HTTPAddr serves the iPXE binaries for UEFI HTTP boot, /metrics and
 	// /healthz (":8070").
 	HTTPAddr string
+	// MetricsToken is the bearer token /metrics asks for: the port is on
+	// the boot network, which anyone on it reaches. Empty: /metrics is off.
+	MetricsToken string
 	// iPXE binaries for BIOS and x86-64 UEFI firmware, in TFTPDir.
 	BIOSBinary, EFIBinary string
 	// ARM64Binary is agentboot's netboot GRUB for arm64 UEFI firmware
@@ -342,7 +346,10 @@ func (s *Server) Start(ctx context.Context) error {
 		serve.StopAll(tasks)
 		return fmt.Errorf("HTTP: listen %s: %w", s.cfg.HTTPAddr, err)
 	}
-	hs := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+	// The port is on the boot network: no connection is held longer than
+	// a transfer of an iPXE binary needs.
+	hs := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 5 * time.Minute, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
 	tasks = append(tasks, serve.HTTP("HTTP", hs, hl))
 	s.cfg.Log.Info("PXE service running", "mode", string(s.cfg.Mode), "interface", s.cfg.Interface, "serverIP", s.cfg.ServerIP.String(),
 		"tftp", s.cfg.TFTPAddr, "http", s.cfg.HTTPAddr, "bootScript", s.cfg.BootScriptURL)
@@ -446,7 +453,20 @@ func (s *Server) httpHandler() http.Handler {
 		w.Header().Set("Content-Type", "application/efi")
 		http.ServeFile(w, r, filepath.Join(s.cfg.TFTPDir, name))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	metrics := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.MetricsToken == "" {
+			http.Error(w, "metrics are off: start the PXE service with --metrics-token-file", http.StatusNotFound)
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.MetricsToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="agentboot-pxe"`)
+			http.Error(w, "unauthorized: /metrics needs the bearer token of --metrics-token-file", http.StatusUnauthorized)
+			return
+		}
+		metrics.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	return mux
 }

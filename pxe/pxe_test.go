@@ -64,6 +64,9 @@ func runUntilCleanup(t *testing.T, s *Server) {
 
 // startTFTPAndHTTP runs the service with DHCP on a throwaway loopback socket
 // (binding port 67 needs root; the VM lab covers it).
+// testMetricsToken is what /metrics asks for in these tests.
+const testMetricsToken = "metrics-token-0123456789"
+
 func startServer(t *testing.T, mode Mode, options ...func(*Config)) (*Server, string, string) {
 	t.Helper()
 	dir, _ := binaries(t)
@@ -71,8 +74,9 @@ func startServer(t *testing.T, mode Mode, options ...func(*Config)) (*Server, st
 	cfg := Config{
 		Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), Mode: mode,
 		BootScriptURL: "http://127.0.0.1:8080/boot.ipxe", TFTPDir: dir, TFTPAddr: tftpAddr, HTTPAddr: httpAddr,
-		ListenDHCP: func(string, int) (net.PacketConn, error) { return net.ListenPacket("udp4", "127.0.0.1:0") },
-		Log:        testr.New(t),
+		ListenDHCP:   func(string, int) (net.PacketConn, error) { return net.ListenPacket("udp4", "127.0.0.1:0") },
+		Log:          testr.New(t),
+		MetricsToken: testMetricsToken,
 	}
 	if mode == Authoritative {
 		cfg.ServerIP, cfg.PrefixLen = netip.MustParseAddr("198.18.0.1"), 24
@@ -176,14 +180,37 @@ func TestHTTPServesBinariesAndMetrics(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, resp.StatusCode, bad)
 	}
 
-	// A malformed packet is dropped and counted; metrics are served.
+	// A malformed packet is dropped and counted; metrics are served to
+	// whoever holds the token, and to nobody else on the boot network.
 	require.Nil(t, s.Handle([]byte{1, 2, 3}, 67))
 	require.Equal(t, 1.0, testutil.ToFloat64(s.handler.Metrics().Dropped.WithLabelValues("malformed")))
-	resp, err = http.Get("http://" + httpAddr + "/metrics")
+	scrape := func(token string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, "http://"+httpAddr+"/metrics", nil)
+		require.NoError(t, err)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for _, token := range []string{"", "not-the-metrics-token"} {
+		code, body := scrape(token)
+		require.Equal(t, http.StatusUnauthorized, code, "token %q", token)
+		require.NotContains(t, body, "agentboot_dhcp")
+	}
+	code, metrics := scrape(testMetricsToken)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, metrics, `agentboot_dhcp_dropped_total{reason="malformed"} 1`)
+	_, _, offAddr := startServer(t, ProxyDHCP, func(c *Config) { c.MetricsToken = "" })
+	resp, err = http.Get("http://" + offAddr + "/metrics")
 	require.NoError(t, err)
-	body, _ = io.ReadAll(resp.Body)
+	body2, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	require.Contains(t, string(body), `agentboot_dhcp_dropped_total{reason="malformed"} 1`)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "no token configured: metrics are off")
+	require.Contains(t, string(body2), "--metrics-token-file")
 }
 
 func TestConfigErrors(t *testing.T) {

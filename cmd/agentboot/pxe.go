@@ -29,6 +29,7 @@ type pxeFlags struct {
 	pool, router, dns, leaseFile         string
 	prefixLen                            int
 	leaseTime                            time.Duration
+	metricsTokenFile                     string
 	reservations                         stringList
 }
 
@@ -41,6 +42,7 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&p.tftpAddr, prefix+"tftp-addr", ":69", "TFTP listen address")
 	fs.BoolVar(&p.tftpSinglePort, prefix+"tftp-single-port", false, "serve every TFTP transfer from the listen port instead of a port per transfer (for firewalls and NAT that pass nothing but port 69)")
 	fs.StringVar(&p.httpAddr, prefix+"http-addr", ":8070", "HTTP listen address: iPXE binaries for UEFI HTTP boot under /ipxe/, /metrics, /healthz")
+	fs.StringVar(&p.metricsTokenFile, prefix+"metrics-token-file", "", "file holding the bearer token /metrics asks for (the HTTP port is on the boot network); empty: /metrics is off")
 	fs.StringVar(&p.biosBinary, prefix+"bios-binary", "undionly.kpxe", "iPXE binary for BIOS PXE clients")
 	fs.StringVar(&p.efiBinary, prefix+"efi-binary", "ipxe.efi", "iPXE binary for x86-64 UEFI clients (ipxe.efi, or snponly.efi to use the firmware's network driver)")
 	fs.StringVar(&p.arm64Binary, prefix+"arm64-binary", "", "agentboot's netboot GRUB for arm64 UEFI clients (make pxe-grub builds bin/pxe/grubnetaa64.efi), a path or a name in the TFTP directory (empty: arm64 clients are not answered)")
@@ -85,6 +87,15 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 	}
 	if p.iface == "" {
 		return cfg, flagErr("interface", "required: the interface on the boot network")
+	}
+	if p.metricsTokenFile != "" {
+		raw, err := os.ReadFile(p.metricsTokenFile)
+		if err != nil {
+			return cfg, flagErr("metrics-token-file", "%v", err)
+		}
+		if cfg.MetricsToken = strings.TrimSpace(string(raw)); len(cfg.MetricsToken) < 16 || strings.ContainsAny(cfg.MetricsToken, " \t\r\n") {
+			return cfg, flagErr("metrics-token-file", "%s holds no usable token (one line of at least 16 characters, no spaces)", p.metricsTokenFile)
+		}
 	}
 	if p.bootScriptURL == "" {
 		return cfg, flagErr("boot-script-url", "required: the image service's plain-HTTP /boot.ipxe")

@@ -129,8 +129,9 @@ func GRUBRetryScript(why string) string {
 func GRUBText(s string) string { return scriptText(s, `'\`) }
 
 // IPXEText keeps text from objects out of iPXE's syntax: no settings
-// expansion (${...}), no line breaks, bounded length.
-func IPXEText(s string) string { return scriptText(s, `${}\"'`) }
+// expansion (${...}), quotes, command separators, comments or conditionals
+// (; # || &&), no line breaks, bounded length.
+func IPXEText(s string) string { return scriptText(s, `${}\"';#|&`) }
 
 // scriptText is s for a boot script's echo: each of special becomes '_',
 // control and non-ASCII characters a space, and it ends after 300 bytes.

@@ -436,9 +436,11 @@ func (db *DB) Decline(mac string, ip netip.Addr) error {
 			delete(db.declined, a)
 		}
 	}
-	if limit := max(16, int(db.cfg.Pool.size()/4)); len(db.declined) >= limit {
+	// A quarter of the pool at most, never rounded up: with a floor, made-up
+	// DECLINEs emptied pools smaller than 64 addresses.
+	if limit := int(db.cfg.Pool.size() / 4); len(db.declined) >= limit {
 		db.dropOffer(mac)
-		return fmt.Errorf("%d addresses are declined already, the most at once: %s stays in the pool", len(db.declined), ip)
+		return fmt.Errorf("%d addresses are declined already, a quarter of the pool (%d addresses) at most: %s stays in the pool", len(db.declined), limit, ip)
 	}
 	db.declined[ip] = now.Add(db.cfg.DeclineHold)
 	db.dropOffer(mac)

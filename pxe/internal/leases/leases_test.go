@@ -80,40 +80,54 @@ func TestOfferAckRestart(t *testing.T) {
 
 func TestDeclineExhaustionExpiry(t *testing.T) {
 	c := &clock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	db := open(t, Config{Pool: Pool{First: a("198.18.0.100"), Last: a("198.18.0.101")}, Now: c.Now})
+	db := open(t, Config{Pool: Pool{First: a("198.18.0.100"), Last: a("198.18.0.103")}, Now: c.Now})
 	one, err := db.Offer("52:54:00:00:00:01", netip.Addr{})
 	require.NoError(t, err)
-	require.NoError(t, db.Decline("52:54:00:00:00:01", one))
-	two, err := db.Offer("52:54:00:00:00:02", netip.Addr{})
-	require.NoError(t, err)
-	require.NotEqual(t, one, two, "a declined address stays out of the pool")
+	require.NoError(t, db.Decline("52:54:00:00:00:01", one), "a quarter of a pool of 4")
+	offered := map[string]netip.Addr{}
+	for _, mac := range []string{"52:54:00:00:00:02", "52:54:00:00:00:03", "52:54:00:00:00:04"} {
+		ip, err := db.Offer(mac, netip.Addr{})
+		require.NoError(t, err)
+		require.NotEqual(t, one, ip, "a declined address stays out of the pool")
+		offered[mac] = ip
+		c.now = c.now.Add(time.Second) // offers in order
+	}
 	// An offer is no promise: with every free address offered, the one
 	// offered longest ago goes to the next client (DISCOVERs from ever new
 	// MACs cannot empty the pool).
-	three, err := db.Offer("52:54:00:00:00:03", netip.Addr{})
+	five, err := db.Offer("52:54:00:00:00:05", netip.Addr{})
 	require.NoError(t, err)
-	require.Equal(t, two, three)
-	_, err = db.Ack("52:54:00:00:00:02", two, time.Hour, "")
-	require.ErrorContains(t, err, "another client", "its offer went to 52:54:00:00:00:03")
+	require.Equal(t, offered["52:54:00:00:00:02"], five)
+	_, err = db.Ack("52:54:00:00:00:02", five, time.Hour, "")
+	require.ErrorContains(t, err, "another client", "its offer went to 52:54:00:00:00:05")
 	// Leases are a promise: with every address leased or declined, nothing.
-	_, err = db.Ack("52:54:00:00:00:03", two, time.Hour, "")
-	require.NoError(t, err)
-	_, err = db.Offer("52:54:00:00:00:04", netip.Addr{})
+	for mac, ip := range map[string]netip.Addr{"52:54:00:00:00:05": five, "52:54:00:00:00:03": offered["52:54:00:00:00:03"], "52:54:00:00:00:04": offered["52:54:00:00:00:04"]} {
+		_, err = db.Ack(mac, ip, time.Hour, "")
+		require.NoError(t, err)
+	}
+	_, err = db.Offer("52:54:00:00:00:06", netip.Addr{})
 	require.ErrorIs(t, err, ErrPoolExhausted)
 
 	// Offers and declines run out; an expired lease's address goes to
 	// another client, whose lease then replaces it.
 	c.now = c.now.Add(2 * time.Hour)
 	got := map[netip.Addr]bool{}
-	for _, mac := range []string{"52:54:00:00:00:05", "52:54:00:00:00:06"} {
+	for _, mac := range []string{"52:54:00:00:00:07", "52:54:00:00:00:08", "52:54:00:00:00:09", "52:54:00:00:00:0a"} {
 		ip, err := db.Offer(mac, netip.Addr{})
 		require.NoError(t, err)
 		got[ip] = true
 		_, err = db.Ack(mac, ip, time.Hour, "")
 		require.NoError(t, err)
 	}
-	require.Len(t, got, 2)
-	require.Len(t, db.Leases(), 2, "the expired lease of 52:54:00:00:00:03 was replaced")
+	require.Len(t, got, 4)
+	require.Len(t, db.Leases(), 4, "the expired leases were replaced")
+
+	// A pool of fewer than 4 takes no DECLINE at all: the quarter is
+	// never rounded up, so made-up DECLINEs cannot take a small pool.
+	small := open(t, Config{Pool: Pool{First: a("198.18.1.1"), Last: a("198.18.1.3")}, Now: c.Now})
+	ip, err := small.Offer("52:54:00:00:01:01", netip.Addr{})
+	require.NoError(t, err)
+	require.ErrorContains(t, small.Decline("52:54:00:00:01:01", ip), "0 addresses")
 }
 
 // Offers are spread by MAC and stay cheap in a large pool full of offers.
