@@ -3,6 +3,8 @@ package main
 import (
 	"flag"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -38,23 +40,33 @@ func TestPXEFlags(t *testing.T) {
 		"52:54:00:aa:00:02": netip.MustParseAddr("198.18.0.21"),
 	}, cfg.Reservations)
 
+	dir := t.TempDir()
+	good, short := filepath.Join(dir, "good"), filepath.Join(dir, "short")
+	require.NoError(t, os.WriteFile(good, []byte("0123456789abcdef-token\n"), 0o600))
+	require.NoError(t, os.WriteFile(short, []byte("abc\n"), 0o600))
+	cfg, err = parsePXEFlags(t, base+"--metrics-token-file "+good)
+	require.NoError(t, err)
+	require.Equal(t, "0123456789abcdef-token", cfg.MetricsToken)
+
 	auth := base + "--mode authoritative --pool 198.18.0.100-198.18.0.150 "
 	for args, want := range map[string]string{
-		"--boot-script-url http://x/boot.ipxe":                     "--interface: required",
-		"--interface br0":                                          "--boot-script-url: required",
-		base + "--pool 198.18.0.2-198.18.0.3":                      "--pool: only applies in authoritative mode",
-		base + "--reservation 52:54:00:00:00:01=198.18.0.2":        "--reservation: only applies",
-		base + "--server-ip 2001:db8::1":                           `--server-ip: "2001:db8::1" is not an IPv4 address`,
-		base + "--mode authoritative":                              "--pool: required in authoritative mode",
-		base + "--mode authoritative --pool 198.18.0.9":            `want first-last`,
-		base + "--mode authoritative --pool 198.18.0.9-198.18.0.2": "ends before it starts",
-		auth + "--dns 198.18.0.53,nope":                            `--dns: "nope" is not an IPv4 address`,
-		auth + "--reservation 52:54:00:00:00:01":                   "want MAC=IP",
-		auth + "--reservation zz=198.18.0.2":                       `"zz" is not an Ethernet MAC address`,
+		base + "--metrics-token-file " + short:                                                         "--metrics-token-file: " + short + " holds no usable token",
+		base + "--metrics-token-file " + filepath.Join(dir, "none"):                                    "--metrics-token-file: open " + filepath.Join(dir, "none"),
+		"--boot-script-url http://x/boot.ipxe":                                                         "--interface: required",
+		"--interface br0":                                                                              "--boot-script-url: required",
+		base + "--pool 198.18.0.2-198.18.0.3":                                                          "--pool: only applies in authoritative mode",
+		base + "--reservation 52:54:00:00:00:01=198.18.0.2":                                            "--reservation: only applies",
+		base + "--server-ip 2001:db8::1":                                                               `--server-ip: "2001:db8::1" is not an IPv4 address`,
+		base + "--mode authoritative":                                                                  "--pool: required in authoritative mode",
+		base + "--mode authoritative --pool 198.18.0.9":                                                `want first-last`,
+		base + "--mode authoritative --pool 198.18.0.9-198.18.0.2":                                     "ends before it starts",
+		auth + "--dns 198.18.0.53,nope":                                                                `--dns: "nope" is not an IPv4 address`,
+		auth + "--reservation 52:54:00:00:00:01":                                                       "want MAC=IP",
+		auth + "--reservation zz=198.18.0.2":                                                           `"zz" is not an Ethernet MAC address`,
 		auth + "--reservation 52:54:00:00:00:01=198.18.0.2 --reservation 52:54:00:00:00:01=198.18.0.3": "reserved twice",
 		auth + "--reservation 52:54:00:00:00:01=198.18.0.2 --reservation 52:54:00:00:00:02=198.18.0.2": "198.18.0.2 is reserved for both",
-		auth + "--lease-time 10s":                             "shorter than a minute",
-		"--interface br0 --boot-script-url ftp://x/boot.ipxe": "not a plain http:// URL",
+		auth + "--lease-time 10s":                                                                      "shorter than a minute",
+		"--interface br0 --boot-script-url ftp://x/boot.ipxe":                                          "not a plain http:// URL",
 	} {
 		_, err := parsePXEFlags(t, args)
 		require.ErrorContains(t, err, want, args)
