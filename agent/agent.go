@@ -60,7 +60,6 @@ type Agent struct {
 	log    *slog.Logger
 
 	ns, id       string
-	session      string // the registration session the token names
 	poll         time.Duration
 	minDisk      int64
 	lastUploaded [32]byte
@@ -197,15 +196,10 @@ func (a *Agent) resumeSession() bool {
 	return true
 }
 
-// setToken uses an agent token and remembers the session it names, which
-// the agent shows when it has to register again in the same boot (its
-// token refused after the service's key changed, say).
-func (a *Agent) setToken(token string) {
-	a.client.SetToken(token)
-	if i := strings.LastIndexByte(token, '.'); i > 0 {
-		a.session = token[:i]
-	}
-}
+// setToken uses an agent token. A refused token is never shown again: a
+// registration begins a new session once the service has seen this boot's
+// session fall silent.
+func (a *Agent) setToken(token string) { a.client.SetToken(token) }
 
 func (a *Agent) saveSession(r agentwire.RegisterResponse) {
 	if a.cfg.SessionPath == "" {
@@ -237,7 +231,7 @@ func (a *Agent) register(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		resp, err := a.client.Register(ctx, a.conf.InfraEnv, a.conf.RegistrationToken, agentwire.RegisterRequest{
 			InfraEnvUID: a.conf.InfraEnv.UID, HostID: hostID, Identity: ident, AgentVersion: a.cfg.Version,
-			BootProof: a.bootProof(), Session: a.session,
+			BootProof: a.bootProof(),
 		})
 		switch {
 		case err == nil:

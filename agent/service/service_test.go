@@ -24,6 +24,7 @@ import (
 
 	agentclient "github.com/agentboot/agentboot/agent/internal/client"
 	agentservice "github.com/agentboot/agentboot/agent/service"
+	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
@@ -531,32 +532,32 @@ func TestHostIdentity(t *testing.T) {
 	require.NotEmpty(t, recorded)
 	require.NotContains(t, recorded, realSession)
 
-	// The agent of the current session registering again with its secret
-	// (its token was refused, say after the service's key changed)
-	// continues the boot under a new token: the old one is never handed
-	// out again, and stops working.
+	// No registration continues a live session, not even one showing its
+	// secret, nor one whose secret an Agent editor chose and wrote the
+	// digest of: a session's token is handed out once.
 	c, err := agentclient.New(cfg)
 	require.NoError(t, err)
-	resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: realSession})
-	require.NoError(t, err)
-	require.NotEqual(t, real.token, resp.AgentToken, "a continued session gets a new token")
-	require.Eventually(t, func() bool { // once the service's cache has the new session
-		_, err := real.c.Instructions(ctx, real.ns, real.id, agentwire.InstructionsRequest{Time: time.Now()})
-		return err != nil && strings.Contains(err.Error(), "401")
-	}, 10*time.Second, 100*time.Millisecond, "the earlier token of the session stops working")
-	real.c.SetToken(resp.AgentToken)
-	real.token = resp.AgentToken
-	real.beat(t)
-	require.Equal(t, started, real.agent(t).Annotations[lifecycle.SessionStartedAnnotation], "the same boot goes on")
-	realSession = real.token[:strings.LastIndexByte(real.token, '.')]
-	// Neither a made-up session nor the ID the Agent records continues
-	// anything.
-	for _, session := range []string{strings.Repeat("0", 32), real.agent(t).Annotations["agentboot.io/session"]} {
+	chosen := strings.Repeat("c", 32)
+	a := real.agent(t)
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Annotations["agentboot.io/session"] = hosts.SessionID(chosen)
+	require.NoError(t, s.Client.Patch(ctx, a, patch))
+	for _, session := range []string{realSession, chosen, strings.Repeat("0", 32), recorded} {
 		_, err = c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: session})
 		require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "%q continues nothing: %v", session, err)
 	}
 	waitEvent(t, ie.Namespace, id, "SessionRefused")
-	real.beat(t)
+	require.Equal(t, started, real.agent(t).Annotations[lifecycle.SessionStartedAnnotation])
+	// The editor's rewrite ended the host's session (its token no longer
+	// matches): the host registers again once silent, as after a reboot.
+	a = real.agent(t)
+	patch = client.MergeFrom(a.DeepCopy())
+	a.Annotations["agentboot.io/session"] = recorded
+	require.NoError(t, s.Client.Patch(ctx, a, patch))
+	require.Eventually(t, func() bool {
+		_, err := real.c.Instructions(ctx, real.ns, real.id, agentwire.InstructionsRequest{Time: time.Now()})
+		return err == nil
+	}, 10*time.Second, 100*time.Millisecond, "the host's own session again")
 	a0 := real.agent(t)
 	p0 := client.MergeFrom(a0.DeepCopy())
 	delete(a0.Annotations, "agentboot.io/contested-at") // that attempt is not what this test disputes
@@ -585,7 +586,7 @@ func TestHostIdentity(t *testing.T) {
 	}()
 	_, err = reg(victim)
 	require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "%v", err)
-	a := real.waitAgent(t, "was disputed", func(a *v1beta1.Agent) bool {
+	a = real.waitAgent(t, "was disputed", func(a *v1beta1.Agent) bool {
 		return validation(a, "identity-undisputed").Status == v1beta1.ValidationFailure
 	})
 	close(stop)
@@ -597,7 +598,7 @@ func TestHostIdentity(t *testing.T) {
 
 	// The administrator settles it; once the host is silent (it rebooted),
 	// a new session begins and the earlier token stops working.
-	patch := client.MergeFrom(a.DeepCopy())
+	patch = client.MergeFrom(a.DeepCopy())
 	delete(a.Annotations, lifecycle.DisputedAnnotation)
 	require.NoError(t, s.Client.Patch(ctx, a, patch))
 	again, err := regAfterSilence(victim)

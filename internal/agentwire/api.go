@@ -41,9 +41,9 @@ type RegisterRequest struct {
 	// BootProof, when the host booted an ISO its BareMetalHost's BMC
 	// inserted, is the proof that ISO carried (BootProofPath).
 	BootProof *BootProof `json:"bootProof,omitempty"`
-	// Session is the registration session the agent holds, when it
-	// registers again in the same boot (its token was refused, say after
-	// the service's key changed): it continues that session.
+	// Session is not sent by agents: a live session is never continued
+	// (its token is handed out once). A registration naming one while the
+	// host is heard from is refused with a SessionRefused event.
 	Session string `json:"session,omitempty"`
 }
 

@@ -262,9 +262,6 @@ const (
 	kindCreated
 	// kindNewSession: an existing Agent's host, in a new boot.
 	kindNewSession
-	// kindContinued: the current session's agent, registering again with
-	// its session's secret: the same boot goes on, under a new token.
-	kindContinued
 )
 
 // Why a registration does not continue an existing Agent.
@@ -364,30 +361,13 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 }
 
 // resume begins a new session of an existing Agent, under the identity
-// rule of ensureAgent, or continues the current one for the host that shows
-// its secret.
+// rule of ensureAgent.
 func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, string, registration, error) {
 	macs := hosts.MACs(req.Identity.MACAddresses)
 	if recorded := a.Annotations[hosts.IdentityAnnotation]; recorded != digest {
 		// Every Agent records its identity at creation; one without is
 		// nobody's to continue.
 		return nil, "", kindNone, errConflict
-	}
-	if hosts.InSession(a, req.Session) {
-		// The agent of the current session, whose token was refused
-		// (the service's key changed): same host, same boot. It gets a
-		// new secret; the old token is never handed out again.
-		patch := client.MergeFrom(a.DeepCopy())
-		secret := newSecret()
-		a.Annotations[hosts.SessionAnnotation] = hosts.SessionID(secret)
-		writes.WithLabelValues("agent").Inc()
-		if err := s.o.Client.Patch(ctx, a, patch); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, "", kindNone, errDeleting
-			}
-			return nil, "", kindNone, err
-		}
-		return a, secret, kindContinued, nil
 	}
 	// A boot proof for the Agent's own BareMetalHost says its BMC just
 	// booted it: that outweighs an earlier session, and a binding.
@@ -398,10 +378,13 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 	}
 	if alive && !proven {
 		if req.Session != "" {
-			// Not this session's secret: a replay of something read
-			// somewhere, or a forgery. It gets nothing, and says so.
+			// No registration continues a live session: a session's
+			// token is handed out once. (An earlier draft continued one
+			// for a registration showing the secret its annotation is
+			// the digest of, which whoever may write the annotation could
+			// choose.) Naming one is a replay or a forgery.
 			s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "SessionRefused", "Register",
-				"a registration from %s named a session that is not this Agent's current one: it was given nothing (a session is continued only with the secret in the host's agent token, which no object records)", from)
+				"a registration from %s named a session while this Agent's host is heard from: it was given nothing (a live session is never continued or handed out again)", from)
 		}
 		if a.Annotations[hosts.ContestedAnnotation] == "" {
 			patch := client.MergeFrom(a.DeepCopy())
