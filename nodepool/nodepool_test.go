@@ -719,19 +719,22 @@ func TestKubeletCSRsStrict(t *testing.T) {
 	requireAgentEvent(t, e, h, "CSRNotApproved", "CSR planted names this host but is not approved: it was created at")
 	kl.CSR("token", hosted.ClientSigner, "system:bootstrap:abcdef", "host-1", nil, nil, hosted.ClientUsages...)
 	requireAgentEvent(t, e, h, "CSRNotApproved", `CSR token names this host but is not approved: requested by "system:bootstrap:abcdef"`)
-	// The kubelet's own CSR among others naming its Node: which one is
-	// the kubelet's cannot be told, so none is approved until a person
-	// clears the others.
+	// Two CSRs that would each pass: which one is the kubelet's cannot be
+	// told, so neither is approved until a person clears the other. The
+	// ones refused for their own reasons (planted, token) block nothing.
 	kl.CSR("client", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
-	requireAgentEvent(t, e, h, "CSRNotApproved", "CSR client names this host but is not approved: 3 pending client CSRs name Node host-1 (client, planted, token)")
+	kl.CSR("client-twin", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
+	requireAgentEvent(t, e, h, "CSRNotApproved", "CSR client names this host but is not approved: 2 pending client CSRs name Node host-1 (client, client-twin)")
 	require.False(t, kl.Approved("client"))
-	for _, name := range []string{"planted", "token"} {
-		require.NoError(t, e.hosted.Admin.CertificatesV1().CertificateSigningRequests().Delete(ctx, name, metav1.DeleteOptions{}))
-	}
+	require.False(t, kl.Approved("client-twin"))
+	require.Equal(t, v1beta1.StageRebooting, e.agent(h).Status.Progress.CurrentStage, "a refused CSR does not move the host on")
+	require.NoError(t, e.hosted.Admin.CertificatesV1().CertificateSigningRequests().Delete(ctx, "client-twin", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool { return kl.Approved("client") }, wait, 100*time.Millisecond)
 	kl.CSR("client-again", hosted.ClientSigner, hosted.Bootstrapper, "host-1", nil, nil, hosted.ClientUsages...)
 	requireAgentEvent(t, e, h, "CSRNotApproved", "client CSR client was already approved for this Node")
-	require.False(t, kl.Approved("client-again"))
+	for _, name := range []string{"planted", "token", "client-again"} {
+		require.False(t, kl.Approved(name), "CSR %s", name)
+	}
 
 	// A flood of undecided CSRs (other hosts' names) stops approval there.
 	other := &hosted.Kubelet{T: t, C: e.hosted}

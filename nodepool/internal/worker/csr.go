@@ -112,11 +112,13 @@ func (cc csrContext) clientNotBefore() (time.Time, string) {
 // the node bootstrapper while its Node does not exist yet, made for this
 // installation, and serving CSRs from the Node itself; each only when the
 // names and addresses are this host's. It returns how many pending CSRs
-// are this host's. machineCreated is when its AgentMachine was created.
-func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated, rebooted time.Time) (int, error) {
+// are this host's, and how many it approved. machineCreated is when its
+// AgentMachine was created, rebooted when the host reported Rebooting
+// (zero: not known).
+func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated, rebooted time.Time) (mine, approved int, err error) {
 	items, err := listKubeletCSRs(ctx, hc)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	cc := csrContext{hostname: hostname, ips: addresses(a), seen: sourceAddresses(a), behindNAT: r.BehindNAT, nodeExists: nodeExists,
 		machineCreated: machineCreated, rebooted: rebooted, clockSkew: r.ClockSkew}
@@ -126,14 +128,20 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 		switch {
 		case !decided(csr):
 			pending++
-			if clientOf(csr, hostname) {
-				cc.clients = append(cc.clients, csr.Name)
-			}
 		case approvedClient(csr, hostname) && !csr.CreationTimestamp.Time.Before(cc.notBefore()):
 			cc.approved = csr.Name
 		}
 	}
-	mine := 0
+	// The client CSRs that pass every other check: with more than one,
+	// which is the kubelet's cannot be told. One refused for its own
+	// reason (planted before the reboot, say) blocks nobody.
+	alone := cc // each judged as if it were the only one
+	for i := range items {
+		csr := &items[i]
+		if !decided(csr) && clientOf(csr, hostname) && checkCSR(csr, alone, r.Now()) == "" {
+			cc.clients = append(cc.clients, csr.Name)
+		}
+	}
 	for i := range items {
 		csr := &items[i]
 		if decided(csr) {
@@ -160,14 +168,15 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 			Message: fmt.Sprintf("agentboot approved the kubelet CSR of Agent %s/%s", a.Namespace, a.Name),
 		})
 		if _, err := hc.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{}); err != nil {
-			return mine, fmt.Errorf("approve CSR %s: %w", csr.Name, err)
+			return mine, approved, fmt.Errorf("approve CSR %s: %w", csr.Name, err)
 		}
+		approved++
 		if csr.Spec.SignerName == certificatesv1.KubeAPIServerClientKubeletSignerName {
 			cc.approved = csr.Name
 		}
 		r.Events.Eventf(a, nil, corev1.EventTypeNormal, "CSRApproved", "ApproveCSR", "approved %s CSR %s", csr.Spec.SignerName, csr.Name)
 	}
-	return mine, nil
+	return mine, approved, nil
 }
 
 func decided(csr *certificatesv1.CertificateSigningRequest) bool {

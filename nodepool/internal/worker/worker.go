@@ -160,7 +160,7 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	if p.CurrentStage == v1beta1.StageRebooting && p.StageStartTime != nil {
 		rebooted = p.StageStartTime.Time
 	}
-	pending, err := r.approveCSRs(ctx, hc, a, name, node != nil, b.AgentMachineCreated, rebooted)
+	pending, approved, err := r.approveCSRs(ctx, hc, a, name, node != nil, b.AgentMachineCreated, rebooted)
 	if err != nil {
 		return r.wait(ctx, a, err)
 	}
@@ -173,8 +173,14 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 		next, info = v1beta1.StageDone, "Node "+name+" is Ready"
 	case node != nil:
 		next, info = v1beta1.StageJoined, "Node "+name+" exists and is not Ready yet"
-	case pending > 0 && p.CurrentStage == v1beta1.StageRebooting:
+	case p.CurrentStage == v1beta1.StageRebooting && (approved > 0 || r.NoCSRApproval && pending > 0):
+		// Only a certificate given (or, without automatic approval, asked
+		// for) moves on: while the stage is Rebooting, its start is when
+		// the host rebooted, which a client CSR must come after; a CSR
+		// refused must not end that.
 		next, info = v1beta1.StageConfiguring, "the host's kubelet asked for its certificate"
+	case p.CurrentStage == v1beta1.StageRebooting && pending > 0:
+		info = "the host's kubelet CSRs wait: see the Agent's CSRNotApproved events"
 	case p.CurrentStage == v1beta1.StageRebooting:
 		info = "waiting for the installed host to boot and its kubelet to ask for a certificate"
 	}
