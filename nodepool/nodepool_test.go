@@ -797,6 +797,7 @@ func TestEraseDebtFollowsTheHardware(t *testing.T) {
 	e.waitAgent(h, "released", func(a *v1beta1.Agent) bool { return a.Spec.ClusterDeploymentName == nil })
 
 	ieOther := e.CreateInfraEnv(t, "elsewhere", "pool", nil)
+	var byMAC *stack.Host
 	owesByHardware := func(t *testing.T, back *stack.Host, matched string) {
 		t.Helper()
 		a := e.waitAgent(back, "owing the erase by its hardware", func(a *v1beta1.Agent) bool { return lifecycle.SanitizationOwed(a) })
@@ -819,6 +820,7 @@ func TestEraseDebtFollowsTheHardware(t *testing.T) {
 		require.NoError(t, err)
 		require.NotEqual(t, h.ID, back.ID)
 		owesByHardware(t, back, "a MAC address")
+		byMAC = back
 	})
 	t.Run("through another namespace's InfraEnv", func(t *testing.T) {
 		back, err := e.TryRegisterAs(t, ieOther, stack.HostID(1), agentwire.HostIdentity{MACAddresses: []string{stack.MAC(1)}}, inv)
@@ -838,15 +840,37 @@ func TestEraseDebtFollowsTheHardware(t *testing.T) {
 		clean = back
 	})
 
-	// The erase done, the machine owes nothing any more, under any Agent.
+	erased := agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{{Disk: "/dev/vda", Method: "overwrite",
+		Bytes: 200_000_000_000, DurationSeconds: 900, Verification: "sampled-reads-zero", Checked: "read back as zeros"}}}
+	debts := func() int {
+		var list corev1.ConfigMapList
+		require.NoError(t, e.Client.List(ctx, &list, client.InNamespace(stack.Namespace), client.HasLabels{"agentboot.io/erase-debt"}))
+		return len(list.Items)
+	}
+	// A host that matched by a MAC (which anyone on the boot network can
+	// claim) and erased a disk of its own pays its quarantine, not the
+	// machine's debt: the debt names the machine's disk.
+	require.NotNil(t, byMAC)
+	require.NoError(t, byMAC.StepResult("sanitize", erased))
+	e.waitAgent(byMAC, "free", func(a *v1beta1.Agent) bool { return !lifecycle.SanitizationOwed(a) })
+	require.Equal(t, 1, debts(), "a disk that is not the machine's settles nothing")
+	// Nor is that host quarantined again at every inventory: once per
+	// Agent (a host whose old disks were replaced would erase forever).
+	report := *inv
+	report.SystemVendor.SerialNumber = ""
+	report.Disks = []agentwire.Disk{inv.Disks[0]}
+	report.Disks[0].Serial = ""
+	report.Memory.UsableBytes -= 1 << 20 // a new report
+	report.Interfaces = append(append([]agentwire.Interface(nil), inv.Interfaces...), agentwire.Interface{Name: "eth1", MacAddress: stack.MAC(101), IPV4Addresses: []string{}, IPV6Addresses: []string{}, Flags: []string{"up"}, Mtu: 1500})
+	require.NoError(t, byMAC.PutInventory(&report))
+	a := e.waitAgent(byMAC, "inventoried again", func(a *v1beta1.Agent) bool { return a.Status.Inventory.Memory.UsableBytes == report.Memory.UsableBytes })
+	require.False(t, lifecycle.SanitizationOwed(a), "%+v", a.Status.DiskSanitization)
+
+	// The machine's own disk erased, it owes nothing any more, under any
+	// Agent.
 	require.NotNil(t, clean)
-	require.NoError(t, clean.StepResult("sanitize", agentwire.StepResult{Sanitization: []agentwire.DiskSanitization{{Disk: "/dev/vda", Method: "overwrite",
-		Bytes: 200_000_000_000, DurationSeconds: 900, Verification: "sampled-reads-zero", Checked: "read back as zeros"}}}))
-	require.Eventually(t, func() bool {
-		var debts corev1.ConfigMapList
-		require.NoError(t, e.Client.List(ctx, &debts, client.InNamespace(stack.Namespace), client.HasLabels{"agentboot.io/erase-debt"}))
-		return len(debts.Items) == 0
-	}, wait, 200*time.Millisecond, "the debt is settled")
+	require.NoError(t, clean.StepResult("sanitize", erased))
+	require.Eventually(t, func() bool { return debts() == 0 }, wait, 200*time.Millisecond, "the debt is settled")
 	again, err := e.TryRegisterAs(t, ieOther, "8d0c6a51-7e4f-8b3a-9c2d-000000000103", agentwire.HostIdentity{MACAddresses: []string{stack.MAC(1), stack.MAC(103)}}, inv)
 	require.NoError(t, err)
 	// An unrelated host, registered now, owes nothing either.

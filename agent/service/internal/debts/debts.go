@@ -2,12 +2,12 @@
 // not by their Agent: a host installed into a cluster leaves a record in
 // agentboot's own namespace (which tenants neither read nor write) listing
 // marks of everything that identifies the machine — SMBIOS UUID and serial
-// number, every MAC address, every disk's serial number and WWN. A
-// registration or an inventory sharing any one mark with a record is that
-// machine, whatever Agent, host ID or namespace it comes back under, and
-// owes the record's erase first. Only a completed sanitization of the
-// machine settles it. The package reads and writes those records only;
-// it never writes an Agent.
+// number, every MAC address, every fixed disk's serial number and WWN. An
+// inventory sharing any one mark with a record is that machine, whatever
+// Agent, host ID or namespace it comes back under, and owes the record's
+// erase first. Only a completed sanitization at least as strong settles it,
+// and for a record that names disks, only one that erased one of them. The
+// package reads and writes those records only; it never writes an Agent.
 package debts
 
 import (
@@ -15,6 +15,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -55,21 +56,6 @@ func Mark(kind, value string) string {
 	return kind + ":" + hex.EncodeToString(sum[:16])
 }
 
-// IdentityMarks are the marks of what a host says at registration.
-func IdentityMarks(id agentwire.HostIdentity) []string {
-	var marks []string
-	if u := strings.ToLower(id.SystemUUID); agentwire.ValidUUID(u) {
-		marks = append(marks, Mark("uuid", u))
-	}
-	if agentwire.ValidSerial(id.SerialNumber) {
-		marks = append(marks, Mark("serial", strings.TrimSpace(id.SerialNumber)))
-	}
-	for _, m := range id.MACAddresses {
-		marks = appendMAC(marks, m)
-	}
-	return marks
-}
-
 // AgentMarks are the marks of an Agent's host: its name when that is its
 // SMBIOS UUID, and its inventory's serial number, MAC addresses and disks.
 func AgentMarks(a *v1beta1.Agent) []string {
@@ -87,14 +73,21 @@ func AgentMarks(a *v1beta1.Agent) []string {
 	return append(marks, DiskMarks(inv.Disks)...)
 }
 
-// DiskMarks are the marks of disks: serial numbers and WWNs (a
+// DiskMarks are the marks of fixed disks: serial numbers and WWNs (a
 // replaced NIC or motherboard does not take the data elsewhere; the disks
-// are the data).
+// are the data). Optical and removable drives are left out (a BMC's
+// virtual CD and an operator's USB stick go from machine to machine), and
+// so are placeholder serials.
 func DiskMarks(disks []v1beta1.HostDisk) []string {
 	var marks []string
 	for _, d := range disks {
-		// Short values are placeholders (QEMU's "0", a vendor's "-").
-		if s := strings.TrimSpace(d.Serial); len(s) >= 4 {
+		reasons := d.InstallationEligibility.NotEligibleReasons
+		if d.DriveType == "ODD" || d.DriveType == "FDD" || slices.Contains(reasons, agentwire.DiskOptical) || slices.Contains(reasons, agentwire.DiskRemovable) {
+			continue
+		}
+		// Short values and QEMU's emulated IDE/AHCI serials (QM00001) are
+		// placeholders.
+		if s := strings.TrimSpace(d.Serial); len(s) >= 4 && !qemuSerial.MatchString(s) {
 			marks = append(marks, Mark("disk", s))
 		}
 		if w := strings.ToLower(strings.TrimSpace(d.Wwn)); len(w) >= 8 {
@@ -213,11 +206,16 @@ func (s *Store) Find(ctx context.Context, marks []string) (*Debt, error) {
 	return found, nil
 }
 
-// Settle deletes every debt that any of marks names: the machine they
-// identify completed a sanitization.
-func (s *Store) Settle(ctx context.Context, marks []string) error {
+// Settle deletes the debts a completed sanitization at level pays: those
+// that marks (the machine's) or erased (the marks of the disks it erased)
+// name, owed at level or weaker, and — where a debt names disks — only if
+// one of them was erased: marks a host reports of itself can be another
+// machine's (a MAC is seen in DHCP), the disks it erased are its own. A
+// debt that names no disk (disks without serial or WWN, as a VM's) is
+// settled by any shared mark: the weaker case.
+func (s *Store) Settle(ctx context.Context, marks, erased []string, level string) error {
 	seen := map[string]bool{}
-	for _, m := range marks {
+	for _, m := range union(marks, erased) {
 		var list corev1.ConfigMapList
 		if err := s.Client.List(ctx, &list, client.InNamespace(s.Namespace), client.MatchingFields{MarkIndex: m}); err != nil {
 			return fmt.Errorf("look up erase debts: %w", err)
@@ -228,6 +226,18 @@ func (s *Store) Settle(ctx context.Context, marks []string) error {
 				continue
 			}
 			seen[cm.Name] = true
+			if sanitize.Stronger(cm.Data[keyLevel], level) != level {
+				continue // owed at a stronger level than was done
+			}
+			var disks []string
+			for _, dm := range strings.Fields(cm.Data[keyMarks]) {
+				if strings.HasPrefix(dm, "disk:") {
+					disks = append(disks, dm)
+				}
+			}
+			if len(disks) > 0 && !slices.ContainsFunc(disks, func(dm string) bool { return slices.Contains(erased, dm) }) {
+				continue // none of its disks was erased
+			}
 			if err := s.Client.Delete(ctx, cm); err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("settle erase debt %s: %w", cm.Name, err)
 			}
@@ -235,6 +245,9 @@ func (s *Store) Settle(ctx context.Context, marks []string) error {
 	}
 	return nil
 }
+
+// qemuSerial is the serial QEMU gives every emulated IDE/AHCI disk.
+var qemuSerial = regexp.MustCompile(`^QM\d{5}$`)
 
 func union(a, b []string) []string {
 	out := append(append([]string(nil), a...), b...)

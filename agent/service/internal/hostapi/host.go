@@ -26,6 +26,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
 // AgentRef is an authenticated host.
@@ -222,12 +223,28 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 // tenant's data on its disks, however it came back. A bound Agent is left
 // alone (its own cluster's data is no leak to that cluster).
 func (s *Server) oweByHardware(ctx context.Context, a *v1beta1.Agent) (*debts.Debt, error) {
-	if s.o.Debts == nil || lifecycle.Bound(a) || lifecycle.SanitizationOwed(a) {
+	if s.o.Debts == nil || lifecycle.Bound(a) {
 		return nil, nil
 	}
 	d, err := s.o.Debts.Find(ctx, debts.AgentMarks(a))
 	if err != nil || d == nil {
 		return nil, err
+	}
+	ds := a.Status.DiskSanitization
+	switch {
+	case lifecycle.SanitizationOwed(a):
+		// Already owing: only a stronger level than owed changes that.
+		if sanitize.Stronger(ds.Required, d.Level) == ds.Required {
+			return nil, nil
+		}
+	case ds != nil && ds.State == v1beta1.SanitizationDone && ds.CompletionTime != nil && sanitize.Stronger(ds.Level, d.Level) == ds.Level:
+		// This Agent erased its disks since the debt arose and the debt
+		// stayed (it names disks this host did not erase: disks replaced,
+		// or another machine's marks claimed): once per Agent, not at
+		// every boot.
+		if since, err := time.Parse(time.RFC3339, d.Since); err == nil && ds.CompletionTime.Time.After(since) {
+			return nil, nil
+		}
 	}
 	why := fmt.Sprintf("this machine (matched by %s) was installed into a cluster as Agent %s on %s and has not erased its disks since (%s)", matchedWhat(d.Matched), d.Agent, d.Since, d.Reason)
 	if !lifecycle.OweSanitization(&a.Status, d.Level, why) {

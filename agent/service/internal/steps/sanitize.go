@@ -255,7 +255,7 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 		// The machine is clean: what it owed by its hardware is paid. A
 		// debt left by a failure here is owed again at its next boot (an
 		// erase too many, never one too few).
-		if err := s.Debts.Settle(ctx, debts.AgentMarks(&cur)); err != nil {
+		if err := s.Debts.Settle(ctx, debts.AgentMarks(&cur), debts.DiskMarks(erasedDisks(done.Disks, cur.Status.Inventory.Disks)), done.Level); err != nil {
 			s.Log.Error(err, "settle erase debts", "agent", cur.Namespace+"/"+cur.Name)
 		}
 	}
@@ -263,6 +263,23 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 }
 
 var errNotRunning = &hostapi.RefusedError{Msg: "no sanitize step is running for this host"}
+
+// erasedDisks are the inventory's disks the records say were erased (not
+// kept, not spared).
+func erasedDisks(records []v1beta1.DiskSanitizationRecord, inventory []v1beta1.HostDisk) []v1beta1.HostDisk {
+	var out []v1beta1.HostDisk
+	for _, r := range records {
+		if r.Kept || r.Method == "" || r.Method == "skip" {
+			continue
+		}
+		for _, d := range inventory {
+			if d.Path == r.Disk {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
 
 // inventoryDisks are the paths of the disks the host's inventory lists.
 func inventoryDisks(a *v1beta1.Agent) []string {
