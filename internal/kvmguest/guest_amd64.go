@@ -3,6 +3,7 @@ package kvmguest
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -34,8 +35,8 @@ var guest = []byte{
 }
 
 // runGuest runs the test guest to its halt.
-func runGuest(dev string) error {
-	t, err := newTestVM(dev, guest, guestAddr)
+func runGuest(dev string, stop *atomic.Bool) error {
+	t, err := newTestVM(dev, stop, guest, guestAddr)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -44,12 +45,12 @@ type oneReg struct {
 	id, addr uint64
 }
 
-func runGuest(dev string) error {
+func runGuest(dev string, stop *atomic.Bool) error {
 	code := make([]byte, 4*len(guest))
 	for i, insn := range guest {
 		binary.LittleEndian.PutUint32(code[4*i:], insn)
 	}
-	t, err := newTestVM(dev, code, guestAddr)
+	t, err := newTestVM(dev, stop, code, guestAddr)
 	if err != nil {
 		return err
 	}

@@ -4,13 +4,14 @@ package kvmguest
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
 
 // runGuest checks the API version and creates a VM; running a test guest is
 // implemented for x86_64 and arm64 only.
-func runGuest(dev string) error {
+func runGuest(dev string, _ *atomic.Bool) error {
 	kvm, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dev, err)

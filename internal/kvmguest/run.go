@@ -3,6 +3,7 @@ package kvmguest
 import (
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -26,23 +27,34 @@ const (
 // answers the API but cannot run code is not usable, and neither is one
 // whose guest does not end within the bounds above.
 func Run(dev string) error {
-	return bounded(func() error { return runGuest(dev) }, CPUBudget, WallLimit)
+	return bounded(func(stop *atomic.Bool) error { return runGuest(dev, stop) }, CPUBudget, WallLimit)
 }
 
 // bounded runs f on an OS thread of its own and returns its error, or an
-// error once that thread has used cpu of CPU time or wall has passed. A
-// guest stuck in KVM_RUN keeps its thread, which ends with f.
-func bounded(f func() error, cpu, wall time.Duration) error {
+// error once that thread has used cpu of CPU time or wall has passed. Then
+// it sets f's stop flag and interrupts the thread (a signal makes KVM_RUN
+// return EINTR), so that a guest that does not end is not entered again:
+// a vCPU left spinning would cost a core for as long as the agent runs.
+func bounded(f func(stop *atomic.Bool) error, cpu, wall time.Duration) error {
 	tid := make(chan int, 1)
 	done := make(chan error, 1)
+	var stop atomic.Bool
 	go func() {
 		// Never unlocked: the thread ends with the goroutine, so no other
 		// goroutine inherits a thread that ran a vCPU.
 		runtime.LockOSThread()
 		tid <- unix.Gettid()
-		done <- f()
+		done <- f(&stop)
 	}()
-	clock := threadCPUClock(<-tid)
+	thread := <-tid
+	giveUp := func(err error) error {
+		stop.Store(true)
+		// SIGURG: the Go runtime's own preemption signal, which it
+		// ignores when it did not send it.
+		_ = unix.Tgkill(unix.Getpid(), thread, unix.SIGURG)
+		return err
+	}
+	clock := threadCPUClock(thread)
 	start := time.Now()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -55,9 +67,9 @@ func bounded(f func() error, cpu, wall time.Duration) error {
 		used := cpuTime(clock)
 		switch {
 		case used >= cpu:
-			return fmt.Errorf("KVM_RUN: the test guest did not end after %s of CPU time", used.Round(time.Millisecond))
+			return giveUp(fmt.Errorf("KVM_RUN: the test guest did not end after %s of CPU time", used.Round(time.Millisecond)))
 		case time.Since(start) >= wall:
-			return fmt.Errorf("KVM_RUN: the test guest did not end within %s (its vCPU used %s of CPU time)", wall, used.Round(time.Millisecond))
+			return giveUp(fmt.Errorf("KVM_RUN: the test guest did not end within %s (its vCPU used %s of CPU time)", wall, used.Round(time.Millisecond)))
 		}
 	}
 }

@@ -2,6 +2,7 @@ package kvmguest
 
 import (
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,40 +10,56 @@ import (
 )
 
 func TestBounded(t *testing.T) {
-	release := make(chan struct{})
-	defer close(release)
-	spin := func() error {
-		for {
-			select {
-			case <-release:
-				return nil
-			default:
+	broken := errors.New("KVM_RUN: internal error")
+	// A guest that does not end is given up on by its bound, and then
+	// told to stop: its thread must not go on spinning (or waiting).
+	spin := func(ended chan struct{}) func(*atomic.Bool) error {
+		return func(stop *atomic.Bool) error {
+			defer close(ended)
+			for !stop.Load() {
 			}
+			return nil
 		}
 	}
-	stalled := func() error { <-release; return nil }
-	broken := errors.New("KVM_RUN: internal error")
-
+	stall := func(ended chan struct{}) func(*atomic.Bool) error {
+		return func(stop *atomic.Bool) error {
+			defer close(ended)
+			for !stop.Load() {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return nil
+		}
+	}
+	// Each case's other bound is out of reach, so that the bound named is
+	// the one that decides however loaded the machine is.
 	for name, tc := range map[string]struct {
-		f    func() error
-		want string
+		f         func(chan struct{}) func(*atomic.Bool) error
+		cpu, wall time.Duration
+		want      string
 	}{
-		"guest ends":      {func() error { return nil }, ""},
-		"guest fails":     {func() error { return broken }, broken.Error()},
-		"vCPU spins":      {spin, "did not end after"},
-		"vCPU never runs": {stalled, "did not end within 1s"},
+		"guest ends": {func(e chan struct{}) func(*atomic.Bool) error {
+			close(e)
+			return func(*atomic.Bool) error { return nil }
+		}, time.Hour, time.Hour, ""},
+		"guest fails": {func(e chan struct{}) func(*atomic.Bool) error {
+			close(e)
+			return func(*atomic.Bool) error { return broken }
+		}, time.Hour, time.Hour, broken.Error()},
+		"vCPU spins":      {spin, 200 * time.Millisecond, time.Hour, "did not end after"},
+		"vCPU never runs": {stall, time.Hour, time.Second, "did not end within 1s"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			start := time.Now()
-			err := bounded(tc.f, 200*time.Millisecond, time.Second)
+			ended := make(chan struct{})
+			err := bounded(tc.f(ended), tc.cpu, tc.wall)
 			if tc.want == "" {
 				require.NoError(t, err)
-				return
+			} else {
+				require.ErrorContains(t, err, tc.want)
 			}
-			require.ErrorContains(t, err, tc.want)
-			// A spinning vCPU is judged by its CPU time, well before the wall limit.
-			if name == "vCPU spins" {
-				require.Less(t, time.Since(start), time.Second)
+			select {
+			case <-ended:
+			case <-time.After(time.Minute):
+				t.Fatal("the guest's thread was left running after its bound")
 			}
 		})
 	}

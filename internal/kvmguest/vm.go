@@ -5,6 +5,7 @@ package kvmguest
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -42,11 +43,14 @@ func ioctl(fd int, req, arg uintptr) (uintptr, error) {
 // guestPhys, and one vCPU whose kvm_run area is mapped.
 type testVM struct {
 	kvm, vm, cpu int
-	mem, run     []byte
+	// stop is set when the caller gave up on the guest: an interrupted
+	// KVM_RUN then returns instead of entering the guest again.
+	stop     *atomic.Bool
+	mem, run []byte
 }
 
-func newTestVM(dev string, code []byte, guestPhys uint64) (*testVM, error) {
-	t := &testVM{kvm: -1, vm: -1, cpu: -1}
+func newTestVM(dev string, stop *atomic.Bool, code []byte, guestPhys uint64) (*testVM, error) {
+	t := &testVM{kvm: -1, vm: -1, cpu: -1, stop: stop}
 	fail := func(err error) (*testVM, error) {
 		t.close()
 		return nil, err
@@ -90,7 +94,7 @@ func newTestVM(dev string, code []byte, guestPhys uint64) (*testVM, error) {
 func (t *testVM) runOnce() (uint32, error) {
 	for {
 		if _, err := ioctl(t.cpu, kvmRun, 0); err != nil {
-			if errors.Is(err, unix.EINTR) {
+			if errors.Is(err, unix.EINTR) && !t.stop.Load() {
 				continue
 			}
 			return 0, fmt.Errorf("KVM_RUN: %w", err)
