@@ -38,11 +38,11 @@ type Options struct {
 	// RootCAs verify Redfish BMCs; nil means the system pool. The
 	// reconciler sets the CA of the BMC's credentials Secret (ca.crt).
 	RootCAs *x509.CertPool
-	// Pin is the address the BMC's name was checked at (--bmc-networks):
-	// every connection goes there, so a name that resolves elsewhere at
-	// connect time (DNS rebinding) reaches nothing new. Zero dials the
-	// name.
-	Pin netip.Addr
+	// Pins are the addresses the BMC's name was resolved to and checked at
+	// (--bmc-networks), in the resolver's order: every connection goes to
+	// the first that answers, so a name that resolves elsewhere at connect
+	// time (DNS rebinding) reaches nothing new. Empty dials the name.
+	Pins []netip.Addr
 	// CallTimeout bounds each power and boot call (30s by default).
 	CallTimeout time.Duration
 	// MediaTimeout bounds each virtual media call (2m by default: the BMC
@@ -157,8 +157,8 @@ func Open(ctx context.Context, a address.Address, c Credentials, o Options) (BMC
 	}
 	provider := "gofish"
 	host := a.Host
-	if o.Pin.IsValid() {
-		host = o.Pin.String()
+	if len(o.Pins) > 0 {
+		host = o.Pins[0].String() // ipmitool takes one address
 	}
 	switch a.Protocol {
 	case address.IPMI:
@@ -212,18 +212,26 @@ func redfishClient(o Options) *http.Client {
 		Timeout: o.MediaTimeout,
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				if o.Pin.IsValid() {
+				targets := []string{addr}
+				if len(o.Pins) > 0 {
 					_, port, err := net.SplitHostPort(addr)
 					if err != nil {
 						return nil, err
 					}
-					addr = net.JoinHostPort(o.Pin.String(), port)
+					targets = targets[:0]
+					for _, ip := range o.Pins {
+						targets = append(targets, net.JoinHostPort(ip.String(), port))
+					}
 				}
-				conn, err := dialer.DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
+				var errs []error
+				for _, t := range targets {
+					conn, err := dialer.DialContext(ctx, network, t)
+					if err == nil {
+						return &boundedConn{Conn: conn, left: MaxAnswerBytes}, nil
+					}
+					errs = append(errs, err)
 				}
-				return &boundedConn{Conn: conn, left: MaxAnswerBytes}, nil
+				return nil, errors.Join(errs...)
 			},
 			TLSClientConfig:        &tls.Config{RootCAs: o.RootCAs, InsecureSkipVerify: o.InsecureTLS, MinVersion: tls.VersionTLS12}, //nolint:gosec // the BareMetalHost's own choice
 			TLSHandshakeTimeout:    o.CallTimeout,

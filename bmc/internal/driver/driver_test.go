@@ -3,9 +3,17 @@ package driver
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stmcginnis/gofish/common"
+	"github.com/stretchr/testify/require"
 )
 
 func TestParsePowerState(t *testing.T) {
@@ -82,4 +90,35 @@ func TestBusy(t *testing.T) {
 	if err := s.fail("set boot device", errors.New("Node busy")); !errors.Is(err, ErrBusy) {
 		t.Errorf("an IPMI busy answer to another operation is not ErrBusy: %v", err)
 	}
+}
+
+// A Redfish session's connections go to the checked addresses only, the
+// first that answers (never to what the name resolves to now), and read an
+// answer up to MaxAnswerBytes.
+func TestRedfishClientPinsAndBounds(t *testing.T) {
+	big := strings.Repeat("x", MaxAnswerBytes+1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/big" {
+			_, _ = io.WriteString(w, big)
+			return
+		}
+		_, _ = io.WriteString(w, `{"@odata.id":"/redfish/v1/"}`)
+	}))
+	t.Cleanup(srv.Close)
+	_, port, err := net.SplitHostPort(srv.Listener.Addr().String())
+	require.NoError(t, err)
+	// 127.0.0.2 refuses (nothing listens there); the name does not resolve.
+	c := redfishClient(Options{Pins: []netip.Addr{netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("127.0.0.1")}, CallTimeout: 10 * time.Second, MediaTimeout: 10 * time.Second})
+	resp, err := c.Get("http://bmc.example.invalid:" + port + "/redfish/v1/")
+	require.NoError(t, err, "the second checked address answers")
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, string(body), "/redfish/v1/")
+
+	resp, err = c.Get("http://bmc.example.invalid:" + port + "/big")
+	require.NoError(t, err)
+	_, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.ErrorIs(t, err, ErrAnswerTooLarge)
 }

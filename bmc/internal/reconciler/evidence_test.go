@@ -89,17 +89,24 @@ func TestBMCNetworks(t *testing.T) {
 	} {
 		a, err := address.Parse(addr)
 		require.NoError(t, err, addr)
-		pin, err := r.resolve(context.Background(), a)
+		pins, err := r.resolve(context.Background(), a)
 		if ip, perr := netip.ParseAddr(want); perr == nil {
 			require.NoError(t, err, addr)
-			require.Equal(t, ip, pin, "%s is connected to at the address that was checked", addr)
+			require.Equal(t, []netip.Addr{ip}, pins, "%s is connected to at the address that was checked", addr)
 			continue
 		}
 		require.ErrorContains(t, err, want, addr)
 	}
-	pin, err := (&Reconciler{}).resolve(context.Background(), address.Address{Host: "10.0.0.1"})
+	pins, err := (&Reconciler{}).resolve(context.Background(), address.Address{Host: "10.0.0.1"})
 	require.NoError(t, err, "no --bmc-networks: any")
-	require.Equal(t, netip.MustParseAddr("10.0.0.1"), pin)
+	require.Equal(t, []netip.Addr{netip.MustParseAddr("10.0.0.1")}, pins)
+	// A name with several addresses, all inside: each is tried in turn.
+	r.Resolve = func(context.Context, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("2001:db8::7"), netip.MustParseAddr("198.18.4.7")}, nil
+	}
+	pins, err = r.resolve(context.Background(), address.Address{Host: "dual.lab"})
+	require.NoError(t, err)
+	require.Equal(t, []netip.Addr{netip.MustParseAddr("2001:db8::7"), netip.MustParseAddr("198.18.4.7")}, pins)
 }
 
 func TestBoundMessage(t *testing.T) {

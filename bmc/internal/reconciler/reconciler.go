@@ -288,7 +288,7 @@ func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driv
 	if err != nil {
 		return nil, address.Address{}, failed(metal3.RegistrationError, err)
 	}
-	pin, err := r.resolve(ctx, a)
+	pins, err := r.resolve(ctx, a)
 	if err != nil {
 		return nil, address.Address{}, failed(metal3.RegistrationError, err)
 	}
@@ -301,7 +301,7 @@ func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driv
 	}
 	opts := r.Driver
 	opts.InsecureTLS = host.Spec.BMC.DisableCertificateVerification
-	opts.Pin = pin
+	opts.Pins = pins
 	if ca != nil {
 		opts.RootCAs = ca
 	}
@@ -313,11 +313,11 @@ func (r *Reconciler) open(ctx context.Context, host *metal3.BareMetalHost) (driv
 	return bmc, a, step{errType: errType}
 }
 
-// resolve returns the address to connect to the BMC at: an IP literal, or
-// the first address its name resolves to, after checking every one against
-// Networks. The connection goes to that address (driver.Options.Pin), so
-// what was checked is what is reached.
-func (r *Reconciler) resolve(ctx context.Context, a address.Address) (netip.Addr, error) {
+// resolve returns the addresses to connect to the BMC at: an IP literal, or
+// every address its name resolves to, each checked against Networks.
+// Connections go to those addresses only (driver.Options.Pins), so what was
+// checked is what is reached.
+func (r *Reconciler) resolve(ctx context.Context, a address.Address) ([]netip.Addr, error) {
 	var addrs []netip.Addr
 	if ip, err := netip.ParseAddr(a.Host); err == nil {
 		addrs = []netip.Addr{ip}
@@ -329,14 +329,17 @@ func (r *Reconciler) resolve(ctx context.Context, a address.Address) (netip.Addr
 			}
 		}
 		if addrs, err = resolve(ctx, a.Host); err != nil {
-			return netip.Addr{}, fmt.Errorf("BMC address %s: %w", a.Host, err)
+			return nil, fmt.Errorf("BMC address %s: %w", a.Host, err)
 		}
 	}
 	if len(addrs) == 0 {
-		return netip.Addr{}, fmt.Errorf("BMC address %s resolves to nothing", a.Host)
+		return nil, fmt.Errorf("BMC address %s resolves to nothing", a.Host)
+	}
+	for i := range addrs {
+		addrs[i] = addrs[i].Unmap()
 	}
 	if len(r.Networks) == 0 {
-		return addrs[0].Unmap(), nil
+		return addrs, nil
 	}
 	for _, ip := range addrs {
 		ip = ip.Unmap()
@@ -352,10 +355,10 @@ func (r *Reconciler) resolve(ctx context.Context, a address.Address) (netip.Addr
 			for i, n := range r.Networks {
 				nets[i] = n.String()
 			}
-			return netip.Addr{}, fmt.Errorf("BMC address %s (%s) is outside the BMC networks this agentboot may reach (--bmc-networks=%s): nothing was sent to it", a.Host, ip, strings.Join(nets, ","))
+			return nil, fmt.Errorf("BMC address %s (%s) is outside the BMC networks this agentboot may reach (--bmc-networks=%s): nothing was sent to it", a.Host, ip, strings.Join(nets, ","))
 		}
 	}
-	return addrs[0].Unmap(), nil
+	return addrs, nil
 }
 
 // CAKey is the key of a BareMetalHost's credentials Secret that may hold
