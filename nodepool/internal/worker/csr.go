@@ -42,23 +42,36 @@ const (
 	// cluster per visit (pages of csrPage, by signer): past it, nothing is
 	// approved there.
 	maxListedCSRs = 2000
-	csrPage       = 250
 )
+
+// csrPage is how many CSRs one list call asks for (a variable: tests page
+// through a few).
+var csrPage int64 = 250
 
 // kubeletSigners are the signers of the CSRs agentboot approves; the
 // hosted cluster's CSRs are listed by them (a field selector), never all.
 var kubeletSigners = []string{certificatesv1.KubeAPIServerClientKubeletSignerName, certificatesv1.KubeletServingSignerName}
 
 // listKubeletCSRs lists the hosted cluster's kubelet CSRs, page by page,
-// up to maxListedCSRs.
+// up to maxListedCSRs, all as of one resourceVersion: the first list's.
+// (Two lists at different versions let a flood seen in an older one hide
+// from a CSR seen in a newer one: a serving CSR created after 101 others was
+// approved beside a count of 69.)
 func listKubeletCSRs(ctx context.Context, hc kubernetes.Interface) ([]certificatesv1.CertificateSigningRequest, error) {
 	var out []certificatesv1.CertificateSigningRequest
+	rv := ""
 	for _, signer := range kubeletSigners {
 		opts := metav1.ListOptions{FieldSelector: "spec.signerName=" + signer, Limit: csrPage}
+		if rv != "" {
+			opts.ResourceVersion, opts.ResourceVersionMatch = rv, metav1.ResourceVersionMatchExact
+		}
 		for {
 			list, err := hc.CertificatesV1().CertificateSigningRequests().List(ctx, opts)
 			if err != nil {
 				return nil, fmt.Errorf("list CertificateSigningRequests of %s: %w", signer, err)
+			}
+			if rv == "" {
+				rv = list.ResourceVersion
 			}
 			out = append(out, list.Items...)
 			if len(out) > maxListedCSRs {
@@ -67,7 +80,8 @@ func listKubeletCSRs(ctx context.Context, hc kubernetes.Interface) ([]certificat
 			if list.Continue == "" {
 				break
 			}
-			opts.Continue = list.Continue
+			// A continue token carries its version; it may not be given twice.
+			opts.Continue, opts.ResourceVersion, opts.ResourceVersionMatch = list.Continue, "", ""
 		}
 	}
 	return out, nil

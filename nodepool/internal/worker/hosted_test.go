@@ -2,12 +2,21 @@ package worker
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
 	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -104,4 +113,44 @@ func TestKubeconfigTakesServerCAAndCredentialsOnly(t *testing.T) {
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
+}
+
+// The hosted cluster's kubelet CSRs are read page by page, by signer, all
+// as of one version, and nothing of other signers.
+func TestListKubeletCSRsPages(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{})
+	hc, err := kubernetes.NewForConfig(env.Config)
+	require.NoError(t, err)
+	defer func(p int64) { csrPage = p }(csrPage)
+	csrPage = 2
+	want := map[string]bool{}
+	for i, signer := range []string{certificatesv1.KubeAPIServerClientKubeletSignerName, certificatesv1.KubeletServingSignerName, "example.com/other"} {
+		for j := range 5 {
+			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			require.NoError(t, err)
+			der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "system:node:w1", Organization: []string{"system:nodes"}}}, key)
+			require.NoError(t, err)
+			name := fmt.Sprintf("csr-%d-%d", i, j)
+			usages := []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
+			if signer == certificatesv1.KubeletServingSignerName {
+				usages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
+			}
+			_, err = hc.CertificatesV1().CertificateSigningRequests().Create(context.Background(), &certificatesv1.CertificateSigningRequest{
+				ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: certificatesv1.CertificateSigningRequestSpec{SignerName: signer, Usages: usages,
+					Request: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})},
+			}, metav1.CreateOptions{})
+			require.NoError(t, err)
+			if signer != "example.com/other" {
+				want[name] = true
+			}
+		}
+	}
+	items, err := listKubeletCSRs(context.Background(), hc)
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for _, c := range items {
+		got[c.Name] = true
+	}
+	require.Equal(t, want, got)
 }
