@@ -121,6 +121,13 @@ func onBridge(t *testing.T, bridge string, o vm.Options) vm.Options {
 	t.Helper()
 	tap, err := theLab.TapOn(bridge)
 	require.NoError(t, err)
+	// Registered before the VM's own clean-up, so it runs after qemu is
+	// gone: the tap, its counters and the neighbours stay.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the lab's network at the end of %s (VM %s on %s):\n%s", t.Name(), o.Name, tap, theLab.Describe(tap))
+		}
+	})
 	o.Prefix = theLab.Exec()
 	o.Net = "tap,ifname=" + tap + ",script=no,downscript=no"
 	return o

@@ -58,17 +58,29 @@ func New(dir string) (*Lab, error) {
 	}
 	l := &Lab{NS: ns, Dir: dir}
 	l.cleanup = append(l.cleanup, ns.Close)
-	for _, cmd := range [][]string{
-		{"link", "add", bridgeName, "type", "bridge"},
-		{"addr", "add", HostIP + "/24", "dev", bridgeName},
-		{"link", "set", bridgeName, "up"},
-	} {
-		if err := l.IP(cmd...); err != nil {
-			l.Close()
-			return nil, err
-		}
+	if err := l.bridge(bridgeName, 0, HostIP); err != nil {
+		l.Close()
+		return nil, err
 	}
 	return l, nil
+}
+
+// bridge creates bridge name with address ip/24 and a fixed, locally
+// administered MAC address 02:00:c6:12:<n>:01. Without one, Linux gives
+// a bridge the lowest MAC of its ports, so every tap a test adds could
+// change the host's MAC under the VMs already running, whose ARP caches
+// then point at an address the bridge no longer takes as its own.
+func (l *Lab) bridge(name string, n int, ip string) error {
+	for _, cmd := range [][]string{
+		{"link", "add", name, "address", fmt.Sprintf("02:00:c6:12:%02x:01", n), "type", "bridge"},
+		{"addr", "add", ip + "/24", "dev", name},
+		{"link", "set", name, "up"},
+	} {
+		if err := l.IP(cmd...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // RemoveStale deletes lab namespaces whose test process no longer runs.
@@ -97,16 +109,7 @@ type Segment struct {
 func (l *Lab) Segment(n int) (Segment, error) {
 	seg := Segment{Bridge: fmt.Sprintf("br%d", n), Prefix: fmt.Sprintf("198.18.%d", n)}
 	seg.HostIP = seg.Prefix + ".1"
-	for _, cmd := range [][]string{
-		{"link", "add", seg.Bridge, "type", "bridge"},
-		{"addr", "add", seg.HostIP + "/24", "dev", seg.Bridge},
-		{"link", "set", seg.Bridge, "up"},
-	} {
-		if err := l.IP(cmd...); err != nil {
-			return seg, err
-		}
-	}
-	return seg, nil
+	return seg, l.bridge(seg.Bridge, n, seg.HostIP)
 }
 
 // Tap creates a tap device on the main bridge and returns its name.
@@ -128,6 +131,29 @@ func (l *Lab) TapOn(bridge string) (string, error) {
 		}
 	}
 	return name, nil
+}
+
+// Describe is the lab's network as seen from tap's side, for the failure
+// message of a test whose VM lost its way: the tap's link and counters, the
+// bridges' forwarding entries, the namespace's neighbours, and its TCP
+// sockets with their timers.
+func (l *Lab) Describe(tap string) string {
+	var b strings.Builder
+	for _, cmd := range [][]string{
+		{"ip", "-s", "-d", "link", "show", "dev", tap},
+		{"ip", "-d", "link", "show", "type", "bridge"},
+		{"bridge", "fdb", "show", "dynamic"},
+		{"ip", "neigh", "show"},
+		{"ss", "-tanoi"},
+	} {
+		full := append(l.Exec(), cmd...)
+		out, err := exec.Command(full[0], full[1:]...).CombinedOutput()
+		fmt.Fprintf(&b, "$ %s\n%s", strings.Join(cmd, " "), out)
+		if err != nil {
+			fmt.Fprintf(&b, "(%v)\n", err)
+		}
+	}
+	return b.String()
 }
 
 // DHCP runs dnsmasq on the main bridge, handing out addresses only (extra
