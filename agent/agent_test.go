@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentboot/agentboot/agent"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/test/stack"
 )
 
@@ -139,7 +140,7 @@ func TestAgentLifecycle(t *testing.T) {
 	// The service goes away and comes back: the host stays connected, in
 	// the same session (registering again would be held off while it is
 	// alive).
-	session := agentOf().Annotations["agentboot.io/session"]
+	session := lifecycle.Registration(agentOf()).Session
 	require.NotEmpty(t, session)
 	p.stop()
 	time.Sleep(2 * time.Second)
@@ -161,14 +162,14 @@ func TestAgentLifecycle(t *testing.T) {
 		}, 30*time.Second, 200*time.Millisecond, what)
 	}
 	renewed("heartbeats resume after the outage")
-	require.Equal(t, session, agentOf().Annotations["agentboot.io/session"], "the agent kept its session through the outage")
+	require.Equal(t, session, lifecycle.Registration(agentOf()).Session, "the agent kept its session through the outage")
 
 	// The agent restarts in the same boot: it continues its session.
 	cancel()
 	<-done
 	done, cancel = run()
 	renewed("the restarted agent heartbeats")
-	require.Equal(t, session, agentOf().Annotations["agentboot.io/session"], "the restarted agent continued its session")
+	require.Equal(t, session, lifecycle.Registration(agentOf()).Session, "the restarted agent continued its session")
 
 	// Deleting the InfraEnv stops the agent cleanly.
 	require.NoError(t, s.Client.Delete(ctx, ie))

@@ -134,7 +134,7 @@ func TestServedISOCarriesIgnitionAndKargs(t *testing.T) {
 
 	// The ISO a BMC is told to insert for one BareMetalHost carries its
 	// boot proof, in the same content version.
-	proof := strings.Repeat("P", 43)
+	proof := strings.Repeat("N", 22) + ".1795810000." + strings.Repeat("P", 43)
 	proved := get(t, s, ie.Status.ISODownloadURL+"&bmh=worker-7&proof="+proof, nil)
 	require.Equal(t, http.StatusOK, proved.code, string(proved.body))
 	require.NotEqual(t, iso.header.Get("ETag"), proved.header.Get("ETag"))
@@ -147,9 +147,10 @@ func TestServedISOCarriesIgnitionAndKargs(t *testing.T) {
 	want := base64.StdEncoding.EncodeToString([]byte(`{"bareMetalHost":"worker-7","proof":"` + proof + `"}`))
 	require.Contains(t, string(cfg), want)
 	for q, code := range map[string]int{
-		"&bmh=Not_A_Name&proof=" + proof: http.StatusBadRequest,
-		"&bmh=worker-7&proof=a%20b":      http.StatusBadRequest,
-		"&bmh=worker-7":                  http.StatusBadRequest,
+		"&bmh=Not_A_Name&proof=" + proof:                 http.StatusBadRequest,
+		"&bmh=worker-7&proof=a%20b":                      http.StatusBadRequest,
+		"&bmh=worker-7&proof=" + strings.Repeat("P", 43): http.StatusBadRequest,
+		"&bmh=worker-7":                                  http.StatusBadRequest,
 	} {
 		require.Equal(t, code, get(t, s, ie.Status.ISODownloadURL+q, nil).code, q)
 	}

@@ -452,6 +452,9 @@ func TestTenantCannotReachAnotherCluster(t *testing.T) {
 		require.Eventually(t, func() bool {
 			var a v1beta1.Agent
 			require.NoError(t, tenant.Get(ctx, client.ObjectKey{Namespace: mallory.NS, Name: mallory.ID}, &a))
+			if a.Annotations == nil {
+				a.Annotations = map[string]string{}
+			}
 			change(&a)
 			return tenant.Update(ctx, &a) == nil
 		}, wait, 100*time.Millisecond)
@@ -754,6 +757,22 @@ func TestKubeletCSRsStrict(t *testing.T) {
 	kl.CSR("serving-vip", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, []net.IP{net.ParseIP("198.18.0.10")}, hosted.ServingUsages...)
 	requireAgentEvent(t, e, h, "CSRNotApproved", "IP address 198.18.0.10 is one the host reported but was never seen using (it connected from 127.0.0.1)")
 	require.False(t, kl.Approved("serving-vip"))
+
+	// Renaming the bound Agent (spec.hostname, which whoever edits Agents
+	// may write) does not change the Node it joins as: the worker still
+	// looks at host-1's CSRs, and a CSR of the new name is not its. Both
+	// pending CSRs are looked at in one pass, so the second is decided by
+	// the time the first is approved.
+	a := e.agent(h)
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Spec.Hostname = "host-x"
+	require.NoError(t, e.Client.Patch(ctx, a, patch))
+	require.Equal(t, "host-1", lifecycle.Registration(e.agent(h)).NodeName)
+	renamed := &hosted.Kubelet{T: t, C: e.hosted, Name: "host-x"}
+	renamed.CSR("renamed", hosted.ServingSigner, "system:node:host-x", "host-x", []string{"host-x"}, nil, hosted.ServingUsages...)
+	kl.CSR("serving-3", hosted.ServingSigner, "system:node:host-1", "host-1", []string{"host-1"}, nil, hosted.ServingUsages...)
+	require.Eventually(t, func() bool { return kl.Approved("serving-3") }, wait, 100*time.Millisecond, "host-1's CSRs are still this host's")
+	require.False(t, renamed.Approved("renamed"), "a CSR of the name an editor gave the bound Agent")
 }
 
 // TestKubeletCSRApprovalOff: --approve-kubelet-csrs=false leaves the

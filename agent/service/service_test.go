@@ -527,41 +527,28 @@ func TestHostIdentity(t *testing.T) {
 	realSession := real.token[:strings.LastIndexByte(real.token, '.')]
 
 	// The Agent records the session's ID, never its secret.
-	started := real.agent(t).Annotations[lifecycle.SessionStartedAnnotation]
-	recorded := real.agent(t).Annotations["agentboot.io/session"]
+	// The Agent records the session's ID, never its secret.
+	started := lifecycle.Registration(real.agent(t)).SessionStarted
+	recorded := lifecycle.Registration(real.agent(t)).Session
 	require.NotEmpty(t, recorded)
 	require.NotContains(t, recorded, realSession)
 
 	// No registration continues a live session, not even one showing its
-	// secret, nor one whose secret an Agent editor chose and wrote the
-	// digest of: a session's token is handed out once.
+	// secret: a session's token is handed out once. (That an Agent editor
+	// cannot choose the session is TestEditorGainsNothing's.)
 	c, err := agentclient.New(cfg)
 	require.NoError(t, err)
-	chosen := strings.Repeat("c", 32)
-	a := real.agent(t)
-	patch := client.MergeFrom(a.DeepCopy())
-	a.Annotations["agentboot.io/session"] = hosts.SessionID(chosen)
-	require.NoError(t, s.Client.Patch(ctx, a, patch))
-	for _, session := range []string{realSession, chosen, strings.Repeat("0", 32), recorded} {
+	for _, session := range []string{realSession, strings.Repeat("0", 32), recorded} {
 		_, err = c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim, Session: session})
 		require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "%q continues nothing: %v", session, err)
 	}
 	waitEvent(t, ie.Namespace, id, "SessionRefused")
-	require.Equal(t, started, real.agent(t).Annotations[lifecycle.SessionStartedAnnotation])
-	// The editor's rewrite ended the host's session (its token no longer
-	// matches): the host registers again once silent, as after a reboot.
-	a = real.agent(t)
-	patch = client.MergeFrom(a.DeepCopy())
-	a.Annotations["agentboot.io/session"] = recorded
-	require.NoError(t, s.Client.Patch(ctx, a, patch))
-	require.Eventually(t, func() bool {
-		_, err := real.c.Instructions(ctx, real.ns, real.id, agentwire.InstructionsRequest{Time: time.Now()})
-		return err == nil
-	}, 10*time.Second, 100*time.Millisecond, "the host's own session again")
+	require.Equal(t, started, lifecycle.Registration(real.agent(t)).SessionStarted)
+	real.beat(t)
 	a0 := real.agent(t)
 	p0 := client.MergeFrom(a0.DeepCopy())
-	delete(a0.Annotations, "agentboot.io/contested-at") // that attempt is not what this test disputes
-	require.NoError(t, s.Client.Patch(ctx, a0, p0))
+	a0.Status.Registration.Contested = "" // that attempt is not what this test disputes
+	require.NoError(t, s.Client.Status().Patch(ctx, a0, p0))
 
 	// What a PXE request gives away (the UUID, one MAC) is not the host.
 	_, err = reg(agentwire.HostIdentity{SystemUUID: id, MACAddresses: []string{stack.MAC(21)}})
@@ -586,21 +573,22 @@ func TestHostIdentity(t *testing.T) {
 	}()
 	_, err = reg(victim)
 	require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "%v", err)
-	a = real.waitAgent(t, "was disputed", func(a *v1beta1.Agent) bool {
+	a := real.waitAgent(t, "was disputed", func(a *v1beta1.Agent) bool {
 		return validation(a, "identity-undisputed").Status == v1beta1.ValidationFailure
 	})
 	close(stop)
 	<-beating
 	require.Contains(t, validation(a, "identity-undisputed").Message, "two hosts claim to be "+id)
-	require.Contains(t, a.Annotations[lifecycle.DisputedAnnotation], "two hosts claim")
+	require.Contains(t, lifecycle.Registration(a).Disputed, "two hosts claim")
 	waitEvent(t, ie.Namespace, id, "IdentityConflict")
 	real.beat(t) // its session goes on
 
-	// The administrator settles it; once the host is silent (it rebooted),
-	// a new session begins and the earlier token stops working.
-	patch = client.MergeFrom(a.DeepCopy())
-	delete(a.Annotations, lifecycle.DisputedAnnotation)
-	require.NoError(t, s.Client.Patch(ctx, a, patch))
+	// The administrator settles it (agents/status: no tenant can); once
+	// the host is silent (it rebooted), a new session begins and the
+	// earlier token stops working.
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Status.Registration.Disputed = ""
+	require.NoError(t, s.Client.Status().Patch(ctx, a, patch))
 	again, err := regAfterSilence(victim)
 	require.NoError(t, err)
 	require.NotEqual(t, real.token, again.token)
@@ -621,34 +609,113 @@ func TestHostIdentity(t *testing.T) {
 	require.True(t, agentclient.IsCode(err, agentwire.CodeIdentityInDoubt), "%v", err)
 	waitEvent(t, ie.Namespace, id, "IdentityInDoubt")
 	again.beat(t) // the bound session still works
-	require.Equal(t, again.agent(t).Annotations["agentboot.io/session"], a.Annotations["agentboot.io/session"])
+	require.Equal(t, lifecycle.Registration(again.agent(t)).Session, lifecycle.Registration(a).Session)
 
-	// Unless its own BareMetalHost's BMC booted it: the boot proof in the
-	// ISO that BMC inserted says so, and a new session begins.
-	bmh := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "vm21",
-		Annotations: map[string]string{"baremetalhost.metal3.io/detached": ""}},
-		Spec: metal3.BareMetalHostSpec{BootMACAddress: stack.MAC(21), BMC: metal3.BMCDetails{Address: "ipmi://198.18.0.9", CredentialsName: "none"}}}
+	// Not even when its own BareMetalHost's BMC booted it: a boot proof
+	// says which BMC booted the host, not that it is the host that was
+	// bound.
+	bmh, proof := bootedBMH(t, ie.Namespace, "vm21", stack.MAC(21))
+	a = again.agent(t)
+	patch = client.MergeFrom(a.DeepCopy())
+	a.Labels[v1beta1.BMHLabel] = bmh.Name
+	require.NoError(t, s.Client.Patch(ctx, a, patch))
+	c, err = agentclient.New(cfg)
+	require.NoError(t, err)
+	s.Silence(t, ie.Namespace, id)
+	require.Eventually(t, func() bool {
+		_, err = c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim,
+			BootProof: &agentwire.BootProof{BareMetalHost: bmh.Name, Proof: proof(time.Hour)}})
+		return !agentclient.IsCode(err, agentwire.CodeHostActive)
+	}, 30*time.Second, 100*time.Millisecond)
+	require.True(t, agentclient.IsCode(err, agentwire.CodeIdentityInDoubt), "%v", err)
+	again.beat(t)
+}
+
+// bootedBMH creates a detached BareMetalHost ns/name and records a boot of
+// it as its BMC controller does; proof makes that boot's proof, valid for
+// the given time from now.
+func bootedBMH(t *testing.T, ns, name, mac string) (*metal3.BareMetalHost, func(time.Duration) string) {
+	t.Helper()
+	ctx := context.Background()
+	nonce := signing.NewBootNonce()
+	bmh := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+		Annotations: map[string]string{"baremetalhost.metal3.io/detached": "", signing.BootNonceAnnotation: nonce}},
+		Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: metal3.BMCDetails{Address: "ipmi://198.18.0.9", CredentialsName: "none"}}}
 	require.NoError(t, s.Client.Create(ctx, bmh))
 	key, err := signing.Ensure(ctx, s.Client, nil, stack.Namespace)
 	require.NoError(t, err)
-	a = again.agent(t)
-	patch = client.MergeFrom(a.DeepCopy())
-	a.Labels[v1beta1.BMHLabel] = "vm21"
-	require.NoError(t, s.Client.Patch(ctx, a, patch))
-	var booted *host
-	require.Eventually(t, func() bool { // the service sees the label and the BareMetalHost through its cache
+	return bmh, func(valid time.Duration) string {
+		return key.BootProof(ns, name, string(bmh.UID), nonce, time.Now().Add(valid))
+	}
+}
+
+// TestBootProofHoldsForOneBoot: a registration's boot proof counts (the
+// Agent records the BareMetalHost that booted it) only for the boot its
+// BMC controller recorded last, and only until it expires; a proof read
+// later from the BareMetalHost's status, or of an earlier boot, is
+// nothing. A proof never outweighs a live session.
+func TestBootProofHoldsForOneBoot(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	cfg := s.AgentConfig(t, ie)
+	bmh, proof := bootedBMH(t, ie.Namespace, "booted", stack.MAC(81))
+	reg := func(n int, p string) (*host, error) {
 		c, err := agentclient.New(cfg)
 		require.NoError(t, err)
-		resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: id, Identity: victim,
-			BootProof: &agentwire.BootProof{BareMetalHost: "vm21", Proof: key.BootProof(ie.Namespace, "vm21", string(bmh.UID))}})
+		resp, err := c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: stack.HostID(n),
+			Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(n)}}, BootProof: &agentwire.BootProof{BareMetalHost: bmh.Name, Proof: p}})
 		if err != nil {
-			return false
+			return nil, err
 		}
-		booted = &host{cfg: cfg, c: c, ns: resp.Namespace, id: resp.HostID, token: resp.AgentToken}
-		return true
-	}, 30*time.Second, 500*time.Millisecond)
-	require.NotEqual(t, again.token, booted.token)
-	require.Equal(t, string(bmh.UID), booted.agent(t).Annotations[lifecycle.BootedByAnnotation])
+		c.SetToken(resp.AgentToken)
+		return &host{cfg: cfg, c: c, ns: resp.Namespace, id: resp.HostID, token: resp.AgentToken}, nil
+	}
+	current, expired := proof(time.Hour), proof(-time.Second)
+	h, err := reg(81, current)
+	require.NoError(t, err)
+	require.Equal(t, string(bmh.UID), lifecycle.Registration(h.agent(t)).BootedBy, "the proof of the boot its BMC sent")
+	h.beat(t)
+
+	x, err := reg(82, expired)
+	require.NoError(t, err)
+	require.Empty(t, lifecycle.Registration(x.agent(t)).BootedBy, "an expired proof")
+
+	// The controller boots the host again: the earlier boot's proof is
+	// nothing from then on.
+	patch := client.MergeFrom(bmh.DeepCopy())
+	bmh.Annotations[signing.BootNonceAnnotation] = signing.NewBootNonce()
+	require.NoError(t, s.Client.Patch(ctx, bmh, patch))
+	n := 83 // the agent API sees the new boot through its cache: a new host each try
+	require.Eventually(t, func() bool {
+		n++
+		y, err := reg(n, current)
+		require.NoError(t, err)
+		return lifecycle.Registration(y.agent(t)).BootedBy == ""
+	}, 10*time.Second, 200*time.Millisecond, "a proof of an earlier boot")
+
+	// A live session is not taken over with a proof, however good.
+	c, err := agentclient.New(cfg)
+	require.NoError(t, err)
+	_, err = c.Register(ctx, cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{InfraEnvUID: cfg.InfraEnv.UID, HostID: stack.HostID(81),
+		Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(81)}}, BootProof: &agentwire.BootProof{BareMetalHost: bmh.Name, Proof: current}})
+	require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "%v", err)
+	h.beat(t)
+}
+
+// as is a client acting as user, who has only rules in namespace ns (RBAC
+// and impersonation, against the real apiserver).
+func as(t *testing.T, ns, user string, rules ...rbacv1.PolicyRule) client.Client {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, s.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user}, Rules: rules}))
+	require.NoError(t, s.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: rbacv1.GroupName, Name: user}}}))
+	cfg := rest.CopyConfig(s.Env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+	c, err := client.New(cfg, client.Options{Scheme: s.Client.Scheme()})
+	require.NoError(t, err)
+	return c
 }
 
 // TestReaderCannotTakeAHost: an identity that may only get, list and watch
@@ -663,17 +730,8 @@ func TestReaderCannotTakeAHost(t *testing.T) {
 	victim := register(t, ie, 71)
 	victim.beat(t)
 
-	const user = "agent-reader"
-	require.NoError(t, s.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: user}, Rules: []rbacv1.PolicyRule{
-		{APIGroups: []string{v1beta1.GroupVersion.Group}, Resources: []string{"agents", "infraenvs"}, Verbs: []string{"get", "list", "watch"}},
-	}}))
-	require.NoError(t, s.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: user},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: user},
-		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: rbacv1.GroupName, Name: user}}}))
-	cfg := rest.CopyConfig(s.Env.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
-	reader, err := client.New(cfg, client.Options{Scheme: s.Client.Scheme()})
-	require.NoError(t, err)
+	reader := as(t, ie.Namespace, "agent-reader",
+		rbacv1.PolicyRule{APIGroups: []string{v1beta1.GroupVersion.Group}, Resources: []string{"agents", "infraenvs"}, Verbs: []string{"get", "list", "watch"}})
 
 	// What the reader sees.
 	var agents v1beta1.AgentList
@@ -683,10 +741,10 @@ func TestReaderCannotTakeAHost(t *testing.T) {
 	var seenIE v1beta1.InfraEnv
 	require.NoError(t, reader.Get(ctx, client.ObjectKeyFromObject(ie), &seenIE))
 	stolen := s.AgentConfig(t, &seenIE) // the registration token, from the discovery Ignition
-	err = reader.Get(ctx, client.ObjectKey{Namespace: stack.Namespace, Name: signing.SecretName}, &corev1.Secret{})
+	err := reader.Get(ctx, client.ObjectKey{Namespace: stack.Namespace, Name: signing.SecretName}, &corev1.Secret{})
 	require.True(t, apierrors.IsForbidden(err), "the reader reads no Secret: %v", err)
-	ident := agentwire.HostIdentity{MACAddresses: strings.Split(seen.Annotations["agentboot.io/mac-addresses"], ",")}
-	recorded := seen.Annotations["agentboot.io/session"]
+	ident := agentwire.HostIdentity{MACAddresses: lifecycle.Registration(&seen).MACAddresses}
+	recorded := lifecycle.Registration(&seen).Session
 	require.NotEmpty(t, recorded)
 
 	// No token: registering with the whole identity and the session the
@@ -708,7 +766,71 @@ func TestReaderCannotTakeAHost(t *testing.T) {
 
 	// The host's own session goes on, with its own token.
 	victim.beat(t)
-	require.Equal(t, recorded, victim.agent(t).Annotations["agentboot.io/session"])
+	require.Equal(t, recorded, lifecycle.Registration(victim.agent(t)).Session)
+}
+
+// TestEditorGainsNothing: an identity that may edit Agents (get, list,
+// watch, update, patch; not agents/status, which tenants are never granted)
+// changes none of what agentboot decides by. It cannot write the Agent's
+// registration record; rewriting the annotations that held it before,
+// relabelling the Agent to another InfraEnv and pointing its owner there
+// leave the host's session, its record and the InfraEnv it is served
+// through as they were; a registration naming a session the editor chose
+// gets nothing, and neither does a token made from it.
+func TestEditorGainsNothing(t *testing.T) {
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	other := stack.NewInfraEnv(ie.Namespace, "hardware-inventory")
+	other.Name = "elsewhere"
+	require.NoError(t, s.Client.Create(ctx, other))
+	victim := register(t, ie, 72)
+	victim.beat(t)
+	before := lifecycle.Registration(victim.agent(t))
+
+	editor := as(t, ie.Namespace, "agent-editor",
+		rbacv1.PolicyRule{APIGroups: []string{v1beta1.GroupVersion.Group}, Resources: []string{"agents"}, Verbs: []string{"get", "list", "watch", "update", "patch"}},
+		rbacv1.PolicyRule{APIGroups: []string{v1beta1.GroupVersion.Group}, Resources: []string{"infraenvs"}, Verbs: []string{"get", "list", "watch"}})
+
+	var a v1beta1.Agent
+	require.Eventually(t, func() bool { return editor.Get(ctx, client.ObjectKeyFromObject(victim.agent(t)), &a) == nil }, 10*time.Second, 100*time.Millisecond, "RBAC applies")
+	require.NoError(t, editor.Get(ctx, client.ObjectKey{Namespace: other.Namespace, Name: other.Name}, other))
+
+	// The record is out of reach.
+	chosen := strings.Repeat("c", 32)
+	patch := client.MergeFrom(a.DeepCopy())
+	a.Status.Registration.Session = hosts.SessionID(chosen)
+	a.Status.Registration.SourceAddresses = []string{"192.0.2.66"}
+	a.Status.Registration.InfraEnv, a.Status.Registration.InfraEnvUID = other.Name, string(other.UID)
+	err := editor.Status().Patch(ctx, &a, patch)
+	require.True(t, apierrors.IsForbidden(err), "an Agent editor writes no status: %v", err)
+
+	// What the editor can write is not what agentboot decides by.
+	require.NoError(t, editor.Get(ctx, client.ObjectKeyFromObject(&a), &a))
+	patch = client.MergeFrom(a.DeepCopy())
+	a.Annotations = map[string]string{
+		"agentboot.io/session": hosts.SessionID(chosen), "agentboot.io/session-started": time.Now().Add(time.Hour).UTC().Format(time.RFC3339),
+		"agentboot.io/identity": "chosen", "agentboot.io/booted-by": "some-uid", "agentboot.io/source-addresses": "192.0.2.66",
+	}
+	a.Labels[v1beta1.InfraEnvNameLabel] = other.Name
+	a.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1beta1.GroupVersion.String(), Kind: "InfraEnv", Name: other.Name, UID: other.UID}}
+	require.NoError(t, editor.Patch(ctx, &a, patch))
+	victim.waitAgent(t, "the edit in the cache", func(a *v1beta1.Agent) bool { return a.Labels[v1beta1.InfraEnvNameLabel] == other.Name })
+
+	victim.beat(t) // served as before, through its own InfraEnv
+	stolen := s.AgentConfig(t, ie)
+	c, err := agentclient.New(stolen)
+	require.NoError(t, err)
+	_, err = c.Register(ctx, stolen.InfraEnv, stolen.RegistrationToken, agentwire.RegisterRequest{
+		InfraEnvUID: stolen.InfraEnv.UID, HostID: a.Name, Identity: agentwire.HostIdentity{MACAddresses: before.MACAddresses}, Session: chosen})
+	require.True(t, agentclient.IsCode(err, agentwire.CodeHostActive), "%v", err)
+	c.SetToken(chosen + "." + strings.Repeat("A", 43))
+	_, err = c.Instructions(ctx, a.Namespace, a.Name, agentwire.InstructionsRequest{Time: time.Now()})
+	require.ErrorContains(t, err, "401")
+
+	after := lifecycle.Registration(victim.agent(t))
+	after.Contested = "" // the refused registration above is recorded, as it should be
+	require.Equal(t, before, after)
+	victim.beat(t)
 }
 
 // Rotating an InfraEnv's registration token: new discovery content and
@@ -762,7 +884,7 @@ func TestBoundHostKeepsItsName(t *testing.T) {
 	require.Equal(t, "worker-41", got.Status.Inventory.Hostname)
 	// The address it connects from is recorded: serving certificates are
 	// approved only for addresses a host was seen using.
-	require.Equal(t, "127.0.0.1", got.Annotations[lifecycle.SourceAddressesAnnotation])
+	require.Equal(t, []string{"127.0.0.1"}, lifecycle.Registration(got).SourceAddresses)
 }
 
 // Anyone with a discovery token can upload inventories: what is stored per

@@ -43,23 +43,26 @@ const (
 	// AgentMachineRefNamespaceAnnotation is that AgentMachine's namespace:
 	// the hosted cluster's control-plane namespace.
 	AgentMachineRefNamespaceAnnotation = "agentMachineRefNamespace"
-	// DisputedAnnotation says why an Agent's identity is disputed: two
-	// hosts were alive under it. Such an Agent fails its
-	// identity-undisputed validation and is never approved automatically,
-	// until an administrator removes the annotation.
-	DisputedAnnotation = "agentboot.io/identity-conflict"
-	// SessionStartedAnnotation is when the Agent's current registration
-	// session began (RFC 3339), written by the agent API.
-	SessionStartedAnnotation = "agentboot.io/session-started"
-	// BootedByAnnotation is the UID of the BareMetalHost whose virtual
-	// media the host of the current session proved it booted from,
-	// written by the agent API.
-	BootedByAnnotation = "agentboot.io/booted-by"
-	// SourceAddressesAnnotation lists the addresses the host's agent was
-	// seen connecting from (the last few, comma-separated), written by the
-	// agent API: addresses a host actually uses, unlike those it reports.
-	SourceAddressesAnnotation = "agentboot.io/source-addresses"
 )
+
+// Registration is the Agent's registration record (status.registration,
+// written by the agent API only), or an empty one.
+func Registration(a *v1beta1.Agent) v1beta1.AgentRegistration {
+	if a.Status.Registration == nil {
+		return v1beta1.AgentRegistration{}
+	}
+	return *a.Status.Registration
+}
+
+// NodeName is the name of the Node the host's installation joins as: the
+// hostname recorded when its install step was handed out (spec.hostname is
+// tenant-writable and may change after), or the effective hostname before.
+func NodeName(a *v1beta1.Agent) string {
+	if n := Registration(a).NodeName; n != "" {
+		return n
+	}
+	return a.Hostname()
+}
 
 // Bound reports whether the Agent is bound to a cluster.
 func Bound(a *v1beta1.Agent) bool { return a.Spec.ClusterDeploymentName != nil }
@@ -110,6 +113,9 @@ func Forgotten(a *v1beta1.Agent) bool {
 func ForgetInstallation(st *v1beta1.AgentStatus, why string) bool {
 	installprogress.Reset(&st.Progress)
 	st.InstallationDiskID = ""
+	if st.Registration != nil {
+		st.Registration.NodeName = ""
+	}
 	ds := st.DiskSanitization
 	if ds == nil {
 		return false
@@ -140,7 +146,7 @@ func OweSanitization(st *v1beta1.AgentStatus, level, why string) bool {
 // unchanged inventory once per session for this.
 func InventoryOfThisSession(a *v1beta1.Agent) bool {
 	inv := a.Status.Inventory.ReportTime
-	started, err := time.Parse(time.RFC3339, a.Annotations[SessionStartedAnnotation])
+	started, err := time.Parse(time.RFC3339, Registration(a).SessionStarted)
 	// The report time is stored to the second; the session start is not.
 	return inv != nil && err == nil && !inv.Time.Before(started.Truncate(time.Second))
 }
@@ -196,7 +202,7 @@ func Unbindable(a *v1beta1.Agent) string {
 	switch {
 	case taken || Bound(a) || status(v1beta1.BoundCondition) == "True":
 		return "already bound"
-	case a.Annotations[DisputedAnnotation] != "":
+	case Registration(a).Disputed != "":
 		return "identity disputed"
 	case !a.Spec.Approved:
 		return "not approved"

@@ -17,7 +17,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -249,9 +252,50 @@ func (k Key) VerifyRegistration(token, uid string) (epoch string, ok bool) {
 }
 
 // BootProof is what the ISO inserted through the BMC of the BareMetalHost
-// ns/name (UID uid) carries, so that the host booted from it can show it
-// did: a host on the boot network never sees it (the BMC fetches the ISO),
-// and only the manager can make or check one.
-func (k Key) BootProof(ns, name, uid string) string {
-	return k.Token(PurposeBootProof, ns+"/"+name, uid)
+// ns/name (UID uid) for one boot carries, so that the host booted from it
+// can show it did: a host on the boot network never sees it (the BMC
+// fetches the ISO), and only the manager can make or check one. It names
+// the boot by its nonce (which the BMC controller records on the host as
+// BootNonceAnnotation when it sends the boot) and holds until expires:
+// whoever reads it from the BareMetalHost's status later has nothing.
+// Format: nonce "." expiry (Unix seconds) "." MAC.
+func (k Key) BootProof(ns, name, uid, nonce string, expires time.Time) string {
+	exp := strconv.FormatInt(expires.Unix(), 10)
+	t := k.Token(PurposeBootProof, ns+"/"+name, uid+"\n"+nonce+"\n"+exp)
+	if t == "" {
+		return ""
+	}
+	return nonce + "." + exp + "." + t
+}
+
+// BootNonceAnnotation on a BareMetalHost is the nonce of the boot into
+// discovery its BMC controller sent last: only a proof of that boot holds.
+const BootNonceAnnotation = "agentboot.io/boot-nonce"
+
+// BootProofPattern is the shape of a boot proof.
+var BootProofPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{22}\.[0-9]{1,12}\.[A-Za-z0-9_-]{43}$`)
+
+// NewBootNonce is a new boot's nonce: 128 random bits.
+func NewBootNonce() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// CheckBootProof returns the nonce of proof if it is a boot proof for the
+// BareMetalHost ns/name (UID uid) that has not expired at now, or why not.
+func (k Key) CheckBootProof(proof, ns, name, uid string, now time.Time) (string, error) {
+	if !BootProofPattern.MatchString(proof) {
+		return "", errors.New("not a boot proof")
+	}
+	parts := strings.SplitN(proof, ".", 3)
+	nonce, exp, token := parts[0], parts[1], parts[2]
+	if !k.Verify(token, PurposeBootProof, ns+"/"+name, uid+"\n"+nonce+"\n"+exp) {
+		return "", errors.New("does not hold (a forgery, or a BareMetalHost recreated since)")
+	}
+	sec, err := strconv.ParseInt(exp, 10, 64)
+	if err != nil || !now.Before(time.Unix(sec, 0)) {
+		return "", fmt.Errorf("expired at %s", time.Unix(sec, 0).UTC().Format(time.RFC3339))
+	}
+	return nonce, nil
 }

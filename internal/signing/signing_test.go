@@ -1,7 +1,10 @@
 package signing
 
 import (
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -102,4 +105,37 @@ func keysOf(m map[string][]byte) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// A boot proof holds for one BareMetalHost, one boot (its nonce) and until
+// it expires; nothing of it can be changed.
+func TestBootProof(t *testing.T) {
+	k, err := NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	nonce := NewBootNonce()
+	require.NotEqual(t, nonce, NewBootNonce())
+	p := k.BootProof("ns", "bmh", "uid-1", nonce, now.Add(time.Hour))
+	got, err := k.CheckBootProof(p, "ns", "bmh", "uid-1", now)
+	require.NoError(t, err)
+	require.Equal(t, nonce, got)
+	parts := strings.SplitN(p, ".", 3)
+	for name, c := range map[string]struct {
+		proof, ns, name, uid string
+		at                   time.Time
+		want                 string
+	}{
+		"expired":              {p, "ns", "bmh", "uid-1", now.Add(time.Hour), "expired"},
+		"recreated host":       {p, "ns", "bmh", "uid-2", now, "does not hold"},
+		"another host":         {p, "ns", "other", "uid-1", now, "does not hold"},
+		"another namespace":    {p, "ns2", "bmh", "uid-1", now, "does not hold"},
+		"expiry moved on":      {parts[0] + "." + strconv.FormatInt(now.Add(48*time.Hour).Unix(), 10) + "." + parts[2], "ns", "bmh", "uid-1", now, "does not hold"},
+		"another boot's nonce": {NewBootNonce() + "." + parts[1] + "." + parts[2], "ns", "bmh", "uid-1", now, "does not hold"},
+		"malformed":            {"AAAA" + p, "ns", "bmh", "uid-1", now, "not a boot proof"},
+		"empty":                {"", "ns", "bmh", "uid-1", now, "not a boot proof"},
+	} {
+		_, err := k.CheckBootProof(c.proof, c.ns, c.name, c.uid, c.at)
+		require.ErrorContains(t, err, c.want, name)
+	}
+	require.Empty(t, Key{}.BootProof("ns", "bmh", "uid-1", nonce, now), "no key, no proof")
 }

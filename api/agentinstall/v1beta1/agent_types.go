@@ -500,6 +500,67 @@ type AgentStatus struct {
 	// last sanitization. Only the service writes it.
 	// +optional
 	DiskSanitization *AgentDiskSanitization `json:"diskSanitization,omitempty"`
+	// Registration is agentboot's own: its record of the host behind the
+	// Agent, which the service decides by. Only the service writes it.
+	// +optional
+	Registration *AgentRegistration `json:"registration,omitempty"`
+}
+
+// AgentRegistration is what agentboot relies on about an Agent's host: who
+// the host said it is, its current session, where it was heard from, what
+// booted it, and the InfraEnv it registered through. It lives in the status
+// because tenants are granted Agents, never agents/status: whoever may edit
+// an Agent changes none of it (docs/security.md). Nothing in it is secret.
+type AgentRegistration struct {
+	// InfraEnv is the name of the InfraEnv (in the Agent's namespace) the
+	// host registered through in its current session.
+	// +optional
+	InfraEnv string `json:"infraEnv,omitempty"`
+	// InfraEnvUID is that InfraEnv's UID.
+	// +optional
+	InfraEnvUID string `json:"infraEnvUID,omitempty"`
+	// Identity is a keyed digest of everything the host said it is (host
+	// ID, SMBIOS UUID and serial, every MAC address): a later
+	// registration must say exactly the same to continue as this Agent.
+	// +optional
+	Identity string `json:"identity,omitempty"`
+	// MACAddresses the host registered with, sorted.
+	// +optional
+	MACAddresses []string `json:"macAddresses,omitempty"`
+	// Session is the current session's ID: a digest of its secret, which
+	// only the host holds (in its agent token).
+	// +optional
+	Session string `json:"session,omitempty"`
+	// SessionStarted is when the current session began (RFC 3339, to the
+	// nanosecond).
+	// +optional
+	SessionStarted string `json:"sessionStarted,omitempty"`
+	// BootedBy is the UID of the BareMetalHost whose virtual media the
+	// host of the current session proved it booted from.
+	// +optional
+	BootedBy string `json:"bootedBy,omitempty"`
+	// SourceAddresses the host's agent was seen connecting from (the last
+	// few): addresses a host actually uses, unlike those it reports.
+	// +optional
+	SourceAddresses []string `json:"sourceAddresses,omitempty"`
+	// Contested is when (and from where) a registration with this identity
+	// was refused because the current session was still alive. If the
+	// current session is heard from after that, two hosts claim one
+	// identity.
+	// +optional
+	Contested string `json:"contested,omitempty"`
+	// Disputed says why the Agent's identity is disputed: two hosts were
+	// alive under it. Such an Agent fails its identity-undisputed
+	// validation and is never bound or approved automatically until an
+	// administrator clears it (kubectl patch --subresource=status) or
+	// deletes the Agent.
+	// +optional
+	Disputed string `json:"disputed,omitempty"`
+	// NodeName is the hostname the host's installation named its Node,
+	// recorded when the installation was handed out: the Node and CSRs
+	// agentboot looks for, whatever spec.hostname says later.
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
 }
 
 // Disk sanitization states.

@@ -14,7 +14,6 @@ import (
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/bmc/internal/address"
-	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
 // An Agent reporting a host's boot MAC is approved for it only on evidence
@@ -29,13 +28,10 @@ func TestBootEvidence(t *testing.T) {
 		}
 		return h
 	}
-	agent := func(kv ...string) *v1beta1.Agent {
-		a := &v1beta1.Agent{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{}}}
-		for i := 0; i+1 < len(kv); i += 2 {
-			a.Annotations[kv[i]] = kv[i+1]
-		}
-		return a
+	agent := func(rec v1beta1.AgentRegistration) *v1beta1.Agent {
+		return &v1beta1.Agent{Status: v1beta1.AgentStatus{Registration: &rec}}
 	}
+	type reg = v1beta1.AgentRegistration
 	at := func(d time.Duration) string { return booted.Add(d).Format(time.RFC3339Nano) }
 	vm, pxe := "redfish-virtualmedia://10.0.0.1/redfish/v1/Systems/1", "ipmi://10.0.0.1"
 	for name, c := range map[string]struct {
@@ -43,14 +39,14 @@ func TestBootEvidence(t *testing.T) {
 		agent *v1beta1.Agent
 		want  string // "" approves
 	}{
-		"virtual media, proof of this host":   {host(vm, &booted), agent(lifecycle.BootedByAnnotation, "bmh-uid"), ""},
-		"virtual media, no proof":             {host(vm, &booted), agent(lifecycle.SessionStartedAnnotation, at(time.Minute)), "no proof"},
-		"virtual media, another host's proof": {host(vm, &booted), agent(lifecycle.BootedByAnnotation, "other-uid"), "no proof"},
-		"network boot, registered after":      {host(pxe, &booted), agent(lifecycle.SessionStartedAnnotation, at(time.Minute)), ""},
-		"network boot, registered before":     {host(pxe, &booted), agent(lifecycle.SessionStartedAnnotation, at(-time.Millisecond)), "before the controller booted"},
-		"network boot, never booted":          {host(pxe, nil), agent(lifecycle.SessionStartedAnnotation, at(time.Minute)), "has not booted this host"},
-		"network boot, no session time":       {host(pxe, &booted), agent(), "before the controller booted"},
-		"disputed":                            {host(vm, &booted), agent(lifecycle.BootedByAnnotation, "bmh-uid", lifecycle.DisputedAnnotation, "two hosts"), "disputed"},
+		"virtual media, proof of this host":   {host(vm, &booted), agent(reg{BootedBy: "bmh-uid"}), ""},
+		"virtual media, no proof":             {host(vm, &booted), agent(reg{SessionStarted: at(time.Minute)}), "no proof"},
+		"virtual media, another host's proof": {host(vm, &booted), agent(reg{BootedBy: "other-uid"}), "no proof"},
+		"network boot, registered after":      {host(pxe, &booted), agent(reg{SessionStarted: at(time.Minute)}), ""},
+		"network boot, registered before":     {host(pxe, &booted), agent(reg{SessionStarted: at(-time.Millisecond)}), "before the controller booted"},
+		"network boot, never booted":          {host(pxe, nil), agent(reg{SessionStarted: at(time.Minute)}), "has not booted this host"},
+		"network boot, no session time":       {host(pxe, &booted), agent(reg{}), "before the controller booted"},
+		"disputed":                            {host(vm, &booted), agent(reg{BootedBy: "bmh-uid", Disputed: "two hosts"}), "disputed"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := bootEvidence(c.host, c.agent)

@@ -34,7 +34,7 @@ func (r *Reconciler) matchAgent(ctx context.Context, host *metal3.BareMetalHost)
 		// tells which of them booted the ISO it inserted.
 		var proven []v1beta1.Agent
 		for _, a := range agents.Items {
-			if a.Annotations[lifecycle.BootedByAnnotation] == string(host.UID) {
+			if lifecycle.Registration(&a).BootedBy == string(host.UID) {
 				proven = append(proven, a)
 			}
 		}
@@ -57,7 +57,9 @@ func (r *Reconciler) matchAgent(ctx context.Context, host *metal3.BareMetalHost)
 		want.Labels = map[string]string{}
 	}
 	want.Labels[v1beta1.BMHLabel] = host.Name
-	enrolled := host.Labels[v1beta1.InfraEnvNameLabel] != "" && host.Labels[v1beta1.InfraEnvNameLabel] == agent.Labels[v1beta1.InfraEnvNameLabel]
+	// The InfraEnv the Agent's host registered through, from its record:
+	// the Agent's label is tenant-writable.
+	enrolled := host.Labels[v1beta1.InfraEnvNameLabel] != "" && host.Labels[v1beta1.InfraEnvNameLabel] == lifecycle.Registration(agent).InfraEnv
 	if enrolled && !agent.Spec.Approved {
 		if err := bootEvidence(host, agent); err != nil {
 			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "AgentNotApproved", "MatchAgent", "Agent %s reports boot MAC %s but is not approved: %v", agent.Name, mac, err)
@@ -86,7 +88,8 @@ func (r *Reconciler) matchAgent(ctx context.Context, host *metal3.BareMetalHost)
 // it); for network boot, only that its session began after the controller
 // booted the host into discovery.
 func bootEvidence(host *metal3.BareMetalHost, a *v1beta1.Agent) error {
-	if why := a.Annotations[lifecycle.DisputedAnnotation]; why != "" {
+	rec := lifecycle.Registration(a)
+	if why := rec.Disputed; why != "" {
 		return fmt.Errorf("its identity is disputed: %s", why)
 	}
 	addr, err := address.Parse(host.Spec.BMC.Address)
@@ -94,7 +97,7 @@ func bootEvidence(host *metal3.BareMetalHost, a *v1beta1.Agent) error {
 		return err
 	}
 	if addr.VirtualMedia {
-		if a.Annotations[lifecycle.BootedByAnnotation] != string(host.UID) {
+		if rec.BootedBy != string(host.UID) {
 			return fmt.Errorf("its registration carried no proof that it booted the ISO this host's BMC inserted (a host that registered before that boot, or another host claiming the MAC); it is approved when it registers from that ISO, or approve it by hand")
 		}
 		return nil
@@ -103,9 +106,9 @@ func bootEvidence(host *metal3.BareMetalHost, a *v1beta1.Agent) error {
 	if err != nil {
 		return fmt.Errorf("the controller has not booted this host into discovery yet")
 	}
-	started, err := time.Parse(time.RFC3339, a.Annotations[lifecycle.SessionStartedAnnotation])
+	started, err := time.Parse(time.RFC3339, rec.SessionStarted)
 	if err != nil || started.Before(booted) {
-		return fmt.Errorf("it registered (%s) before the controller booted this host into discovery (%s); it is approved when it registers after such a boot, or approve it by hand", a.Annotations[lifecycle.SessionStartedAnnotation], booted.Format(time.RFC3339))
+		return fmt.Errorf("it registered (%s) before the controller booted this host into discovery (%s); it is approved when it registers after such a boot, or approve it by hand", rec.SessionStarted, booted.Format(time.RFC3339))
 	}
 	return nil
 }

@@ -59,7 +59,7 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 	}
 	// An attempt shown running in an earlier boot (power was cut) is
 	// over: the next claim uses the list as it is now.
-	running := ds.State == v1beta1.SanitizationRunning && ds.Session == a.Annotations[lifecycle.SessionStartedAnnotation]
+	running := ds.State == v1beta1.SanitizationRunning && ds.Session == lifecycle.Registration(a).SessionStarted
 	changed := false
 	if !slices.Equal(ds.Keep, keep) {
 		if running {

@@ -19,6 +19,7 @@ import (
 	"github.com/agentboot/agentboot/bmc/internal/driver"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/signing"
 )
 
 // hostRun is one pass over one host with an open BMC session.
@@ -98,8 +99,9 @@ func (h *hostRun) available(ctx context.Context) step {
 // after the power request (a status write), so nothing is sent twice.
 type bootAttempt struct {
 	iso string // the InfraEnv ISO the host is booted into
-	// media is the URL inserted as the virtual CD ("" until it is).
-	media string
+	// media is the URL inserted as the virtual CD ("" until it is), with
+	// the boot proof of nonce.
+	media, nonce string
 	// busySince is when the BMC first could not take the power request.
 	busySince time.Time
 	// sent is when the BMC accepted the power-on or restart.
@@ -144,15 +146,17 @@ func (h *hostRun) provision(ctx context.Context) (res step) {
 		dev := driver.PXE
 		if a.VirtualMedia {
 			dev = driver.CDROM
-			media, err := h.r.withBootProof(iso, h.host)
-			if err != nil {
-				return failed(metal3.ProvisioningError, err)
-			}
-			if b.media != media {
+			if b.media == "" {
+				// Each insert is a new boot, with a proof of its own.
+				nonce := signing.NewBootNonce()
+				media, err := h.r.withBootProof(iso, h.host, nonce)
+				if err != nil {
+					return failed(metal3.ProvisioningError, err)
+				}
 				if err := h.bmc.InsertMedia(ctx, media); err != nil {
 					return failed(metal3.ProvisioningError, err)
 				}
-				b.media = media
+				b.media, b.nonce = media, nonce
 			}
 		}
 		if err := h.setBoot(ctx, dev, efi); err != nil {
@@ -172,7 +176,7 @@ func (h *hostRun) provision(ctx context.Context) (res step) {
 		b.sent = time.Now()
 		mem.power = &powerChange{on: true, sent: b.sent, requests: 1}
 	}
-	if err := h.r.markDiscoveryBoot(ctx, h.host, b.sent); err != nil {
+	if err := h.r.markDiscoveryBoot(ctx, h.host, b.sent, b.nonce); err != nil {
 		return failed(metal3.ProvisioningError, err)
 	}
 	// mem.boot stays until a pass finds the host provisioned with this
@@ -494,10 +498,16 @@ func (r *Reconciler) powerOffForDelete(ctx context.Context, host *metal3.BareMet
 	})
 }
 
+// BootProofLifetime is how long the proof in an inserted ISO holds: enough
+// for a slow server's firmware and a retried registration, short enough
+// that a proof read later from the host's status is worth nothing.
+const BootProofLifetime = time.Hour
+
 // withBootProof adds to an InfraEnv's ISO URL the proof, for this host's
 // BMC only, that a host booted from it was booted by this BareMetalHost's
-// BMC: the image service embeds it, the agent sends it when it registers.
-func (r *Reconciler) withBootProof(iso string, host *metal3.BareMetalHost) (string, error) {
+// BMC in the boot named nonce: the image service embeds it, the agent
+// sends it when it registers.
+func (r *Reconciler) withBootProof(iso string, host *metal3.BareMetalHost, nonce string) (string, error) {
 	if r.Keys == nil {
 		return iso, nil
 	}
@@ -505,7 +515,7 @@ func (r *Reconciler) withBootProof(iso string, host *metal3.BareMetalHost) (stri
 	if err != nil {
 		return "", err
 	}
-	proof := key.BootProof(host.Namespace, host.Name, string(host.UID))
+	proof := key.BootProof(host.Namespace, host.Name, string(host.UID), nonce, time.Now().Add(BootProofLifetime))
 	if proof == "" {
 		return "", fmt.Errorf("no key to sign the boot proof of the inserted ISO with")
 	}
@@ -513,9 +523,9 @@ func (r *Reconciler) withBootProof(iso string, host *metal3.BareMetalHost) (stri
 }
 
 // markDiscoveryBoot records on the host when the controller booted it into
-// discovery; only metadata is patched, so the status written afterwards
-// does not conflict.
-func (r *Reconciler) markDiscoveryBoot(ctx context.Context, host *metal3.BareMetalHost, at time.Time) error {
+// discovery, and the nonce of that boot's proof (virtual media); only
+// metadata is patched, so the status written afterwards does not conflict.
+func (r *Reconciler) markDiscoveryBoot(ctx context.Context, host *metal3.BareMetalHost, at time.Time, nonce string) error {
 	cp := host.DeepCopy()
 	// Optimistic lock: a pass that acted on a host someone else has since
 	// changed fails here and looks again, rather than record over it.
@@ -524,6 +534,11 @@ func (r *Reconciler) markDiscoveryBoot(ctx context.Context, host *metal3.BareMet
 		cp.Annotations = map[string]string{}
 	}
 	cp.Annotations[DiscoveryBootAnnotation] = at.UTC().Format(time.RFC3339Nano)
+	if nonce != "" {
+		cp.Annotations[signing.BootNonceAnnotation] = nonce
+	} else {
+		delete(cp.Annotations, signing.BootNonceAnnotation)
+	}
 	return r.update(host, func() error {
 		if err := r.Client.Patch(ctx, cp, patch); err != nil {
 			return fmt.Errorf("record the discovery boot: %w", err)

@@ -339,7 +339,7 @@ func parseImageRequest(r *http.Request) (imageRequest, error) {
 		if errs := validation.IsDNS1123Subdomain(p.BareMetalHost); len(errs) > 0 {
 			return req, fmt.Errorf("malformed bmh %q: %s", p.BareMetalHost, strings.Join(errs, "; "))
 		}
-		if !tokenPattern.MatchString(p.Proof) {
+		if !signing.BootProofPattern.MatchString(p.Proof) {
 			return req, fmt.Errorf("malformed proof: bmh and proof come together, from the BareMetalHost controller")
 		}
 	}

@@ -350,8 +350,8 @@ func addresses(a *v1beta1.Agent) []net.IP {
 // sourceAddresses are the addresses the host was seen connecting from.
 func sourceAddresses(a *v1beta1.Agent) []net.IP {
 	var out []net.IP
-	for _, s := range strings.Split(a.Annotations[lifecycle.SourceAddressesAnnotation], ",") {
-		if ip := net.ParseIP(strings.TrimSpace(s)); ip != nil {
+	for _, s := range lifecycle.Registration(a).SourceAddresses {
+		if ip := net.ParseIP(s); ip != nil {
 			out = append(out, ip)
 		}
 	}

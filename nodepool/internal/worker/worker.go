@@ -137,9 +137,10 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	if p.StageStartTime != nil {
 		started = p.StageStartTime.Time
 	}
-	limit, what := r.Timeouts.Join, "no Node named "+a.Hostname()+" appeared"
+	name := lifecycle.NodeName(a)
+	limit, what := r.Timeouts.Join, "no Node named "+name+" appeared"
 	if p.CurrentStage == v1beta1.StageJoined {
-		limit, what = r.Timeouts.Ready, "Node "+a.Hostname()+" did not become Ready"
+		limit, what = r.Timeouts.Ready, "Node "+name+" did not become Ready"
 	}
 	if now.Sub(started) >= limit {
 		return r.fail(ctx, a, fmt.Sprintf("%s within %s of %q", what, limit, p.CurrentStage))
@@ -148,7 +149,6 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	if err != nil {
 		return r.wait(ctx, a, err)
 	}
-	name := a.Hostname()
 	node, err := hc.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):

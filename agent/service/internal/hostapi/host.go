@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -77,8 +76,10 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 				return
 			}
 		}
-		uid := hosts.InfraEnvUID(&a)
-		if a.Annotations[hosts.ContestedAnnotation] != "" {
+		// The InfraEnv the host registered through, from the record: the
+		// Agent's label and owner are for users, and tenant-writable.
+		rec := lifecycle.Registration(&a)
+		if rec.Contested != "" {
 			if err := s.dispute(r.Context(), &a); err != nil {
 				s.o.Log.Error(err, "mark Agent disputed", "agent", ns+"/"+id)
 			}
@@ -87,8 +88,8 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 			s.o.Log.Error(err, "record the host's source address", "agent", ns+"/"+id)
 		}
 		var ie v1beta1.InfraEnv
-		err = s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: a.Labels[v1beta1.InfraEnvNameLabel]}, &ie)
-		if apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != uid) {
+		err = s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: rec.InfraEnv}, &ie)
+		if apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != rec.InfraEnvUID) {
 			writeError(w, http.StatusGone, agentwire.CodeInfraEnvGone, "the InfraEnv of Agent %s/%s was deleted", ns, id)
 			return
 		}
@@ -117,24 +118,18 @@ func (s *Server) noteSource(ctx context.Context, a *v1beta1.Agent, ip string) er
 		return nil
 	}
 	ip = addr.Unmap().String()
-	var seen []string
-	if v := a.Annotations[lifecycle.SourceAddressesAnnotation]; v != "" {
-		seen = strings.Split(v, ",")
-	}
-	if slices.Contains(seen, ip) || !s.allowWrite(a) {
+	seen := lifecycle.Registration(a).SourceAddresses
+	if a.Status.Registration == nil || slices.Contains(seen, ip) || !s.allowWrite(a) {
 		return nil // known, or a host changing address on every request
 	}
-	seen = append(seen, ip)
+	seen = append(slices.Clone(seen), ip)
 	if len(seen) > maxSourceAddresses {
 		seen = seen[len(seen)-maxSourceAddresses:]
 	}
 	patch := client.MergeFrom(a.DeepCopy())
-	if a.Annotations == nil {
-		a.Annotations = map[string]string{}
-	}
-	a.Annotations[lifecycle.SourceAddressesAnnotation] = strings.Join(seen, ",")
-	writes.WithLabelValues("agent").Inc()
-	return s.o.Client.Patch(ctx, a, patch)
+	a.Status.Registration.SourceAddresses = seen
+	writes.WithLabelValues("agent-status").Inc()
+	return s.o.Client.Status().Patch(ctx, a, patch)
 }
 
 // dispute marks an Agent whose current session was heard from after a
@@ -144,15 +139,16 @@ func (s *Server) noteSource(ctx context.Context, a *v1beta1.Agent, ip string) er
 // validation, so it is not bound again, until an administrator decides.
 func (s *Server) dispute(ctx context.Context, a *v1beta1.Agent) error {
 	patch := client.MergeFrom(a.DeepCopy())
-	msg := fmt.Sprintf("a second host registered as this Agent (at %s) while this Agent's host was still connected, and both were heard from afterwards: two hosts claim to be %s. Check which is real (its BMC, its console), delete the Agent if neither is, and remove annotation %s to clear the dispute",
-		a.Annotations[hosts.ContestedAnnotation], a.Name, lifecycle.DisputedAnnotation)
-	if a.Annotations[lifecycle.DisputedAnnotation] == "" {
-		a.Annotations[lifecycle.DisputedAnnotation] = msg
+	rec := a.Status.Registration
+	msg := fmt.Sprintf("a second host registered as this Agent (at %s) while this Agent's host was still connected, and both were heard from afterwards: two hosts claim to be %s. Check which is real (its BMC, its console); delete the Agent if neither is, or clear the dispute as an administrator: kubectl patch agent %s -n %s --subresource=status --type merge -p '{\"status\":{\"registration\":{\"disputed\":null}}}'",
+		rec.Contested, a.Name, a.Name, a.Namespace)
+	if rec.Disputed == "" {
+		rec.Disputed = msg
 		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "IdentityConflict", "Register", "%s", msg)
 	}
-	delete(a.Annotations, hosts.ContestedAnnotation)
-	writes.WithLabelValues("agent").Inc()
-	return s.o.Client.Patch(ctx, a, patch)
+	rec.Contested = ""
+	writes.WithLabelValues("agent-status").Inc()
+	return s.o.Client.Status().Patch(ctx, a, patch)
 }
 
 // inventory stores the host's hardware in the Agent's status when it changed.

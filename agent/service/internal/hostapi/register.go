@@ -284,7 +284,7 @@ var (
 func identityDigest(key signing.Key, ns string, req agentwire.RegisterRequest) string {
 	id := req.Identity
 	return key.Token(signing.PurposeIdentity, ns+"/"+req.HostID,
-		strings.ToLower(id.SystemUUID)+"\n"+id.SerialNumber+"\n"+hosts.MACs(id.MACAddresses))
+		strings.ToLower(id.SystemUUID)+"\n"+id.SerialNumber+"\n"+strings.Join(hosts.MACs(id.MACAddresses), ","))
 }
 
 // newSecret is a new session's secret.
@@ -306,7 +306,6 @@ func newSecret() string {
 //     session (errInDoubt): the registration cannot prove it is the host
 //     that was bound, and a new session would get its installation.
 func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, string, registration, error) {
-	macs := hosts.MACs(req.Identity.MACAddresses)
 	key := client.ObjectKey{Namespace: ie.Namespace, Name: req.HostID}
 	var existing v1beta1.Agent
 	// The cache only: a miss goes straight to Create, which tells apart a
@@ -328,13 +327,9 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	labels[v1beta1.InfraEnvNameLabel] = ie.Name
 	agent := &v1beta1.Agent{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: ie.Namespace,
-			Name:      req.HostID,
-			Labels:    labels,
-			Annotations: map[string]string{
-				hosts.MACsAnnotation:     macs,
-				hosts.IdentityAnnotation: digest,
-			},
+			Namespace:       ie.Namespace,
+			Name:            req.HostID,
+			Labels:          labels,
 			OwnerReferences: []metav1.OwnerReference{infraEnvOwner(ie)},
 		},
 		Spec: v1beta1.AgentSpec{
@@ -342,7 +337,6 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 			Approved: ie.Spec.AgentApproval != nil && ie.Spec.AgentApproval.AutoApprove,
 		},
 	}
-	secret := s.beginSession(agent, bootedBy)
 	if err := s.o.Client.Create(ctx, agent); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			// Registered a moment ago (another replica, a retry).
@@ -357,26 +351,37 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 		return nil, "", kindNone, err
 	}
 	writes.WithLabelValues("agent").Inc()
+	// The record goes in the status, a second write: an Agent whose record
+	// could not be written is deleted again, so that no Agent is left that
+	// nobody can continue (the host registers again and is created anew).
+	before := agent.DeepCopy()
+	secret := s.beginSession(agent, ie, req, digest, bootedBy)
+	writes.WithLabelValues("agent-status").Inc()
+	if err := s.o.Client.Status().Patch(ctx, agent, client.MergeFrom(before)); err != nil {
+		if derr := s.o.Client.Delete(ctx, agent, client.Preconditions{UID: &agent.UID}); derr != nil && !apierrors.IsNotFound(derr) {
+			s.o.Log.Error(derr, "delete an Agent whose registration record could not be written", "agent", agent.Namespace+"/"+agent.Name)
+		}
+		return nil, "", kindNone, err
+	}
 	return agent, secret, kindCreated, nil
 }
 
 // resume begins a new session of an existing Agent, under the identity
 // rule of ensureAgent.
 func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, string, registration, error) {
-	macs := hosts.MACs(req.Identity.MACAddresses)
-	if recorded := a.Annotations[hosts.IdentityAnnotation]; recorded != digest {
+	if recorded := lifecycle.Registration(a).Identity; recorded == "" || recorded != digest {
 		// Every Agent records its identity at creation; one without is
 		// nobody's to continue.
 		return nil, "", kindNone, errConflict
 	}
-	// A boot proof for the Agent's own BareMetalHost says its BMC just
-	// booted it: that outweighs an earlier session, and a binding.
-	proven := bootedBy != "" && req.BootProof != nil && a.Labels[v1beta1.BMHLabel] == req.BootProof.BareMetalHost
+	// A boot proof outweighs neither: it says which BareMetalHost's BMC
+	// booted the host, not that the Agent's host is gone, nor that it is
+	// the host that was bound (docs/agents.md).
 	alive, err := s.sessionAlive(ctx, a)
 	if err != nil {
 		return nil, "", kindNone, err
 	}
-	if alive && !proven {
+	if alive {
 		if req.Session != "" {
 			// No registration continues a live session: a session's
 			// token is handed out once. (An earlier draft continued one
@@ -386,34 +391,40 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 			s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "SessionRefused", "Register",
 				"a registration from %s named a session while this Agent's host is heard from: it was given nothing (a live session is never continued or handed out again)", from)
 		}
-		if a.Annotations[hosts.ContestedAnnotation] == "" {
+		if lifecycle.Registration(a).Contested == "" {
 			patch := client.MergeFrom(a.DeepCopy())
-			a.Annotations[hosts.ContestedAnnotation] = s.o.Now().UTC().Format(time.RFC3339) + " from " + from
-			writes.WithLabelValues("agent").Inc()
-			if err := s.o.Client.Patch(ctx, a, patch); err != nil {
+			a.Status.Registration.Contested = s.o.Now().UTC().Format(time.RFC3339) + " from " + from
+			writes.WithLabelValues("agent-status").Inc()
+			if err := s.o.Client.Status().Patch(ctx, a, patch); err != nil {
 				return nil, "", kindNone, err
 			}
 		}
 		return nil, "", kindNone, errActive
 	}
-	if lifecycle.Bound(a) && !proven {
+	if lifecycle.Bound(a) {
 		return nil, "", kindNone, errInDoubt
 	}
+	// The label and owner users and cluster-api-provider-agent read; what
+	// agentboot decides by is in the record below.
+	if a.Labels[v1beta1.InfraEnvNameLabel] != ie.Name || len(a.OwnerReferences) != 1 || a.OwnerReferences[0] != infraEnvOwner(ie) {
+		patch := client.MergeFrom(a.DeepCopy())
+		if a.Labels == nil {
+			a.Labels = map[string]string{}
+		}
+		a.Labels[v1beta1.InfraEnvNameLabel] = ie.Name
+		a.OwnerReferences = []metav1.OwnerReference{infraEnvOwner(ie)}
+		writes.WithLabelValues("agent").Inc()
+		if err := s.o.Client.Patch(ctx, a, patch); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, "", kindNone, errDeleting
+			}
+			return nil, "", kindNone, err
+		}
+	}
 	patch := client.MergeFrom(a.DeepCopy())
-	if a.Labels == nil {
-		a.Labels = map[string]string{}
-	}
-	a.Labels[v1beta1.InfraEnvNameLabel] = ie.Name
-	if a.Annotations == nil {
-		a.Annotations = map[string]string{}
-	}
-	a.Annotations[hosts.MACsAnnotation] = macs
-	a.Annotations[hosts.IdentityAnnotation] = digest
-	secret := s.beginSession(a, bootedBy)
-	delete(a.Annotations, hosts.ContestedAnnotation)
-	a.OwnerReferences = []metav1.OwnerReference{infraEnvOwner(ie)}
-	writes.WithLabelValues("agent").Inc()
-	if err := s.o.Client.Patch(ctx, a, patch); err != nil {
+	secret := s.beginSession(a, ie, req, digest, bootedBy)
+	writes.WithLabelValues("agent-status").Inc()
+	if err := s.o.Client.Status().Patch(ctx, a, patch); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, "", kindNone, errDeleting
 		}
@@ -422,22 +433,22 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 	return a, secret, kindNewSession, nil
 }
 
-// beginSession records a new session on a (to be written by the caller):
-// its ID, when it began, and the BareMetalHost whose virtual media it
-// proved it booted from, if any; it returns the session's secret, which
-// only the registration's answer carries.
-func (s *Server) beginSession(a *v1beta1.Agent, bootedBy string) string {
-	if a.Annotations == nil {
-		a.Annotations = map[string]string{}
-	}
+// beginSession records a new session in a's registration record (to be
+// written by the caller): the InfraEnv it registered through, what the host
+// said it is, the session's ID, when it began, and the BareMetalHost whose
+// virtual media it proved it booted from, if any. What outlives a session
+// stays: the addresses the host was seen from, a dispute, the Node name of
+// its installation. It returns the session's secret, which only the
+// registration's answer carries.
+func (s *Server) beginSession(a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, bootedBy string) string {
 	secret := newSecret()
-	a.Annotations[hosts.SessionAnnotation] = hosts.SessionID(secret)
-	a.Annotations[lifecycle.SessionStartedAnnotation] = s.o.Now().UTC().Format(time.RFC3339Nano)
-	if bootedBy != "" {
-		a.Annotations[lifecycle.BootedByAnnotation] = bootedBy
-	} else {
-		delete(a.Annotations, lifecycle.BootedByAnnotation)
-	}
+	rec := lifecycle.Registration(a)
+	rec.InfraEnv, rec.InfraEnvUID = ie.Name, string(ie.UID)
+	rec.Identity, rec.MACAddresses = digest, hosts.MACs(req.Identity.MACAddresses)
+	rec.Session = hosts.SessionID(secret)
+	rec.SessionStarted = s.o.Now().UTC().Format(time.RFC3339Nano)
+	rec.BootedBy, rec.Contested = bootedBy, ""
+	a.Status.Registration = &rec
 	return secret
 }
 
@@ -452,8 +463,12 @@ func (s *Server) bootedBy(ctx context.Context, key signing.Key, ns string, p *ag
 	if err := s.o.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: p.BareMetalHost}, &bmh); err != nil {
 		return "", fmt.Sprintf("BareMetalHost %s/%s: %v", ns, p.BareMetalHost, err)
 	}
-	if !key.Verify(p.Proof, signing.PurposeBootProof, ns+"/"+bmh.Name, string(bmh.UID)) {
-		return "", fmt.Sprintf("the boot proof for BareMetalHost %s/%s does not hold (a BareMetalHost recreated since, or a forgery)", ns, bmh.Name)
+	nonce, err := key.CheckBootProof(p.Proof, ns, bmh.Name, string(bmh.UID), s.o.Now())
+	if err != nil {
+		return "", fmt.Sprintf("the boot proof for BareMetalHost %s/%s %v", ns, bmh.Name, err)
+	}
+	if nonce != bmh.Annotations[signing.BootNonceAnnotation] {
+		return "", fmt.Sprintf("the boot proof for BareMetalHost %s/%s is of an earlier boot than the one its BMC sent last", ns, bmh.Name)
 	}
 	return string(bmh.UID), ""
 }
@@ -501,8 +516,9 @@ func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
 	}
 	before := a.DeepCopy()
 	if lifecycle.Bound(a) {
-		// Only a host its own BMC booted gets here bound (resume): its
-		// installation is lost.
+		// resume refuses a bound Agent; one bound since, whose host
+		// began installing and then registered again, has lost its
+		// installation.
 		why := "the host restarted into the discovery image during the installation, at " + string(p.CurrentStage)
 		if installprogress.Index(p.CurrentStage) >= installprogress.Index(v1beta1.StageRebooting) {
 			why = "the host booted the discovery image again instead of its installed disk; check its boot order"

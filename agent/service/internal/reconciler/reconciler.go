@@ -167,9 +167,13 @@ func (r *Reconciler) forget(ctx context.Context, key client.ObjectKey) error {
 func (r *Reconciler) observe(ctx context.Context, a *v1beta1.Agent) (*facts, error) {
 	f := &facts{agent: a, req: r.Requirements}
 	var ie v1beta1.InfraEnv
-	err := r.Client.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: a.Labels[v1beta1.InfraEnvNameLabel]}, &ie)
+	// The InfraEnv the host registered through (its record), not the
+	// tenant-writable label: its requirements are the ones that apply.
+	rec := lifecycle.Registration(a)
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: rec.InfraEnv}, &ie)
 	switch {
-	case err == nil:
+	case rec.InfraEnv == "":
+	case err == nil && string(ie.UID) == rec.InfraEnvUID:
 		f.req = r.Requirements.For(&ie)
 	case !apierrors.IsNotFound(err):
 		return nil, err

@@ -56,7 +56,7 @@ const (
 	NTPSynced        = "ntp-synced"
 	CNVRequirements  = "cnv-requirements-satisfied"
 	// IdentityUndisputed fails while two hosts were seen alive under the
-	// Agent's identity (lifecycle.DisputedAnnotation).
+	// Agent's identity (status.registration.disputed).
 	IdentityUndisputed = "identity-undisputed"
 	// DisksSanitized fails while the host owes a disk sanitization
 	// (lifecycle.SanitizationOwed): cluster-api-provider-agent takes only
@@ -230,7 +230,7 @@ func connected(f *facts) result {
 }
 
 func identityUndisputed(f *facts) result {
-	if why := f.agent.Annotations[lifecycle.DisputedAnnotation]; why != "" {
+	if why := lifecycle.Registration(f.agent).Disputed; why != "" {
 		return fail("The host's identity is disputed: %s", why)
 	}
 	return ok("No other host claims this host's identity")

@@ -41,7 +41,7 @@ const (
 // disks it names are recorded, so that the report must cover exactly those.
 func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire.Step, error) {
 	ds := a.Status.DiskSanitization
-	session := a.Annotations[lifecycle.SessionStartedAnnotation]
+	session := lifecycle.Registration(a).SessionStarted
 	// An attempt that failed in this boot is not tried again in it. One
 	// shown Running in this boot is handed again: the agent runs steps
 	// between heartbeats, so a host asking for instructions is not running
@@ -220,7 +220,7 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 			return err
 		}
 		ds := cur.Status.DiskSanitization
-		if !lifecycle.SanitizationOwed(&cur) || ds.State != v1beta1.SanitizationRunning || ds.Session != cur.Annotations[lifecycle.SessionStartedAnnotation] {
+		if !lifecycle.SanitizationOwed(&cur) || ds.State != v1beta1.SanitizationRunning || ds.Session != lifecycle.Registration(&cur).SessionStarted {
 			return errNotRunning
 		}
 		records, problems := judge(ds, cur.Status.Inventory.Disks, r)

@@ -44,8 +44,8 @@ func TestSanitizeStep(t *testing.T) {
 	owing := func(t *testing.T, session string) *v1beta1.Agent {
 		t.Helper()
 		n++
-		a := &v1beta1.Agent{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: fmt.Sprintf("00000000-0000-4000-8000-%012d", n),
-			Annotations: map[string]string{lifecycle.SessionStartedAnnotation: session}}, Spec: v1beta1.AgentSpec{Approved: true}}
+		a := &v1beta1.Agent{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: fmt.Sprintf("00000000-0000-4000-8000-%012d", n)},
+			Spec: v1beta1.AgentSpec{Approved: true}}
 		require.NoError(t, env.Client.Create(ctx, a))
 		now := metav1.Now()
 		a.Status.Inventory = v1beta1.HostInventory{ReportTime: &now, Disks: []v1beta1.HostDisk{
@@ -53,6 +53,7 @@ func TestSanitizeStep(t *testing.T) {
 			{ID: "/dev/sr0", Path: "/dev/sr0", DriveType: "ODD", InstallationEligibility: v1beta1.HostInstallationEligibility{NotEligibleReasons: []string{agentwire.DiskOptical}}},
 		}}
 		a.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{Required: "erase", Reason: "it left a cluster", State: v1beta1.SanitizationPending}
+		a.Status.Registration = &v1beta1.AgentRegistration{SessionStarted: session}
 		require.NoError(t, env.Client.Status().Update(ctx, a))
 		return a
 	}
@@ -77,8 +78,8 @@ func TestSanitizeStep(t *testing.T) {
 		t.Helper()
 		reboot := get(t, a)
 		patch := client.MergeFrom(reboot.DeepCopy())
-		reboot.Annotations[lifecycle.SessionStartedAnnotation] = time.Now().Add(time.Second).UTC().Format(time.RFC3339)
-		require.NoError(t, env.Client.Patch(ctx, reboot, patch))
+		reboot.Status.Registration.SessionStarted = time.Now().Add(time.Second).UTC().Format(time.RFC3339)
+		require.NoError(t, env.Client.Status().Patch(ctx, reboot, patch))
 	}
 	inventoried := func(t *testing.T, a *v1beta1.Agent) {
 		t.Helper()

@@ -110,6 +110,11 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 		claimed.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{}
 	}
 	claimed.Status.DiskSanitization.OnRelease = onRelease
+	// The Node name the config just built gives the host: what the
+	// nodepool worker looks for, whatever spec.hostname says later.
+	rec := lifecycle.Registration(claimed)
+	rec.NodeName = a.Hostname()
+	claimed.Status.Registration = &rec
 	if err := s.Client.Status().Patch(ctx, claimed, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
 			return nil, nil // changed meanwhile: the next heartbeat looks again
