@@ -31,6 +31,7 @@ import (
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/nodepool"
+	"github.com/agentboot/agentboot/nodepool/internal/binding"
 	"github.com/agentboot/agentboot/nodepool/internal/worker"
 	"github.com/agentboot/agentboot/test/capiagent"
 	"github.com/agentboot/agentboot/test/hosted"
@@ -554,6 +555,22 @@ func TestCAPIAgentFaults(t *testing.T) {
 	require.NoError(t, e.Client.Patch(ctx, aci, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"ignitionEndpoint":{"caCertificateReference":{"namespace":"`+e.agentsNS+`","name":"ignition-server-ca-cert"}}}}`))))
 	blocked(`the ignition endpoint's CA Secret is in namespace "` + e.agentsNS + `"; it must be in the control-plane namespace "` + e.cluster.CP + `"`)
 	require.NoError(t, e.Client.Patch(ctx, aci, client.RawPatch(types.MergePatchType, endpoint)))
+
+	// A HostedControlPlane that is not a HostedCluster's (made by whoever
+	// may create one in some namespace) binds nothing.
+	hcp := &unstructured.Unstructured{}
+	hcp.SetGroupVersionKind(capiagent.HostedControlPlaneGVK)
+	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: e.cluster.CP, Name: "vcluster2"}, hcp))
+	owner := hcp.GetAnnotations()[binding.HostedClusterAnnotation]
+	annotate := func(v string) {
+		t.Helper()
+		require.NoError(t, e.Client.Patch(ctx, hcp, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+binding.HostedClusterAnnotation+`":`+v+`}}}`))))
+	}
+	annotate(`null`)
+	blocked("HostedControlPlane " + e.cluster.CP + "/vcluster2 names no HostedCluster")
+	annotate(`"` + e.agentsNS + `/vcluster2"`)
+	blocked("whose control plane namespace is " + e.agentsNS + "-vcluster2, not " + e.cluster.CP)
+	annotate(`"` + owner + `"`)
 
 	tokenKey := client.ObjectKey{Namespace: a.Spec.IgnitionEndpointTokenReference.Namespace, Name: a.Spec.IgnitionEndpointTokenReference.Name}
 	var tokenSecret corev1.Secret

@@ -107,6 +107,8 @@ func Start(t testing.TB, env *testenv.Env, opts Options) *Cluster {
 	hcp := newObj(HostedControlPlaneGVK)
 	hcp.SetNamespace(c.CP)
 	hcp.SetName(opts.Name)
+	// HyperShift's operator names the HostedCluster on its control plane.
+	hcp.SetAnnotations(map[string]string{"hypershift.openshift.io/cluster": opts.Namespace + "/" + opts.Name})
 	hcp.Object["spec"] = map[string]any{
 		"dns":          map[string]any{"baseDomain": "example.com"},
 		"etcd":         map[string]any{"managementType": "Managed", "managed": map[string]any{"storage": map[string]any{"type": "PersistentVolume"}}},

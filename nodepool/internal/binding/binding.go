@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,6 +26,7 @@ import (
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hivev1 "github.com/agentboot/agentboot/api/hive/v1"
 	hiveext "github.com/agentboot/agentboot/api/hiveext/v1beta1"
+	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
@@ -74,7 +76,9 @@ func IsRefused(err error) bool {
 //     annotation names references this Agent in status.agentRef and is named
 //     (by name or UID) by the agentMachineRef label;
 //   - the HostedControlPlane in that namespace serves the Agent's namespace
-//     (spec.platform.agent.agentNamespace);
+//     (spec.platform.agent.agentNamespace), and is a HostedCluster's: it
+//     names the HostedCluster (HostedClusterAnnotation), whose control
+//     plane namespace this is and which serves the same Agent namespace;
 //   - spec.clusterDeploymentName names a ClusterDeployment in that same
 //     namespace, installed, whose clusterInstallRef names an
 //     AgentClusterInstall there.
@@ -162,7 +166,36 @@ func servesAgentNamespace(ctx context.Context, r client.Reader, ns, agentNS stri
 	if served != agentNS {
 		return refused("HostedControlPlane %s/%s takes its Agents from namespace %q, not %q", ns, hcp.GetName(), served, agentNS)
 	}
+	// Whoever may create a HostedControlPlane in some namespace does not
+	// make a hosted cluster: HyperShift's operator makes the control plane
+	// of a HostedCluster, in the namespace its name gives.
+	owner := hcp.GetAnnotations()[HostedClusterAnnotation]
+	hcNS, hcName, _ := strings.Cut(owner, "/")
+	if hcNS == "" || hcName == "" {
+		return refused("HostedControlPlane %s/%s names no HostedCluster (annotation %s is %q): it is not HyperShift's", ns, hcp.GetName(), HostedClusterAnnotation, owner)
+	}
+	if cp := ControlPlaneNamespace(hcNS, hcName); cp != ns {
+		return refused("HostedControlPlane %s/%s names HostedCluster %s, whose control plane namespace is %s, not %s", ns, hcp.GetName(), owner, cp, ns)
+	}
+	var hc hypershift.HostedCluster
+	if err := r.Get(ctx, client.ObjectKey{Namespace: hcNS, Name: hcName}, &hc); err != nil {
+		return readError(err, "HostedCluster %s named by HostedControlPlane %s/%s", owner, ns, hcp.GetName())
+	}
+	if a := hc.Spec.Platform.Agent; a == nil || a.AgentNamespace != agentNS {
+		return refused("HostedCluster %s does not take its Agents from namespace %q", owner, agentNS)
+	}
 	return nil
+}
+
+// HostedClusterAnnotation on a HostedControlPlane names its HostedCluster
+// (namespace/name); HyperShift's operator sets it.
+const HostedClusterAnnotation = "hypershift.openshift.io/cluster"
+
+// ControlPlaneNamespace is the namespace HyperShift puts the control plane
+// of HostedCluster ns/name in: "<ns>-<name>", dots in the name made
+// hyphens.
+func ControlPlaneNamespace(ns, name string) string {
+	return ns + "-" + strings.ReplaceAll(name, ".", "-")
 }
 
 // readError turns a missing object or kind into a Refused naming it.
