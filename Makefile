@@ -120,10 +120,15 @@ bench-images: testbin dev-image build ## customised-ISO throughput vs http.Serve
 
 HOSTS ?= 50
 AGENTS ?= 2000
+HONEST ?= 500
 
 .PHONY: bench-agents
 bench-agents: testbin build ## AGENTS simulated hosts (2000) against the agent API: registration latency, apiserver writes
 	go run ./test/bench/agents -agents $(AGENTS)
+
+.PHONY: bench-abuse
+bench-abuse: testbin build ## HONEST (500) heartbeating hosts while one registration token's holder writes at full speed: etcd write bytes/s and growth, honest heartbeat p99
+	go run ./test/bench/agents -abuse -agents $(HONEST) -ramp 20s -window 60s
 
 .PHONY: bench-bmc
 bench-bmc: testbin ## HOSTS (50) BareMetalHosts on simulated Redfish BMCs, ideal vs realistic timing: enrollment, calls per BMC per minute

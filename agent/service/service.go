@@ -59,6 +59,13 @@ type Config struct {
 	// can create (DefaultMaxAgentsPerInfraEnv): the token travels in clear
 	// in PXE initrds, and without a cap anyone holding it could fill etcd.
 	MaxAgentsPerInfraEnv int
+	// MaxUnapprovedPerInfraEnv caps its unapproved Agents
+	// (DefaultMaxUnapprovedPerInfraEnv; negative: no cap).
+	MaxUnapprovedPerInfraEnv int
+	// WriteBudgetPerInfraEnv and WriteBudgetPerProcess are the bytes per
+	// second the agent API may write to the apiserver for one InfraEnv's
+	// hosts, and in all (the defaults below; negative: no limit).
+	WriteBudgetPerInfraEnv, WriteBudgetPerProcess int
 	// PollInterval is how often hosts heartbeat (20s); LeaseRenewInterval
 	// the most often their Lease is written (45s: every third heartbeat); DisconnectAfter how long
 	// a silent host stays connected (3m).
@@ -84,8 +91,31 @@ type Config struct {
 // manager's cache holds those ConfigMaps and no others.
 const EraseDebtLabel = debts.Label
 
-// DefaultMaxAgentsPerInfraEnv is the default of Config.MaxAgentsPerInfraEnv.
-const DefaultMaxAgentsPerInfraEnv = 5000
+// Defaults of the caps and budgets. A holder of one InfraEnv's
+// registration token can store at most 500 unapproved Agents of 64 KiB of
+// inventory (32 MiB) and write at most 256 KiB/s for them (75 MiB of etcd
+// history between two compactions), a quarter of a replica's 1 MiB/s. An
+// honest host is charged about 40 KiB to register (its Agent created, its
+// record, its inventory, the controller's writes after them, etcd's
+// overhead): 400 hosts of an InfraEnv register at once, a larger boot
+// storm at about 6 hosts a second after that.
+const (
+	DefaultMaxAgentsPerInfraEnv     = 5000
+	DefaultMaxUnapprovedPerInfraEnv = 500
+	DefaultWriteBudgetPerInfraEnv   = 256 << 10
+	DefaultWriteBudgetPerProcess    = 1 << 20
+)
+
+// orDefault is v, def when v is 0, and 0 (none) when v is negative.
+func orDefault(v, def int) int {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
+}
 
 func (c *Config) defaults() {
 	if c.MaxAgentsPerInfraEnv == 0 {
@@ -177,18 +207,21 @@ func setupAPI(mgr manager.Manager, cfg Config) error {
 		}
 	}
 	srv := hostapi.New(hostapi.Options{
-		Client:             mgr.GetClient(),
-		APIReader:          mgr.GetAPIReader(),
-		Keys:               cfg.Keys,
-		Events:             eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")),
-		LeaseNamespace:     cfg.Namespace,
-		MinDiskSizeBytes:   cfg.MinDiskSizeBytes,
-		MaxAgents:          cfg.MaxAgentsPerInfraEnv,
-		PollInterval:       cfg.PollInterval,
-		LeaseRenewInterval: cfg.LeaseRenewInterval,
-		Steps:              install,
-		Debts:              owed,
-		Log:                cfg.Log,
+		Client:                 mgr.GetClient(),
+		APIReader:              mgr.GetAPIReader(),
+		Keys:                   cfg.Keys,
+		Events:                 eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")),
+		LeaseNamespace:         cfg.Namespace,
+		MinDiskSizeBytes:       cfg.MinDiskSizeBytes,
+		MaxAgents:              cfg.MaxAgentsPerInfraEnv,
+		MaxUnapproved:          orDefault(cfg.MaxUnapprovedPerInfraEnv, DefaultMaxUnapprovedPerInfraEnv),
+		WriteBudgetPerInfraEnv: orDefault(cfg.WriteBudgetPerInfraEnv, DefaultWriteBudgetPerInfraEnv),
+		WriteBudgetPerProcess:  orDefault(cfg.WriteBudgetPerProcess, DefaultWriteBudgetPerProcess),
+		PollInterval:           cfg.PollInterval,
+		LeaseRenewInterval:     cfg.LeaseRenewInterval,
+		Steps:                  install,
+		Debts:                  owed,
+		Log:                    cfg.Log,
 	})
 	return mgr.Add(&server{cfg: cfg, handler: srv.Handler()})
 }

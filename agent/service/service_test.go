@@ -453,11 +453,15 @@ func mustJSON(v any) []byte {
 // Hosts holding an InfraEnv's discovery token create at most its cap of
 // Agents: past it a new host is refused with 403 AgentCapReached and an
 // event on the InfraEnv; hosts that have an Agent register again as usual,
-// and room made by deleting an Agent is taken again.
+// and room made by deleting an Agent is taken again. Unapproved Agents
+// have a lower cap of their own (UnapprovedCapReached), which approving
+// one makes room under.
 func TestAgentCapPerInfraEnv(t *testing.T) {
-	capped := stack.Start(t, stack.Options{MaxAgentsPerInfraEnv: 2})
+	capped := stack.Start(t, stack.Options{MaxAgentsPerInfraEnv: 2, MaxUnapprovedPerInfraEnv: 1})
 	ctx := context.Background()
-	ie := capped.CreateInfraEnv(t, "cap", "pool", nil)
+	ie := capped.CreateInfraEnv(t, "cap", "pool", func(ie *v1beta1.InfraEnv) {
+		ie.Spec.AgentApproval = &v1beta1.AgentApproval{AutoApprove: true} // only the cap of all Agents applies
+	})
 	h1 := capped.Register(t, ie, 1)
 	capped.Register(t, ie, 2)
 	var list v1beta1.AgentList
@@ -489,6 +493,56 @@ func TestAgentCapPerInfraEnv(t *testing.T) {
 		_, err = capped.TryRegister(t, ie, 3)
 		return err == nil
 	}, time.Minute, 200*time.Millisecond, "room made is taken again: %v", err)
+
+	manual := capped.CreateInfraEnv(t, "cap-manual", "pool", nil)
+	capped.Register(t, manual, 11)
+	require.Eventually(t, func() bool { // the cache counts the first
+		_, err = capped.TryRegister(t, manual, 12)
+		return err != nil
+	}, time.Minute, 200*time.Millisecond)
+	require.ErrorContains(t, err, "403")
+	require.ErrorContains(t, err, agentwire.CodeUnapprovedCap)
+	require.ErrorContains(t, err, "has 1 unapproved Agents, its cap of 1")
+	first := &v1beta1.Agent{}
+	require.NoError(t, capped.Client.Get(ctx, client.ObjectKey{Namespace: manual.Namespace, Name: stack.HostID(11)}, first))
+	patch := client.MergeFrom(first.DeepCopy())
+	first.Spec.Approved = true
+	require.NoError(t, capped.Client.Patch(ctx, first, patch))
+	require.Eventually(t, func() bool {
+		_, err = capped.TryRegister(t, manual, 12)
+		return err == nil
+	}, time.Minute, 200*time.Millisecond, "approving one makes room: %v", err)
+}
+
+// TestWriteBudget: what the agent API writes for one InfraEnv's hosts is
+// bounded in bytes per second (a minute's worth at once): a host filling
+// it with large inventories is answered 429 WriteBudget with Retry-After,
+// and a host of another InfraEnv still has its inventory stored.
+func TestWriteBudget(t *testing.T) {
+	const perInfraEnv = 16 << 10 // 1 MiB at once, the least burst
+	b := stack.Start(t, stack.Options{WriteBudgetPerInfraEnv: perInfraEnv})
+	hungry := b.CreateInfraEnv(t, "hungry", "pool", nil)
+	other := b.CreateInfraEnv(t, "other", "pool", nil)
+	// Three hosts, so that each stays within its own 30 writes' burst
+	// while together they write more than the InfraEnv's MiB (each
+	// inventory, about 20 KiB stored, is charged about 80: the Agent
+	// controller's write after it, and etcd's overhead).
+	hosts := []*stack.Host{b.Register(t, hungry, 1), b.Register(t, hungry, 2), b.Register(t, hungry, 3)}
+	var err error
+	stored := 0
+	for i := range 85 {
+		inv := stack.LargeServerInventory(time.Now().UTC().Truncate(time.Second))
+		inv.Hostname = fmt.Sprintf("hungry-%d", i)
+		if err = hosts[i%3].PutInventory(inv); err != nil {
+			break
+		}
+		stored++
+	}
+	require.ErrorContains(t, err, "429")
+	require.ErrorContains(t, err, "WriteBudget")
+	require.Greater(t, stored, 5, "a minute's worth went through first")
+	o := b.Register(t, other, 4)
+	require.NoError(t, o.PutInventory(stack.LargeServerInventory(time.Now().UTC().Truncate(time.Second))), "another InfraEnv's budget is its own")
 }
 
 // The identity rule: a second host claiming a registered host's identity

@@ -25,6 +25,9 @@ func (a *agentFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&a.minMemMiB, "min-memory-mib", 8192, "least memory (MiB) a host needs, unless its InfraEnv's hostRequirements says otherwise")
 	fs.Int64Var(&a.minDiskGB, "min-disk-size-gb", 100, "smallest installation disk (GB), unless its InfraEnv's hostRequirements says otherwise")
 	fs.IntVar(&a.cfg.MaxAgentsPerInfraEnv, "max-agents-per-infraenv", agentservice.DefaultMaxAgentsPerInfraEnv, "most Agents the hosts of one InfraEnv may create; registrations past it are refused with 403 and an event on the InfraEnv")
+	fs.IntVar(&a.cfg.MaxUnapprovedPerInfraEnv, "max-unapproved-agents-per-infraenv", agentservice.DefaultMaxUnapprovedPerInfraEnv, "most unapproved Agents one InfraEnv may have (an InfraEnv that approves automatically has none); registrations past it are refused with 403 until some are approved or deleted (-1: no cap)")
+	fs.IntVar(&a.cfg.WriteBudgetPerInfraEnv, "agent-api-write-budget-per-infraenv", agentservice.DefaultWriteBudgetPerInfraEnv, "bytes per second the agent API may write to the apiserver for one InfraEnv's hosts, with a minute's worth at once; over it, 429 (-1: no limit; docs/security.md)")
+	fs.IntVar(&a.cfg.WriteBudgetPerProcess, "agent-api-write-budget", agentservice.DefaultWriteBudgetPerProcess, "bytes per second the agent API of this replica may write to the apiserver in all, with a minute's worth at once (-1: no limit)")
 	fs.DurationVar(&a.cfg.PollInterval, "agent-poll-interval", 0, "how often hosts heartbeat (default "+agentwire.DefaultPollInterval.String()+")")
 	fs.DurationVar(&a.cfg.DisconnectAfter, "agent-disconnect-after", 0, "how long a silent host stays Connected (default 3m)")
 	a.cfg.Sanitization = sanitize.DefaultPolicy

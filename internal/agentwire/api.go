@@ -96,6 +96,9 @@ const (
 	// CodeAgentCap: the InfraEnv has as many Agents as it may; the agent
 	// retries later.
 	CodeAgentCap = "AgentCapReached"
+	// CodeUnapprovedCap: the InfraEnv has as many unapproved Agents as it
+	// may; the agent retries until some are approved or deleted.
+	CodeUnapprovedCap = "UnapprovedCapReached"
 	// CodeReleased answers a step result of a host that was unbound from
 	// its cluster while it installed: the installation is void, and the
 	// agent wipes what it wrote and stays in discovery instead of

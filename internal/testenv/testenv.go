@@ -121,6 +121,10 @@ func StartT(t testing.TB, opts Options) *Env {
 	return e
 }
 
+// EtcdURL is the control plane's etcd client URL (plain HTTP on loopback),
+// which also serves etcd's metrics at /metrics.
+func (e *Env) EtcdURL() string { return e.env.ControlPlane.Etcd.URL.String() }
+
 func (e *Env) setup() error {
 	c, err := client.New(e.Config, client.Options{Scheme: e.env.Scheme})
 	if err != nil {

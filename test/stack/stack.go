@@ -63,8 +63,8 @@ type Options struct {
 	MaxConcurrentDownloads int
 	// MaxDownloadsPerClient and DownloadStallTimeout tune the image
 	// service's download slots.
-	MaxDownloadsPerClient int
-	DownloadStallTimeout  time.Duration
+	MaxDownloadsPerClient, MaxDownloadsPerInfraEnv int
+	DownloadStallTimeout                           time.Duration
 	// Images replace the dev OS image stream in the catalog.
 	Images []osimage.Entry
 	// Quiet drops component logs (benchmarks).
@@ -82,6 +82,10 @@ type Options struct {
 	// MaxAgentsPerInfraEnv caps each InfraEnv's Agents (default: the
 	// service's).
 	MaxAgentsPerInfraEnv int
+	// MaxUnapprovedPerInfraEnv and the write budgets (bytes per second)
+	// likewise (agent/service Config).
+	MaxUnapprovedPerInfraEnv                      int
+	WriteBudgetPerInfraEnv, WriteBudgetPerProcess int
 	// BootNetworkNamespaces are the namespaces that may claim
 	// network-booting hosts (--boot-network-namespaces); default "*".
 	BootNetworkNamespaces string
@@ -332,6 +336,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		HTTPSAddr: s.HTTPSAddr, HTTPAddr: s.HTTPAddr, TLSCertFile: certFile, TLSKeyFile: keyFile,
 		MaxConcurrentDownloads: opts.MaxConcurrentDownloads, Listen: opts.Listen,
 		BootNamespaces: bootNS, MaxDownloadsPerClient: opts.MaxDownloadsPerClient, DownloadStallTimeout: opts.DownloadStallTimeout,
+		MaxDownloadsPerInfraEnv: opts.MaxDownloadsPerInfraEnv,
 	}
 	controllers := app.Components{
 		Namespace:   Namespace,
@@ -341,7 +346,8 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		AgentService: &agentservice.Config{
 			Addr: s.AgentAPIAddr, TLSCertFile: certFile, TLSKeyFile: keyFile, Listen: opts.Listen,
 			PollInterval: opts.AgentPollInterval, LeaseRenewInterval: opts.AgentLeaseRenewInterval, DisconnectAfter: opts.AgentDisconnectAfter,
-			MaxAgentsPerInfraEnv: opts.MaxAgentsPerInfraEnv,
+			MaxAgentsPerInfraEnv: opts.MaxAgentsPerInfraEnv, MaxUnapprovedPerInfraEnv: opts.MaxUnapprovedPerInfraEnv,
+			WriteBudgetPerInfraEnv: opts.WriteBudgetPerInfraEnv, WriteBudgetPerProcess: opts.WriteBudgetPerProcess,
 		},
 		InfraEnvPullSecretRecheck: time.Second,
 		BMC:                       opts.BMC,

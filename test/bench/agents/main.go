@@ -46,69 +46,116 @@ func main() {
 	ramp := flag.Duration("ramp", 40*time.Second, "hosts start evenly over this time, as racks powering on")
 	poll := flag.Duration("poll", 20*time.Second, "heartbeat interval")
 	window := flag.Duration("window", 90*time.Second, "steady-state measurement window")
+	abuse := flag.Bool("abuse", false, "make bench-abuse: the honest hosts heartbeat while a holder of another InfraEnv's registration token writes at full speed (abuse.go)")
 	flag.Parse()
+	if *abuse {
+		if err := runAbuse(*n, *ramp, *poll, *window); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-abuse:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*n, *ramp, *poll, *window); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-agents:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n int, ramp, poll, window time.Duration) error {
+// bench is a control plane and `agentboot manager` serving the agent API.
+type bench struct {
+	env  *testenv.Env
+	dir  string
+	mgr  *exec.Cmd
+	hc   *http.Client
+	base string
+}
+
+// start starts the control plane and the manager (with extra flags), and
+// waits for the agent API; stop ends them.
+func start(n int, poll time.Duration, extra ...string) (*bench, error) {
 	root := testenv.RepoRoot()
 	bin := filepath.Join(root, "bin")
 	iso, err := testenv.DevImage()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "bench-agents-")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	env, err := testenv.Start(testenv.Options{})
+	b := &bench{dir: dir}
+	b.env, err = testenv.Start(testenv.Options{})
 	if err != nil {
-		return err
+		os.RemoveAll(dir)
+		return nil, err
 	}
-	defer env.Stop()
-	ctx := context.Background()
-	c := env.Client
 	cert, key, caPEM, err := stack.Certificates(dir, "127.0.0.1")
 	if err != nil {
-		return err
+		b.stop()
+		return nil, err
 	}
 	apiPort := freePort()
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "agentboot-system"}}); err != nil {
-		return err
+	if err := b.env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "agentboot-system"}}); err != nil {
+		b.stop()
+		return nil, err
 	}
-	mgr := exec.Command(filepath.Join(bin, "agentboot"), "manager",
-		"--kubeconfig", env.Kubeconfig, "--log-format", "text", "--log-level", "warn", "--leader-elect=false",
+	args := append([]string{"manager",
+		"--kubeconfig", b.env.Kubeconfig, "--log-format", "text", "--log-level", "warn", "--leader-elect=false",
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
 		"--os-image-stream", filepath.Join(filepath.Dir(iso), "stream.json"), "--image-cache-dir", filepath.Join(dir, "cache"),
 		"--agent-api-url", fmt.Sprintf("https://127.0.0.1:%d", apiPort),
 		"--image-service-url", "https://127.0.0.1:1", "--image-service-http-url", "http://127.0.0.1:1",
 		"--ca-bundle-file", filepath.Join(dir, "ca.crt"), "--agent-binary", filepath.Join(bin, "agent"),
 		"--agent-api-addr", fmt.Sprintf("127.0.0.1:%d", apiPort), "--agent-api-tls-cert-file", cert, "--agent-api-tls-key-file", key,
-		"--agent-poll-interval", poll.String())
+		"--agent-poll-interval", poll.String()}, extra...)
+	b.mgr = exec.Command(filepath.Join(bin, "agentboot"), args...)
 	mgrLog, _ := os.Create(filepath.Join(dir, "manager.log"))
-	mgr.Stdout, mgr.Stderr = mgrLog, mgrLog
-	mgr.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := mgr.Start(); err != nil {
-		return err
-	}
-	defer func() { _ = mgr.Process.Signal(os.Interrupt); _ = mgr.Wait() }()
-
-	ie, token, err := infraEnv(ctx, c)
-	if err != nil {
-		return fmt.Errorf("%w (manager log: %s)", err, tail(filepath.Join(dir, "manager.log")))
+	b.mgr.Stdout, b.mgr.Stderr = mgrLog, mgrLog
+	b.mgr.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := b.mgr.Start(); err != nil {
+		b.mgr = nil
+		b.stop()
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+	b.hc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: n, MaxIdleConns: n, IdleConnTimeout: 5 * time.Minute,
 	}}
-	base := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
-	if err := waitAPI(hc, base); err != nil {
+	b.base = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	if err := waitAPI(b.hc, b.base); err != nil {
+		b.stop()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *bench) stop() {
+	if b.mgr != nil {
+		_ = b.mgr.Process.Signal(os.Interrupt)
+		_ = b.mgr.Wait()
+	}
+	if b.env != nil {
+		_ = b.env.Stop()
+	}
+	os.RemoveAll(b.dir)
+}
+
+func run(n int, ramp, poll, window time.Duration) error {
+	// The hosts stay unapproved, as on a site that approves by hand: the
+	// cap on unapproved Agents (500) is lifted for them, and so is the
+	// per-InfraEnv write budget, which would spread their registration
+	// over minutes (this bench measures the API, bench-abuse the budget).
+	b, err := start(n, poll, "--max-unapproved-agents-per-infraenv=-1", "--agent-api-write-budget-per-infraenv=-1")
+	if err != nil {
 		return err
+	}
+	defer b.stop()
+	ctx := context.Background()
+	env, c, hc, base, mgr := b.env, b.env.Client, b.hc, b.base, b.mgr
+	ie, token, err := infraEnv(ctx, c, "bench", nil)
+	if err != nil {
+		return fmt.Errorf("%w (manager log: %s)", err, tail(filepath.Join(b.dir, "manager.log")))
 	}
 
 	fmt.Printf("agentboot bench-agents (%s, %d CPUs): %d simulated hosts starting over %s, heartbeat every %s\n\n", time.Now().UTC().Format(time.RFC3339), numCPU(), n, ramp, poll)
@@ -135,7 +182,7 @@ func run(n int, ramp, poll, window time.Duration) error {
 			}
 			lat[i] = d
 			done.Add(1)
-			h.live(runCtx, poll)
+			h.live(runCtx, poll, nil)
 		}()
 	}
 	// Everyone registered and every Agent known: the pool is settled.
@@ -198,7 +245,7 @@ func run(n int, ramp, poll, window time.Duration) error {
 	fmt.Printf("  by resource: %s\n", strings.Join(parts, ", "))
 	fmt.Printf("manager: %.1f%% of one CPU, %d MiB resident (peak)\n", float64(cpu1-cpu0)/100/elapsed*100, peak>>20)
 
-	agentBin := filepath.Join(bin, "agent")
+	agentBin := filepath.Join(testenv.RepoRoot(), "bin", "agent")
 	st, err := os.Stat(agentBin)
 	if err != nil {
 		return err
@@ -266,7 +313,9 @@ func (h *host) register(ctx context.Context, ie *v1beta1.InfraEnv, token string)
 	}
 }
 
-func (h *host) live(ctx context.Context, poll time.Duration) {
+// live heartbeats every poll until ctx ends, recording each heartbeat's
+// latency in l when it is not nil.
+func (h *host) live(ctx context.Context, poll time.Duration, l *latencies) {
 	path := "/api/v1/namespaces/" + h.ns + "/agents/" + h.id + "/instructions"
 	// Spread the first heartbeat over the interval, as real hosts are.
 	t := time.NewTimer(time.Duration(int64(poll) * int64(h.i%97) / 97))
@@ -277,23 +326,32 @@ func (h *host) live(ctx context.Context, poll time.Duration) {
 			return
 		case <-t.C:
 		}
-		_ = h.do(ctx, http.MethodPost, path, h.token, agentwire.InstructionsRequest{Time: time.Now()}, nil)
+		start := time.Now()
+		err := h.do(ctx, http.MethodPost, path, h.token, agentwire.InstructionsRequest{Time: time.Now()}, nil)
+		if l != nil && ctx.Err() == nil {
+			l.add(time.Since(start), err)
+		}
 		t.Reset(poll)
 	}
 }
 
-func infraEnv(ctx context.Context, c client.Client) (*v1beta1.InfraEnv, string, error) {
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
+// infraEnv creates namespace ns with an InfraEnv of that name (change
+// adjusts it) and returns it with its registration token.
+func infraEnv(ctx context.Context, c client.Client, ns string, change func(*v1beta1.InfraEnv)) (*v1beta1.InfraEnv, string, error) {
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		return nil, "", err
 	}
 	if err := c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "pull-secret"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pull-secret"},
 		Type:       corev1.SecretTypeDockerConfigJson,
 		Data:       map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"quay.io":{"auth":"eDp5"}}}`)},
 	}); err != nil {
 		return nil, "", err
 	}
-	ie := stack.NewInfraEnv("bench", "bench")
+	ie := stack.NewInfraEnv(ns, ns)
+	if change != nil {
+		change(ie)
+	}
 	if err := c.Create(ctx, ie); err != nil {
 		return nil, "", err
 	}

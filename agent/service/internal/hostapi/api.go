@@ -46,6 +46,13 @@ type Options struct {
 	MinDiskSizeBytes int64
 	// MaxAgents caps the Agents of one InfraEnv.
 	MaxAgents int
+	// MaxUnapproved caps the unapproved Agents of one InfraEnv: all a
+	// holder of its registration token can create and fill.
+	MaxUnapproved int
+	// WriteBudgetPerInfraEnv and WriteBudgetPerProcess are the bytes per
+	// second the API may write to the apiserver for one InfraEnv's hosts,
+	// and in all (budget.go); 0 means no limit.
+	WriteBudgetPerInfraEnv, WriteBudgetPerProcess int
 	// PollInterval is how often agents heartbeat.
 	PollInterval time.Duration
 	// LeaseRenewInterval is the most often a Lease is written.
@@ -105,6 +112,7 @@ const (
 type Server struct {
 	o        Options
 	limiters sync.Map // key → *limiter
+	budget   *budget
 }
 
 type limiter struct {
@@ -143,7 +151,7 @@ func New(o Options) *Server {
 	if o.LeaseRenewInterval == 0 {
 		o.LeaseRenewInterval = 45 * time.Second
 	}
-	return &Server{o: o}
+	return &Server{o: o, budget: newBudget(o.WriteBudgetPerInfraEnv, o.WriteBudgetPerProcess)}
 }
 
 // Handler has every route of the agent API.

@@ -106,6 +106,13 @@ func (s *Server) allowWrite(a *v1beta1.Agent) bool {
 	return s.allow("write/"+a.Namespace+"/"+a.Name, writeRate, writeBurst)
 }
 
+// mayWrite reports, taking nothing, whether allowWrite could allow a write
+// of a's now.
+func (s *Server) mayWrite(a *v1beta1.Agent) bool {
+	v, ok := s.limiters.Load("write/" + a.Namespace + "/" + a.Name)
+	return !ok || v.(*limiter).TokensAt(s.o.Now()) >= 1
+}
+
 // maxSourceAddresses is how many source addresses an Agent keeps.
 const maxSourceAddresses = 8
 
@@ -113,14 +120,13 @@ const maxSourceAddresses = 8
 // kubelet serving certificates are approved only for addresses the host
 // was seen using (see the nodepool worker).
 func (s *Server) noteSource(ctx context.Context, a *v1beta1.Agent, ip string) error {
-	addr, err := netip.ParseAddr(ip)
-	if err != nil {
+	if ip = sourceIP(ip); ip == "" {
 		return nil
 	}
-	ip = addr.Unmap().String()
 	seen := lifecycle.Registration(a).SourceAddresses
-	if a.Status.Registration == nil || slices.Contains(seen, ip) || !s.allowWrite(a) {
-		return nil // known, or a host changing address on every request
+	if a.Status.Registration == nil || slices.Contains(seen, ip) || !s.allowWrite(a) ||
+		s.budget.spend(a.Status.Registration.InfraEnvUID, size(a), s.o.Now()) > 0 {
+		return nil // known, a host changing address on every request, or no budget now (a later request records it)
 	}
 	seen = append(slices.Clone(seen), ip)
 	if len(seen) > maxSourceAddresses {
@@ -130,6 +136,15 @@ func (s *Server) noteSource(ctx context.Context, a *v1beta1.Agent, ip string) er
 	a.Status.Registration.SourceAddresses = seen
 	writes.WithLabelValues("agent-status").Inc()
 	return s.o.Client.Status().Patch(ctx, a, patch)
+}
+
+// sourceIP is a request's source address as the record keeps it, or "".
+func sourceIP(ip string) string {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return ""
+	}
+	return addr.Unmap().String()
 }
 
 // dispute marks an Agent whose current session was heard from after a
@@ -153,6 +168,16 @@ func (s *Server) dispute(ctx context.Context, a *v1beta1.Agent) error {
 
 // inventory stores the host's hardware in the Agent's status when it changed.
 func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
+	// Refused before the body is read when nothing could be stored now:
+	// a host sending inventories as fast as it may costs little.
+	if !s.mayWrite(ref.Agent) {
+		tooMany(w)
+		return
+	}
+	if wait := s.budget.exhausted(string(ref.InfraEnv.UID), s.o.Now()); wait > 0 {
+		overBudget(w, wait)
+		return
+	}
 	var inv v1beta1.HostInventory
 	if err := decode(w, r, agentwire.MaxInventoryBytes, &inv); err != nil {
 		writeError(w, http.StatusBadRequest, "BadInventory", "inventory: %v", err)
@@ -190,6 +215,11 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 	}
 	patch := client.MergeFrom(a.DeepCopy())
 	a.Status.Inventory = inv
+	// Stored, then the Agent controller's validations of it: two writes.
+	if wait := s.budget.spend(string(ref.InfraEnv.UID), 2*size(a), s.o.Now()); wait > 0 {
+		overBudget(w, wait)
+		return
+	}
 	owed, err := s.oweByHardware(r.Context(), a)
 	if err != nil {
 		s.o.Log.Error(err, "look up erase debts", "agent", a.Namespace+"/"+a.Name)
@@ -391,7 +421,10 @@ func (s *Server) renewLease(ctx context.Context, a *v1beta1.Agent, offset int64,
 	}
 	old, _ := strconv.ParseInt(l.Annotations[hosts.ClockOffsetAnnotation], 10, 64)
 	fresh := l.Spec.RenewTime != nil && now.Sub(l.Spec.RenewTime.Time) < s.o.LeaseRenewInterval
-	if fresh && (registering || abs(offset-old) < 30) {
+	// A changed clock is recorded early, within the host's own write
+	// limit: a host alternating its clock does not turn its heartbeats
+	// into Lease writes.
+	if fresh && (registering || abs(offset-old) < 30 || !s.allowWrite(a)) {
 		return nil
 	}
 	l.Spec.RenewTime = &now

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -73,8 +74,17 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	created := kind == kindCreated
 	var capped *capError
 	if errors.As(err, &capped) {
-		writeError(w, http.StatusForbidden, agentwire.CodeAgentCap, "%v", err)
-		s.o.Events.Eventf(ie, nil, corev1.EventTypeWarning, "AgentCapReached", "Register", "%v", err)
+		writeError(w, http.StatusForbidden, capped.code(), "%v", err)
+		// One event per InfraEnv and reason every 10 s: each is a write,
+		// and a token's holder can be refused thousands of times a minute.
+		if s.allow("event/"+capped.reason()+"/"+string(ie.UID), 0.1, 1) {
+			s.o.Events.Eventf(ie, nil, corev1.EventTypeWarning, capped.reason(), "Register", "%v", err)
+		}
+		return
+	}
+	var spent *budgetError
+	if errors.As(err, &spent) {
+		overBudget(w, spent.wait)
 		return
 	}
 	switch {
@@ -166,21 +176,46 @@ func remoteIP(r *http.Request) string {
 	return host
 }
 
-// capError says an InfraEnv has as many Agents as it may.
+// capError says an InfraEnv has as many Agents, or unapproved Agents, as
+// it may.
 type capError struct {
-	ie       string
-	have, at int
+	ie         string
+	have, at   int
+	unapproved bool
 }
 
 func (e *capError) Error() string {
+	if e.unapproved {
+		return fmt.Sprintf("InfraEnv %s has %d unapproved Agents, its cap of %d (agentboot manager --max-unapproved-agents-per-infraenv): approve or delete them, or raise the cap", e.ie, e.have, e.at)
+	}
 	return fmt.Sprintf("InfraEnv %s has %d Agents, its cap of %d (agentboot manager --max-agents-per-infraenv): delete Agents of hosts that are gone, or raise the cap", e.ie, e.have, e.at)
 }
 
-// underCap refuses a new Agent when the InfraEnv has MaxAgents already.
-// The count is the cache's: concurrent registrations can pass it by at most
-// the registration burst.
+func (e *capError) code() string {
+	if e.unapproved {
+		return agentwire.CodeUnapprovedCap
+	}
+	return agentwire.CodeAgentCap
+}
+
+func (e *capError) reason() string {
+	if e.unapproved {
+		return "UnapprovedCapReached"
+	}
+	return "AgentCapReached"
+}
+
+// budgetError says the write budget cannot take a registration now.
+type budgetError struct{ wait time.Duration }
+
+func (e *budgetError) Error() string { return "write budget spent; retry in " + e.wait.String() }
+
+// underCap refuses a new Agent when the InfraEnv has MaxAgents already, or
+// MaxUnapproved unapproved ones and would not approve it. The count is the
+// cache's: concurrent registrations can pass it by at most the
+// registration burst.
 func (s *Server) underCap(ctx context.Context, ie *v1beta1.InfraEnv) error {
-	if s.o.MaxAgents <= 0 {
+	if s.o.MaxAgents <= 0 && s.o.MaxUnapproved <= 0 {
 		return nil
 	}
 	// Counted from the cache without copying the Agents out of it.
@@ -188,8 +223,20 @@ func (s *Server) underCap(ctx context.Context, ie *v1beta1.InfraEnv) error {
 	if err := s.o.Client.List(ctx, &list, client.InNamespace(ie.Namespace), client.MatchingLabels{v1beta1.InfraEnvNameLabel: ie.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
-	if len(list.Items) >= s.o.MaxAgents {
-		return &capError{ie: ie.Namespace + "/" + ie.Name, have: len(list.Items), at: s.o.MaxAgents}
+	name := ie.Namespace + "/" + ie.Name
+	if s.o.MaxAgents > 0 && len(list.Items) >= s.o.MaxAgents {
+		return &capError{ie: name, have: len(list.Items), at: s.o.MaxAgents}
+	}
+	if s.o.MaxUnapproved > 0 && (ie.Spec.AgentApproval == nil || !ie.Spec.AgentApproval.AutoApprove) {
+		unapproved := 0
+		for i := range list.Items {
+			if !list.Items[i].Spec.Approved {
+				unapproved++
+			}
+		}
+		if unapproved >= s.o.MaxUnapproved {
+			return &capError{ie: name, have: unapproved, at: s.o.MaxUnapproved, unapproved: true}
+		}
 	}
 	return nil
 }
@@ -279,7 +326,7 @@ var (
 )
 
 // identityDigest is a keyed digest of everything a host says it is. It is
-// keyed so that the annotation does not give away the serial number to
+// keyed so that the registration record does not give away the serial number to
 // whoever reads Agents, and cannot be computed from a guess.
 func identityDigest(key signing.Key, ns string, req agentwire.RegisterRequest) string {
 	id := req.Identity
@@ -337,6 +384,11 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 			Approved: ie.Spec.AgentApproval != nil && ie.Spec.AgentApproval.AutoApprove,
 		},
 	}
+	// Created, given its record, then its finalizer and first status by
+	// the Agent controller: four writes of about its size.
+	if wait := s.budget.spend(string(ie.UID), 4*size(agent)+2048, s.o.Now()); wait > 0 {
+		return nil, "", kindNone, &budgetError{wait}
+	}
 	if err := s.o.Client.Create(ctx, agent); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			// Registered a moment ago (another replica, a retry).
@@ -355,7 +407,7 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	// could not be written is deleted again, so that no Agent is left that
 	// nobody can continue (the host registers again and is created anew).
 	before := agent.DeepCopy()
-	secret := s.beginSession(agent, ie, req, digest, bootedBy)
+	secret := s.beginSession(agent, ie, req, digest, from, bootedBy)
 	writes.WithLabelValues("agent-status").Inc()
 	if err := s.o.Client.Status().Patch(ctx, agent, client.MergeFrom(before)); err != nil {
 		if derr := s.o.Client.Delete(ctx, agent, client.Preconditions{UID: &agent.UID}); derr != nil && !apierrors.IsNotFound(derr) {
@@ -404,6 +456,10 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 	if lifecycle.Bound(a) {
 		return nil, "", kindNone, errInDoubt
 	}
+	// The record, and the Agent controller's status after it.
+	if wait := s.budget.spend(string(ie.UID), 2*size(a), s.o.Now()); wait > 0 {
+		return nil, "", kindNone, &budgetError{wait}
+	}
 	// The label and owner users and cluster-api-provider-agent read; what
 	// agentboot decides by is in the record below.
 	if a.Labels[v1beta1.InfraEnvNameLabel] != ie.Name || len(a.OwnerReferences) != 1 || a.OwnerReferences[0] != infraEnvOwner(ie) {
@@ -422,7 +478,7 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 		}
 	}
 	patch := client.MergeFrom(a.DeepCopy())
-	secret := s.beginSession(a, ie, req, digest, bootedBy)
+	secret := s.beginSession(a, ie, req, digest, from, bootedBy)
 	writes.WithLabelValues("agent-status").Inc()
 	if err := s.o.Client.Status().Patch(ctx, a, patch); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -440,7 +496,7 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 // stays: the addresses the host was seen from, a dispute, the Node name of
 // its installation. It returns the session's secret, which only the
 // registration's answer carries.
-func (s *Server) beginSession(a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, bootedBy string) string {
+func (s *Server) beginSession(a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) string {
 	secret := newSecret()
 	rec := lifecycle.Registration(a)
 	rec.InfraEnv, rec.InfraEnvUID = ie.Name, string(ie.UID)
@@ -448,6 +504,12 @@ func (s *Server) beginSession(a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentw
 	rec.Session = hosts.SessionID(secret)
 	rec.SessionStarted = s.o.Now().UTC().Format(time.RFC3339Nano)
 	rec.BootedBy, rec.Contested = bootedBy, ""
+	if ip := sourceIP(from); ip != "" && !slices.Contains(rec.SourceAddresses, ip) {
+		rec.SourceAddresses = append(rec.SourceAddresses, ip)
+		if len(rec.SourceAddresses) > maxSourceAddresses {
+			rec.SourceAddresses = rec.SourceAddresses[len(rec.SourceAddresses)-maxSourceAddresses:]
+		}
+	}
 	a.Status.Registration = &rec
 	return secret
 }
@@ -501,9 +563,8 @@ func (s *Server) quietBefore() time.Duration {
 // rebooted settles an installation when its host registers again in a new
 // boot of the discovery image: released from its cluster, it is back in the
 // pool with its installation forgotten, owing a sanitization of its disks
-// before it can be bound again; still bound (which
-// resume allows only for a host its BareMetalHost's BMC booted), its
-// installation failed.
+// before it can be bound again; bound since the registration was accepted
+// (resume refuses a bound Agent), its installation failed.
 func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
 	// Read fresh: the cache may not have an installation claimed a moment ago.
 	a := &v1beta1.Agent{}
