@@ -17,6 +17,7 @@ import (
 	stdlog "log"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -51,6 +52,12 @@ type Config struct {
 	// progress before its connection is closed (1m).
 	MaxDownloadsPerClient int
 	DownloadStallTimeout  time.Duration
+	// MaxDownloadsPerInfraEnv bounds the downloads of one InfraEnv's
+	// content in flight (a quarter of MaxConcurrentDownloads).
+	MaxDownloadsPerInfraEnv int
+	// TrustedProxies are the proxies (an ingress) whose X-Forwarded-For
+	// names the client for the per-client limit; none by default.
+	TrustedProxies []netip.Prefix
 	// BootNamespaces are the namespaces whose BareMetalHost boot MACs and
 	// pxe-default InfraEnvs decide where a network-booting host goes: on a
 	// boot network shared by teams, a namespace the admin has not
@@ -112,15 +119,17 @@ func (s *Service) SetupWithManager(mgr manager.Manager) error {
 		return err
 	}
 	h, err := server.NewHandler(server.Options{
-		Reader:       mgr.GetCache(),
-		Catalog:      s.cfg.Catalog,
-		Keys:         s.cfg.Keys,
-		Settings:     s.cfg.Settings,
-		MaxInFlight:  s.cfg.MaxConcurrentDownloads,
-		MaxPerClient: s.cfg.MaxDownloadsPerClient,
-		StallTimeout: s.cfg.DownloadStallTimeout,
-		BootNS:       s.cfg.BootNamespaces,
-		Log:          s.cfg.Log,
+		Reader:         mgr.GetCache(),
+		Catalog:        s.cfg.Catalog,
+		Keys:           s.cfg.Keys,
+		Settings:       s.cfg.Settings,
+		MaxInFlight:    s.cfg.MaxConcurrentDownloads,
+		MaxPerClient:   s.cfg.MaxDownloadsPerClient,
+		MaxPerInfraEnv: s.cfg.MaxDownloadsPerInfraEnv,
+		TrustedProxies: s.cfg.TrustedProxies,
+		StallTimeout:   s.cfg.DownloadStallTimeout,
+		BootNS:         s.cfg.BootNamespaces,
+		Log:            s.cfg.Log,
 	})
 	if err != nil {
 		return err

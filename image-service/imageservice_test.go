@@ -395,17 +395,21 @@ func TestConcurrencyLimit(t *testing.T) {
 }
 
 // Download slots a slow client cannot keep: one client address has at
-// most --max-downloads-per-client of them, a client that stops reading
-// loses its slot after --download-stall-timeout, and the OS images' own
-// files (kernels, root filesystems) have slots of their own.
+// most --max-downloads-per-client of them, one InfraEnv's content at most
+// --max-downloads-per-infraenv (another InfraEnv's hosts still download),
+// a client that stops reading loses its slot after
+// --download-stall-timeout, and the OS images' own files (kernels, root
+// filesystems) have slots of their own.
 func TestDownloadSlotsAgainstSlowClients(t *testing.T) {
-	s := stack.Start(t, stack.Options{MaxConcurrentDownloads: 2, MaxDownloadsPerClient: 1, DownloadStallTimeout: 2 * time.Second, ISOOverHTTP: true})
+	s := stack.Start(t, stack.Options{MaxConcurrentDownloads: 3, MaxDownloadsPerInfraEnv: 2, MaxDownloadsPerClient: 1, DownloadStallTimeout: 2 * time.Second, ISOOverHTTP: true})
 	ie := setup(t, s, nil)
+	other := setup(t, s, nil)
+	otherISO := s.Local(other.Status.ISODownloadURL)
 	iso, err := url.Parse(s.Local(ie.Status.ISODownloadURL))
 	require.NoError(t, err)
 	// stalled asks for the ISO from source address from and never reads
 	// (a small receive window, as curl --limit-rate 1 leaves).
-	stalled := func(from string) (status string, conn net.Conn) {
+	stalled := func(from string, iso *url.URL) (status string, conn net.Conn) {
 		t.Helper()
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Control: func(_, _ string, c syscall.RawConn) error {
 			return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
@@ -432,23 +436,30 @@ func TestDownloadSlotsAgainstSlowClients(t *testing.T) {
 		return resp.StatusCode, string(body)
 	}
 
-	status, _ := stalled("127.0.0.2")
+	status, _ := stalled("127.0.0.2", iso)
 	require.Equal(t, "HTTP/1.1 200 OK", status)
 	code, body := fetch("127.0.0.2", iso.String())
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Contains(t, body, "this client (127.0.0.2) already has 1 downloads in progress")
-	status, _ = stalled("127.0.0.3")
+	status, _ = stalled("127.0.0.3", iso)
 	require.Equal(t, "HTTP/1.1 200 OK", status)
 	code, body = fetch("127.0.0.4", iso.String())
-	require.Equal(t, http.StatusServiceUnavailable, code, "both slots are held")
+	require.Equal(t, http.StatusServiceUnavailable, code, "the InfraEnv's two slots are held")
+	require.Contains(t, body, "this InfraEnv's content already has 2 downloads in progress")
+	u, err := url.Parse(otherISO)
+	require.NoError(t, err)
+	status, _ = stalled("127.0.0.4", u)
+	require.Equal(t, "HTTP/1.1 200 OK", status, "another InfraEnv's hosts still download")
+	code, body = fetch("127.0.0.5", otherISO)
+	require.Equal(t, http.StatusServiceUnavailable, code, "all three slots are held")
 	require.Contains(t, body, "too many downloads in progress")
-	code, _ = fetch("127.0.0.4", s.Local(ie.Status.BootArtifacts.KernelURL))
+	code, _ = fetch("127.0.0.5", s.Local(ie.Status.BootArtifacts.KernelURL))
 	require.Equal(t, http.StatusOK, code, "kernels do not wait for ISO slots")
 
 	// The stalled clients lose their slots: a reading client gets one.
 	start := time.Now()
 	require.Eventually(t, func() bool {
-		code, _ := fetch("127.0.0.4", iso.String())
+		code, _ := fetch("127.0.0.5", iso.String())
 		return code == http.StatusOK
 	}, 60*time.Second, 500*time.Millisecond)
 	t.Logf("stalled downloads gave their slots back after %s", time.Since(start).Round(100*time.Millisecond))

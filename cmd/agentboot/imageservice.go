@@ -4,7 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/agentboot/agentboot/cmd/agentboot/app"
@@ -24,7 +26,26 @@ func (i *imageServiceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&i.cfg.TLSKeyFile, "tls-key-file", "", "HTTPS serving key (PEM)")
 	fs.IntVar(&i.cfg.MaxConcurrentDownloads, "max-concurrent-downloads", 256, "per-InfraEnv image downloads (ISOs, initrds) served at once, and as many OS image files (kernels, root filesystems, disk images); more get 503 with Retry-After")
 	fs.IntVar(&i.cfg.MaxDownloadsPerClient, "max-downloads-per-client", 8, "downloads one client address may have in progress; more get 503 with Retry-After")
-	fs.DurationVar(&i.cfg.DownloadStallTimeout, "download-stall-timeout", time.Minute, "a download whose client takes less than 4 MiB in this long is closed, freeing its slot")
+	fs.IntVar(&i.cfg.MaxDownloadsPerInfraEnv, "max-downloads-per-infraenv", 0, "downloads of one InfraEnv's content (ISOs, initrds) in progress at once (default a quarter of --max-concurrent-downloads); more get 503 with Retry-After")
+	fs.DurationVar(&i.cfg.DownloadStallTimeout, "download-stall-timeout", time.Minute, "a download whose client takes less than 4 MiB in this long is closed, freeing its slot; the amount doubles every 10 minutes a download lasts, to 16 MiB")
+	fs.Func("trusted-proxies", "comma-separated addresses or CIDRs of proxies (an ingress) whose X-Forwarded-For names the client for --max-downloads-per-client; from anywhere else the header is ignored (default none)", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(f)
+			if f == "" {
+				continue
+			}
+			p, err := netip.ParsePrefix(f)
+			if err != nil {
+				a, aerr := netip.ParseAddr(f)
+				if aerr != nil {
+					return fmt.Errorf("%q is neither an address nor a CIDR", f)
+				}
+				p = netip.PrefixFrom(a, a.BitLen())
+			}
+			i.cfg.TrustedProxies = append(i.cfg.TrustedProxies, p.Masked())
+		}
+		return nil
+	})
 	fs.StringVar(&i.bootNamespaces, "boot-network-namespaces", "", "comma-separated namespaces whose BareMetalHost boot MACs and "+
 		"agentboot.io/pxe-default InfraEnvs decide where network-booting hosts go; \"*\" for every namespace (a boot network one team owns); "+
 		"empty: none (hosts boot discovery through their ISO, or through the site's PXE server chainloading an InfraEnv's iPXE URL)")

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -147,7 +148,7 @@ func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, req imageReq
 		return
 	}
 
-	release, ok := h.acquire(w, r, h.slots)
+	release, ok := h.acquire(w, r, h.slots, string(ie.UID))
 	if !ok {
 		return
 	}
@@ -181,13 +182,14 @@ func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, req imageReq
 // body written by Stream.WriteRange, so the base image goes out with
 // sendfile on plain HTTP.
 func serveStream(w http.ResponseWriter, r *http.Request, modTime time.Time, s *overlay.Stream, stall time.Duration) {
-	http.ServeContent(&streamWriter{ResponseWriter: w, stream: s, stall: stall}, r, "", modTime, s)
+	http.ServeContent(&streamWriter{ResponseWriter: w, stream: s, stall: stall, start: time.Now()}, r, "", modTime, s)
 }
 
 type streamWriter struct {
 	http.ResponseWriter
 	stream *overlay.Stream
 	stall  time.Duration
+	start  time.Time // when the download began: its floor rises with time
 }
 
 // ReadFrom is what io.CopyN in http.ServeContent calls with the stream,
@@ -196,14 +198,14 @@ func (sw *streamWriter) ReadFrom(src io.Reader) (int64, error) {
 	lr, ok := src.(*io.LimitedReader)
 	if !ok || lr.R != io.Reader(sw.stream) {
 		// Multipart ranges: every write gets the stall deadline.
-		return io.Copy(stallWriter{w: sw.ResponseWriter, stall: sw.stall, pending: new(int64)}, src)
+		return io.Copy(stallWriter{w: sw.ResponseWriter, stall: sw.stall, start: sw.start, pending: new(int64)}, src)
 	}
 	pos, err := sw.stream.Seek(0, io.SeekCurrent)
 	if err != nil {
 		return 0, err
 	}
-	// In chunks, each with its own write deadline: a client must take
-	// stallChunk bytes per StallTimeout or lose the connection and its
+	// In chunks, each with its own write deadline: a client must take a
+	// chunk (floorChunk) per StallTimeout or lose the connection and its
 	// slot; a steady one is never cut, however long the file.
 	rc := http.NewResponseController(sw.ResponseWriter)
 	want := min(lr.N, sw.stream.Size()-pos)
@@ -212,7 +214,7 @@ func (sw *streamWriter) ReadFrom(src io.Reader) (int64, error) {
 		if sw.stall > 0 {
 			_ = rc.SetWriteDeadline(time.Now().Add(sw.stall))
 		}
-		n, err := sw.stream.WriteRange(sw.ResponseWriter, pos+total, min(stallChunk, want-total))
+		n, err := sw.stream.WriteRange(sw.ResponseWriter, pos+total, min(floorChunk(time.Since(sw.start)), want-total))
 		total += n
 		if err != nil {
 			lr.N -= total
@@ -227,23 +229,36 @@ func (sw *streamWriter) ReadFrom(src io.Reader) (int64, error) {
 }
 
 // stallChunk is how much of a download a client must take per
-// StallTimeout: 4 MiB a minute (70 KB/s) by default.
+// StallTimeout at first: 4 MiB a minute (70 KB/s) by default.
 const stallChunk = 4 << 20
+
+// floorDoubling is how long a download lasts before its floor doubles.
+const floorDoubling = 10 * time.Minute
+
+// floorChunk is how much a client must take per StallTimeout elapsed into
+// its download: stallChunk, doubling every floorDoubling up to four times
+// that (16 MiB a minute, 280 KB/s, from the 20th minute on). A slot held
+// for hours must move ever more bytes to stay held; a client slower than
+// that on a file that large loses its connection and resumes with a range.
+func floorChunk(elapsed time.Duration) int64 {
+	return int64(stallChunk) << min(max(elapsed/floorDoubling, 0), 2)
+}
 
 // writerOnly hides ReadFrom, so io.Copy does not recurse.
 type writerOnly struct{ io.Writer }
 
-// stallWriter holds a client to stallChunk bytes per stall, as the chunked
+// stallWriter holds a client to floorChunk bytes per stall, as the chunked
 // path does: the deadline moves on only once that much was written. It
 // hides ReadFrom, so io.Copy does not recurse.
 type stallWriter struct {
 	w       http.ResponseWriter
 	stall   time.Duration
+	start   time.Time
 	pending *int64 // bytes written since the deadline last moved
 }
 
 func (s stallWriter) Write(p []byte) (int, error) {
-	if s.stall > 0 && (*s.pending == 0 || *s.pending >= stallChunk) {
+	if s.stall > 0 && (*s.pending == 0 || *s.pending >= floorChunk(time.Since(s.start))) {
 		_ = http.NewResponseController(s.w).SetWriteDeadline(time.Now().Add(s.stall))
 		*s.pending = 0
 	}
@@ -320,7 +335,7 @@ func (h *Handler) serveArtifact(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "this OS image has no "+file, http.StatusNotFound)
 		return
 	}
-	release, ok := h.acquire(w, r, h.publicSlots)
+	release, ok := h.acquire(w, r, h.publicSlots, "")
 	if !ok {
 		return
 	}
@@ -342,7 +357,7 @@ func (h *Handler) serveDisk(w http.ResponseWriter, r *http.Request, k osimage.Ke
 		retryLater(w, fmt.Sprintf("the disk image of OS image %s is not ready yet", k))
 		return
 	}
-	release, ok := h.acquire(w, r, h.publicSlots)
+	release, ok := h.acquire(w, r, h.publicSlots, "")
 	if !ok {
 		return
 	}
@@ -356,20 +371,33 @@ func (h *Handler) serveDisk(w http.ResponseWriter, r *http.Request, k osimage.Ke
 // acquire takes a slot of pool for the request's client, or answers 503:
 // when the pool is full, or the client already has MaxPerClient downloads
 // in flight.
-func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, pool chan struct{}) (release func(), ok bool) {
-	client := clientAddr(r)
+func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, pool chan struct{}, infraEnv string) (release func(), ok bool) {
+	client := h.clientAddr(r)
 	h.clientsMu.Lock()
 	if h.clients[client] >= h.opts.MaxPerClient {
 		h.clientsMu.Unlock()
 		retryLater(w, fmt.Sprintf("this client (%s) already has %d downloads in progress", client, h.opts.MaxPerClient))
 		return nil, false
 	}
+	if infraEnv != "" && h.infraEnvs[infraEnv] >= h.opts.MaxPerInfraEnv {
+		h.clientsMu.Unlock()
+		retryLater(w, fmt.Sprintf("this InfraEnv's content already has %d downloads in progress", h.opts.MaxPerInfraEnv))
+		return nil, false
+	}
 	h.clients[client]++
+	if infraEnv != "" {
+		h.infraEnvs[infraEnv]++
+	}
 	h.clientsMu.Unlock()
 	unclaim := func() {
 		h.clientsMu.Lock()
 		if h.clients[client]--; h.clients[client] <= 0 {
 			delete(h.clients, client)
+		}
+		if infraEnv != "" {
+			if h.infraEnvs[infraEnv]--; h.infraEnvs[infraEnv] <= 0 {
+				delete(h.infraEnvs, infraEnv)
+			}
 		}
 		h.clientsMu.Unlock()
 	}
@@ -388,13 +416,47 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, pool chan stru
 	}
 }
 
-// clientAddr is the address a request came from.
-func clientAddr(r *http.Request) string {
+// clientAddr is the address a request came from: the connection's, or,
+// when that is a trusted proxy's, the last address in X-Forwarded-For that
+// is not a trusted proxy's (what the proxy nearest the client saw).
+// Whoever connects directly cannot choose their address with the header.
+func (h *Handler) clientAddr(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		return r.RemoteAddr
+		host = r.RemoteAddr
+	}
+	if !h.trusted(host) {
+		return host
+	}
+	var hops []string
+	for _, v := range r.Header.Values("X-Forwarded-For") {
+		for _, hop := range strings.Split(v, ",") {
+			hops = append(hops, strings.TrimSpace(hop))
+		}
+	}
+	for i := len(hops) - 1; i >= 0; i-- {
+		addr, err := netip.ParseAddr(hops[i])
+		if err != nil {
+			return host // a malformed header: the proxy is the client
+		}
+		if !h.trusted(addr.String()) {
+			return addr.Unmap().String()
+		}
 	}
 	return host
+}
+
+func (h *Handler) trusted(ip string) bool {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return false
+	}
+	for _, p := range h.opts.TrustedProxies {
+		if p.Contains(addr.Unmap()) {
+			return true
+		}
+	}
+	return false
 }
 
 // contentTime is when the controller published this content, if it did.

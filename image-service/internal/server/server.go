@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"regexp"
 	"sort"
@@ -41,8 +42,14 @@ type Options struct {
 	Settings    discovery.Settings
 	MaxInFlight int
 	// MaxPerClient bounds the downloads one client address has in flight
-	// (8), so that one client cannot take every slot.
-	MaxPerClient int
+	// (8), so that one client cannot take every slot; MaxPerInfraEnv those
+	// of one InfraEnv's content (a quarter of MaxInFlight), so that the
+	// holders of one InfraEnv's image token cannot either.
+	MaxPerClient, MaxPerInfraEnv int
+	// TrustedProxies are the addresses of proxies (an ingress) whose
+	// X-Forwarded-For names the client; from any other address the header
+	// is ignored. Empty: the connection's address is the client.
+	TrustedProxies []netip.Prefix
 	// StallTimeout is how long a download may make no progress (each
 	// chunk of it must be taken within it; 60s): a client reading a byte
 	// a second gives its slot back.
@@ -105,6 +112,7 @@ type Handler struct {
 	slots, publicSlots chan struct{}
 	clientsMu          sync.Mutex
 	clients            map[string]int // downloads in flight per client address
+	infraEnvs          map[string]int // per-InfraEnv downloads in flight per InfraEnv UID
 	renders            *renderCache
 }
 
@@ -152,11 +160,14 @@ func NewHandler(opts Options) (*Handler, error) {
 	if opts.MaxPerClient <= 0 {
 		opts.MaxPerClient = 8
 	}
+	if opts.MaxPerInfraEnv <= 0 {
+		opts.MaxPerInfraEnv = max(opts.MaxInFlight/4, 1)
+	}
 	if opts.StallTimeout <= 0 {
 		opts.StallTimeout = time.Minute
 	}
 	return &Handler{opts: opts, agents: agents, renders: newRenderCache(128),
-		slots: make(chan struct{}, opts.MaxInFlight), publicSlots: make(chan struct{}, opts.MaxInFlight), clients: map[string]int{}}, nil
+		slots: make(chan struct{}, opts.MaxInFlight), publicSlots: make(chan struct{}, opts.MaxInFlight), clients: map[string]int{}, infraEnvs: map[string]int{}}, nil
 }
 
 // HTTPS is the handler of the HTTPS listener: everything.
