@@ -105,6 +105,12 @@ func TestRBACIsSufficient(t *testing.T) {
 		out, _ := admin.Kubectl(ctx, "", "auth", "can-i", c.verb, "secrets", "--all-namespaces", "--as=system:serviceaccount:agentboot-system:"+c.sa)
 		require.Equal(t, c.want, strings.TrimSpace(out), "%s %s", c.sa, c.verb)
 	}
+	// The Agent's registration record, which agentboot decides by, is in
+	// its status: only the manager may write that (docs/security.md).
+	for sa, want := range map[string]string{"agentboot-manager": "yes", "agentboot-image-service": "no"} {
+		out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "patch", "agents.agent-install.openshift.io", "--subresource=status", "--all-namespaces", "--as=system:serviceaccount:agentboot-system:"+sa)
+		require.Equal(t, want, strings.TrimSpace(out), "%s patch agents/status", sa)
+	}
 	out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "get", "secrets", "-n", ns, "--as=system:serviceaccount:agentboot-system:agentboot-image-service")
 	require.Equal(t, "no", strings.TrimSpace(out), "the image service never reads pull secrets")
 	// The image service reads its own keys, never the master key: it

@@ -138,11 +138,35 @@ func PointerIgnition(ctx context.Context, r client.Reader, a *v1beta1.Agent, b *
 		return "", err
 	}
 	if o := a.Spec.IgnitionConfigOverrides; o != "" {
+		if err := overrideKeepsTheFetch(o); err != nil {
+			return "", err
+		}
 		if out, err = discovery.MergeOverride("spec.ignitionConfigOverrides", out, []byte(o)); err != nil {
 			return "", &binding.Refused{Msg: err.Error()}
 		}
 	}
 	return string(out), nil
+}
+
+// overrideKeepsTheFetch refuses Agent overrides that change how the host
+// fetches its cluster's config: ignition.config (other sources), .proxy (a
+// proxy of the override's choosing) and .security (a CA it trusts, to read
+// the join token on the way). Whoever may edit the Agent need not be whoever
+// owns the cluster it is bound to. Files, units, users and the rest merge
+// as given.
+func overrideKeepsTheFetch(o string) error {
+	var cfg struct {
+		Ignition map[string]json.RawMessage `json:"ignition"`
+	}
+	if err := json.Unmarshal([]byte(o), &cfg); err != nil {
+		return &binding.Refused{Msg: fmt.Sprintf("spec.ignitionConfigOverrides is not valid JSON: %v", err)}
+	}
+	for _, key := range []string{"config", "proxy", "security"} {
+		if _, ok := cfg.Ignition[key]; ok {
+			return &binding.Refused{Msg: fmt.Sprintf("spec.ignitionConfigOverrides sets ignition.%s: an override may not change where or how the host fetches its cluster's config, which carries the cluster's join token", key)}
+		}
+	}
+	return nil
 }
 
 // endpointToken reads the Ignition endpoint token from the Secret the

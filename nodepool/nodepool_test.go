@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -571,6 +572,20 @@ func TestCAPIAgentFaults(t *testing.T) {
 	annotate(`"` + e.agentsNS + `/vcluster2"`)
 	blocked("whose control plane namespace is " + e.agentsNS + "-vcluster2, not " + e.cluster.CP)
 	annotate(`"` + owner + `"`)
+
+	// Whoever may edit the Agent may not point the host's fetch of its
+	// cluster's config (and join token) through a proxy or CA of theirs.
+	for _, key := range []string{"proxy", "security", "config"} {
+		override := `{"ignition":{"version":"3.2.0","` + key + `":{}}}`
+		require.NoError(t, e.Client.Patch(ctx, e.agent(h), client.RawPatch(types.MergePatchType, []byte(`{"spec":{"ignitionConfigOverrides":`+strconv.Quote(override)+`}}`))))
+		blocked("spec.ignitionConfigOverrides sets ignition." + key)
+	}
+	require.NoError(t, e.Client.Patch(ctx, e.agent(h), client.RawPatch(types.MergePatchType, []byte(`{"spec":{"ignitionConfigOverrides":null}}`))))
+	// Nor make agentboot read a token Secret of another namespace.
+	ref := *e.agent(h).Spec.IgnitionEndpointTokenReference
+	require.NoError(t, e.Client.Patch(ctx, e.agent(h), client.RawPatch(types.MergePatchType, []byte(`{"spec":{"ignitionEndpointTokenReference":{"namespace":"`+e.agentsNS+`"}}}`))))
+	blocked(`spec.ignitionEndpointTokenReference names namespace "` + e.agentsNS + `"`)
+	require.NoError(t, e.Client.Patch(ctx, e.agent(h), client.RawPatch(types.MergePatchType, []byte(`{"spec":{"ignitionEndpointTokenReference":{"namespace":"`+ref.Namespace+`"}}}`))))
 
 	tokenKey := client.ObjectKey{Namespace: a.Spec.IgnitionEndpointTokenReference.Namespace, Name: a.Spec.IgnitionEndpointTokenReference.Name}
 	var tokenSecret corev1.Secret

@@ -417,7 +417,7 @@ func (db *DB) Release(mac string, ip netip.Addr) error {
 
 // Decline takes an address a client found in use out of the pool for a
 // while: only an address of the pool offered or leased to that client, and
-// only while fewer than a quarter of the pool (at least 16) are declined,
+// only while fewer than a quarter of the pool (rounded down) are declined,
 // so that DECLINEs, from one MAC or many, cannot empty the pool.
 func (db *DB) Decline(mac string, ip netip.Addr) error {
 	db.mu.Lock()
