@@ -572,6 +572,10 @@ func TestCAPIAgentFaults(t *testing.T) {
 	annotate(`"` + e.agentsNS + `/vcluster2"`)
 	blocked("whose control plane namespace is " + e.agentsNS + "-vcluster2, not " + e.cluster.CP)
 	annotate(`"` + owner + `"`)
+	hc := e.cluster.HC.DeepCopy()
+	require.NoError(t, e.Client.Patch(ctx, hc, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"platform":{"agent":{"agentNamespace":"elsewhere"}}}}`))))
+	blocked("HostedCluster " + owner + ` does not take its Agents from namespace "` + e.agentsNS + `"`)
+	require.NoError(t, e.Client.Patch(ctx, hc, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"platform":{"agent":{"agentNamespace":"`+e.agentsNS+`"}}}}`))))
 
 	// Whoever may edit the Agent may not point the host's fetch of its
 	// cluster's config (and join token) through a proxy or CA of theirs.

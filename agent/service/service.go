@@ -173,6 +173,14 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 	}); err != nil {
 		return err
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.Agent{}, hosts.InfraEnvIndex, func(o client.Object) []string {
+		if r := o.(*v1beta1.Agent).Status.Registration; r != nil && r.InfraEnvUID != "" {
+			return []string{r.InfraEnvUID}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	if cfg.Controller {
 		if err := setupController(mgr, cfg); err != nil {
 			return err

@@ -218,9 +218,11 @@ func (s *Server) underCap(ctx context.Context, ie *v1beta1.InfraEnv) error {
 	if s.o.MaxAgents <= 0 && s.o.MaxUnapproved <= 0 {
 		return nil
 	}
-	// Counted from the cache without copying the Agents out of it.
+	// Counted from the cache without copying the Agents out of it, by the
+	// InfraEnv their hosts registered through (not the tenant-writable
+	// label: relabelling Agents makes no room).
 	var list v1beta1.AgentList
-	if err := s.o.Client.List(ctx, &list, client.InNamespace(ie.Namespace), client.MatchingLabels{v1beta1.InfraEnvNameLabel: ie.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := s.o.Client.List(ctx, &list, client.InNamespace(ie.Namespace), client.MatchingFields{hosts.InfraEnvIndex: string(ie.UID)}, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
 	name := ie.Namespace + "/" + ie.Name

@@ -27,6 +27,10 @@ const (
 	ClockOffsetAnnotation = "agentboot.io/clock-offset-seconds"
 	// HostnameIndex is the cache index of Agents by effective hostname.
 	HostnameIndex = "agentboot.hostname"
+	// InfraEnvIndex is the cache index of Agents by the UID of the
+	// InfraEnv their host registered through (status.registration), which
+	// no tenant can write: an InfraEnv's caps count by it.
+	InfraEnvIndex = "agentboot.registration.infraEnvUID"
 )
 
 // LeaseName names the Lease of the Agent ns/name.
