@@ -24,7 +24,7 @@ import (
 // buildAgentboot compiles this command and the agent, next to each other as
 // make build puts them, once per test binary.
 var buildAgentboot = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "agentboot-bin-")
+	dir, err := testenv.ProcessTempDir("agentboot-bin-")
 	if err != nil {
 		return "", err
 	}

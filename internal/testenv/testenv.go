@@ -6,6 +6,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -119,6 +121,26 @@ func StartT(t testing.TB, opts Options) *Env {
 	}
 	t.Cleanup(func() { _ = e.Stop() })
 	return e
+}
+
+// ProcessTempDir is a directory for what this test process builds once and
+// keeps to its end (binaries): <tmp>/<prefix><pid>. Those of earlier
+// processes that are gone are removed first, so that nothing piles up in
+// /tmp run after run, whether a run ended or was killed.
+func ProcessTempDir(prefix string) (string, error) {
+	old, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+	for _, dir := range old {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(dir), prefix))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
+			continue // that process still runs
+		}
+		_ = os.RemoveAll(dir)
+	}
+	dir := filepath.Join(os.TempDir(), prefix+strconv.Itoa(os.Getpid()))
+	return dir, os.MkdirAll(dir, 0o700)
 }
 
 // EtcdURL is the control plane's etcd client URL (plain HTTP on loopback),

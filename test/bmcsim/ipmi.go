@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentboot/agentboot/internal/testenv"
 )
 
 // IPMIOptions configure an IPMI BMC.
@@ -52,7 +54,7 @@ var (
 // chassisProgram builds the chassis control program once per test binary.
 func chassisProgram() (string, error) {
 	chassisOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "agentboot-chassis-")
+		dir, err := testenv.ProcessTempDir("agentboot-chassis-")
 		if err != nil {
 			chassisErr = err
 			return

@@ -202,7 +202,7 @@ var agents = map[string]*builtAgent{"amd64": {}, "arm64": {}}
 func agentFor(goarch string) (string, error) {
 	b := agents[goarch]
 	b.once.Do(func() {
-		dir, err := os.MkdirTemp("", "agentboot-agent-")
+		dir, err := testenv.ProcessTempDir("agentboot-agent-")
 		if err != nil {
 			b.err = err
 			return
