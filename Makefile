@@ -88,8 +88,8 @@ vm-accel: ## print which qemu accelerator the VM tests use and why (AGENTBOOT_QE
 # 7:02 with -p 3, 6:25 with -p 4 and test/boot's boots merged; it is now
 # CPU-bound (1.9 cores busy for 735 CPU seconds). -race: no gain.
 .PHONY: test
-test: test-deps ## every test that needs no root
-	go test -p 4 $(GO_TEST_FLAGS) $(SLOW_TESTS) ./...
+test: test-deps ## every test that needs no root (the slowest packages are listed at the end)
+	@$(call go-test-timed,go test -p 4 $(GO_TEST_FLAGS) $(SLOW_TESTS) ./...)
 
 # The same tests with the race detector. It makes the tests' own code 3-4
 # times as costly (image-service: 25 CPU seconds without, 84 with) and the
@@ -97,7 +97,16 @@ test: test-deps ## every test that needs no root
 # make test as a newcomer runs it, make test-race for the races.
 .PHONY: test-race
 test-race: test-deps ## make test with the race detector (CI runs it after make test)
-	go test -race $(GO_TEST_FLAGS) $(SLOW_TESTS) ./...
+	@$(call go-test-timed,go test -race $(GO_TEST_FLAGS) $(SLOW_TESTS) ./...)
+
+# go-test-timed runs a go test command as it is, then lists the five
+# slowest packages, where the suite's time goes; its exit code is go test's.
+define go-test-timed
+echo '$(1)'; log=$$(mktemp); trap 'rm -f "$$log"' EXIT; set -o pipefail; \
+$(1) 2>&1 | tee "$$log"; rc=$$?; \
+echo "slowest packages:"; awk '($$1 == "ok" || $$1 == "FAIL") && $$3 ~ /s$$/ { t = $$3; sub(/s$$/, "", t); printf "  %7.1fs  %s\n", t, $$2 }' "$$log" | sort -rn | head -5; \
+exit $$rc
+endef
 
 .PHONY: run
 run: prereqs ## the whole service locally on a real control plane (FRESH=1, ADVERTISE_ADDRESS=<ip>, ARGS=...)
