@@ -512,6 +512,33 @@ func TestAgentCapPerInfraEnv(t *testing.T) {
 		_, err = capped.TryRegister(t, manual, 12)
 		return err == nil
 	}, time.Minute, 200*time.Millisecond, "approving one makes room: %v", err)
+
+	// A host registering again through another InfraEnv of its namespace
+	// joins it, caps and all: Agents cannot be moved out of one to make
+	// room in it.
+	full := stack.NewInfraEnv(manual.Namespace, "full")
+	full.Spec.AgentApproval = &v1beta1.AgentApproval{AutoApprove: true}
+	require.NoError(t, capped.Client.Create(ctx, full))
+	full = capped.WaitImage(t, client.ObjectKeyFromObject(full))
+	capped.Register(t, full, 21)
+	capped.Register(t, full, 22)
+	require.Eventually(t, func() bool {
+		var in v1beta1.AgentList
+		require.NoError(t, capped.Client.List(ctx, &in, client.InNamespace(full.Namespace)))
+		n := 0
+		for i := range in.Items {
+			if lifecycle.Registration(&in.Items[i]).InfraEnvUID == string(full.UID) {
+				n++
+			}
+		}
+		return n == 2
+	}, time.Minute, 100*time.Millisecond, "both recorded")
+	capped.Silence(t, manual.Namespace, stack.HostID(12))
+	require.Eventually(t, func() bool {
+		_, err = capped.TryRegister(t, full, 12)
+		return err != nil && !strings.Contains(err.Error(), agentwire.CodeHostActive)
+	}, time.Minute, 200*time.Millisecond, "the move is refused: %v", err)
+	require.ErrorContains(t, err, agentwire.CodeAgentCap)
 }
 
 // TestWriteBudget: what the agent API writes for one InfraEnv's hosts is

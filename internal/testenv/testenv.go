@@ -140,7 +140,20 @@ func ProcessTempDir(prefix string) (string, error) {
 		_ = os.RemoveAll(dir)
 	}
 	dir := filepath.Join(os.TempDir(), prefix+strconv.Itoa(os.Getpid()))
-	return dir, os.MkdirAll(dir, 0o700)
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	// The path is predictable: on a shared /tmp, use it only if it is
+	// this user's own directory, not someone's planted one or a link.
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return "", err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !st.IsDir() || st.Mode().Perm() != 0o700 || !ok || int(sys.Uid) != os.Getuid() {
+		return "", fmt.Errorf("%s is not a directory of this user's with mode 0700: remove it", dir)
+	}
+	return dir, nil
 }
 
 // EtcdURL is the control plane's etcd client URL (plain HTTP on loopback),

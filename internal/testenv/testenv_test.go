@@ -30,4 +30,13 @@ func TestProcessTempDir(t *testing.T) {
 	again, err := ProcessTempDir(prefix)
 	require.NoError(t, err)
 	require.Equal(t, dir, again)
+
+	// One planted at the predictable path (here: open to all) is refused.
+	planted := prefix + "planted-"
+	p := filepath.Join(os.TempDir(), planted+strconv.Itoa(os.Getpid()))
+	require.NoError(t, os.Mkdir(p, 0o700))
+	require.NoError(t, os.Chmod(p, 0o777))
+	t.Cleanup(func() { os.RemoveAll(p) })
+	_, err = ProcessTempDir(planted)
+	require.ErrorContains(t, err, "is not a directory of this user's")
 }

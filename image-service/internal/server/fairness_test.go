@@ -29,6 +29,8 @@ func TestClientAddr(t *testing.T) {
 		"a malformed header":                {"10.0.0.5:4000", []string{"not-an-address"}, "10.0.0.5"},
 		"IPv6 proxy":                        {"[fd00::1]:4000", []string{"2001:db8::5"}, "2001:db8::5"},
 		"IPv4 in IPv6 form":                 {"10.0.0.5:4000", []string{"::ffff:198.51.100.1"}, "198.51.100.1"},
+		"with the client's port":            {"10.0.0.5:4000", []string{"198.51.100.1:5678"}, "198.51.100.1"},
+		"IPv6 with the client's port":       {"10.0.0.5:4000", []string{"[2001:db8::5]:5678"}, "2001:db8::5"},
 	} {
 		r := &http.Request{RemoteAddr: c.remote, Header: http.Header{}}
 		for _, v := range c.xff {

@@ -436,6 +436,9 @@ func (h *Handler) clientAddr(r *http.Request) string {
 	}
 	for i := len(hops) - 1; i >= 0; i-- {
 		addr, err := netip.ParseAddr(hops[i])
+		if ap, perr := netip.ParseAddrPort(hops[i]); err != nil && perr == nil {
+			addr, err = ap.Addr(), nil // some proxies add the client's port
+		}
 		if err != nil {
 			return host // a malformed header: the proxy is the client
 		}

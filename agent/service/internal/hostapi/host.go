@@ -157,6 +157,9 @@ func (s *Server) dispute(ctx context.Context, a *v1beta1.Agent) error {
 	rec := a.Status.Registration
 	msg := fmt.Sprintf("a second host registered as this Agent (at %s) while this Agent's host was still connected, and both were heard from afterwards: two hosts claim to be %s. Check which is real (its BMC, its console); delete the Agent if neither is, or clear the dispute as an administrator: kubectl patch agent %s -n %s --subresource=status --type merge -p '{\"status\":{\"registration\":{\"disputed\":null}}}'",
 		rec.Contested, a.Name, a.Name, a.Namespace)
+	if wait := s.budget.spend(rec.InfraEnvUID, 2*size(a), s.o.Now()); wait > 0 {
+		return fmt.Errorf("the write budget is spent for %s; the next heartbeat marks the dispute", wait.Round(time.Second))
+	}
 	if rec.Disputed == "" {
 		rec.Disputed = msg
 		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "IdentityConflict", "Register", "%s", msg)
@@ -373,6 +376,11 @@ func (s *Server) storeNTP(ctx context.Context, a *v1beta1.Agent, srcs []agentwir
 	}
 	want := make([]v1beta1.HostNTPSource, 0, len(srcs))
 	for _, n := range srcs {
+		// A host name or address, and chrony's one-word state: anything
+		// longer is not chrony's, and not stored.
+		if len(n.SourceName) > 255 || len(n.SourceState) > 32 {
+			continue
+		}
 		want = append(want, v1beta1.HostNTPSource{SourceName: n.SourceName, SourceState: n.SourceState})
 	}
 	if len(want) == 0 && len(a.Status.NTPSources) == 0 || equality.Semantic.DeepEqual(want, a.Status.NTPSources) {
@@ -382,7 +390,14 @@ func (s *Server) storeNTP(ctx context.Context, a *v1beta1.Agent, srcs []agentwir
 		return nil // informational: a later heartbeat stores it
 	}
 	patch := client.MergeFrom(a.DeepCopy())
+	before := a.Status.NTPSources
 	a.Status.NTPSources = want
+	// Stored, then the Agent controller's validations of it (ntp-synced):
+	// informational, so over budget it waits for a later heartbeat.
+	if s.budget.spend(lifecycle.Registration(a).InfraEnvUID, 2*size(a), s.o.Now()) > 0 {
+		a.Status.NTPSources = before
+		return nil
+	}
 	writes.WithLabelValues("agent-status").Inc()
 	return s.o.Client.Status().Patch(ctx, a, patch)
 }

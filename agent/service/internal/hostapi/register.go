@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -99,6 +101,10 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		return
 	case errors.Is(err, errDeleting), apierrors.IsNotFound(err):
 		agentDeleted(w, ns, req.HostID)
+		return
+	case errors.Is(err, errRecordPending):
+		w.Header().Set("Retry-After", "2")
+		writeError(w, http.StatusServiceUnavailable, "Registering", "Agent %s/%s is being registered a moment ago; register again", ns, req.HostID)
 		return
 	case errors.Is(err, errInDoubt):
 		msg := fmt.Sprintf("a host registered as Agent %s from %s while the Agent is bound to a cluster: it was given nothing. If it is this host, restarted into discovery, unbind the Agent (scale its NodePool down, or let a MachineHealthCheck replace the Machine) and it registers into the free pool; if not, a host on the boot network is impersonating it", req.HostID, remoteIP(r))
@@ -325,6 +331,9 @@ var (
 	// errDeleting: the Agent went away while the registration continued
 	// it; registering again creates it anew.
 	errDeleting = errors.New("the Agent was deleted meanwhile")
+	// errRecordPending: the Agent was created a moment ago and its record
+	// is not written yet (another request, or replica, is writing it).
+	errRecordPending = errors.New("the Agent's registration record is being written")
 )
 
 // identityDigest is a keyed digest of everything a host says it is. It is
@@ -408,10 +417,16 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	// The record goes in the status, a second write: an Agent whose record
 	// could not be written is deleted again, so that no Agent is left that
 	// nobody can continue (the host registers again and is created anew).
-	before := agent.DeepCopy()
+	// The patch names the Agent's UID: if it was deleted and created
+	// anew meanwhile, the apiserver refuses it rather than give this
+	// record to another Agent.
 	secret := s.beginSession(agent, ie, req, digest, from, bootedBy)
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": agent.UID}, "status": map[string]any{"registration": agent.Status.Registration}})
+	if err != nil {
+		return nil, "", kindNone, err
+	}
 	writes.WithLabelValues("agent-status").Inc()
-	if err := s.o.Client.Status().Patch(ctx, agent, client.MergeFrom(before)); err != nil {
+	if err := s.o.Client.Status().Patch(ctx, agent, client.RawPatch(types.MergePatchType, body)); err != nil {
 		if derr := s.o.Client.Delete(ctx, agent, client.Preconditions{UID: &agent.UID}); derr != nil && !apierrors.IsNotFound(derr) {
 			s.o.Log.Error(derr, "delete an Agent whose registration record could not be written", "agent", agent.Namespace+"/"+agent.Name)
 		}
@@ -423,10 +438,23 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 // resume begins a new session of an existing Agent, under the identity
 // rule of ensureAgent.
 func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, string, registration, error) {
-	if recorded := lifecycle.Registration(a).Identity; recorded == "" || recorded != digest {
+	recorded := lifecycle.Registration(a).Identity
+	if recorded == "" && s.o.Now().Sub(a.CreationTimestamp.Time) < recordGrace {
+		// Created a moment ago: its record is on its way (a retried
+		// request, another replica). Asked again, not sent elsewhere.
+		return nil, "", kindNone, errRecordPending
+	}
+	if recorded == "" || recorded != digest {
 		// Every Agent records its identity at creation; one without is
 		// nobody's to continue.
 		return nil, "", kindNone, errConflict
+	}
+	if lifecycle.Registration(a).InfraEnvUID != string(ie.UID) {
+		// Registering through another InfraEnv is joining it: its caps
+		// apply, or Agents could be moved out of one to make room.
+		if err := s.underCap(ctx, ie); err != nil {
+			return nil, "", kindNone, err
+		}
 	}
 	// A boot proof outweighs neither: it says which BareMetalHost's BMC
 	// booted the host, not that the Agent's host is gone, nor that it is
@@ -445,7 +473,7 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 			s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "SessionRefused", "Register",
 				"a registration from %s named a session while this Agent's host is heard from: it was given nothing (a live session is never continued or handed out again)", from)
 		}
-		if lifecycle.Registration(a).Contested == "" {
+		if lifecycle.Registration(a).Contested == "" && s.budget.spend(lifecycle.Registration(a).InfraEnvUID, 2*size(a), s.o.Now()) == 0 {
 			patch := client.MergeFrom(a.DeepCopy())
 			a.Status.Registration.Contested = s.o.Now().UTC().Format(time.RFC3339) + " from " + from
 			writes.WithLabelValues("agent-status").Inc()
@@ -490,6 +518,10 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 	}
 	return a, secret, kindNewSession, nil
 }
+
+// recordGrace is how long after its creation an Agent without a record is
+// taken to be one whose record is being written.
+const recordGrace = 30 * time.Second
 
 // beginSession records a new session in a's registration record (to be
 // written by the caller): the InfraEnv it registered through, what the host

@@ -61,8 +61,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return nil
 		})).
 		Watches(&v1beta1.InfraEnv{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			// The Agents whose hosts registered through it (their record;
+			// the label is tenant-writable).
 			var list v1beta1.AgentList
-			if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingLabels{v1beta1.InfraEnvNameLabel: o.GetName()}); err != nil {
+			if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{hosts.InfraEnvIndex: string(o.GetUID())}); err != nil {
 				return nil
 			}
 			reqs := make([]reconcile.Request, 0, len(list.Items))
@@ -175,6 +177,10 @@ func (r *Reconciler) observe(ctx context.Context, a *v1beta1.Agent) (*facts, err
 	case rec.InfraEnv == "":
 	case err == nil && string(ie.UID) == rec.InfraEnvUID:
 		f.req = r.Requirements.For(&ie)
+	case err == nil:
+		// Deleted and recreated under the same name since the host
+		// registered: not its InfraEnv; the defaults apply until it
+		// registers again.
 	case !apierrors.IsNotFound(err):
 		return nil, err
 	}

@@ -49,3 +49,27 @@ func TestLeaseOutlivesALaggingCache(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(lease), lease)), "the Lease of a deleted Agent is kept")
 }
+
+// An InfraEnv deleted and created anew under the name the Agent's record
+// names is not the one its host registered through: the Agent is
+// reconciled with the defaults (it used to panic here).
+func TestRecreatedInfraEnv(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{})
+	ctx := context.Background()
+	for _, ns := range []string{"agents", "agentboot-system"} {
+		require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	}
+	ie := &v1beta1.InfraEnv{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "env"},
+		Spec: v1beta1.InfraEnvSpec{PullSecretRef: &corev1.LocalObjectReference{Name: "pull-secret"}}}
+	require.NoError(t, env.Client.Create(ctx, ie))
+	a := &v1beta1.Agent{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "00000000-0000-4000-8000-000000000002"}}
+	require.NoError(t, env.Client.Create(ctx, a))
+	a.Status.Registration = &v1beta1.AgentRegistration{InfraEnv: "env", InfraEnvUID: "the-uid-of-the-deleted-one"}
+	require.NoError(t, env.Client.Status().Update(ctx, a))
+	r := &Reconciler{Client: env.Client, APIReader: env.Client, Events: &events.FakeRecorder{}, LeaseNamespace: "agentboot-system",
+		DisconnectAfter: 3 * time.Minute, Now: time.Now, Requirements: DefaultRequirements}
+	_, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(a)})
+	require.NoError(t, err)
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(a), a))
+	require.NotEmpty(t, a.Status.Conditions, "reconciled")
+}
