@@ -492,7 +492,7 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 	}
 	// The label and owner users and cluster-api-provider-agent read; what
 	// agentboot decides by is in the record below.
-	if a.Labels[v1beta1.InfraEnvNameLabel] != ie.Name || len(a.OwnerReferences) != 1 || a.OwnerReferences[0] != infraEnvOwner(ie) {
+	if o := a.OwnerReferences; a.Labels[v1beta1.InfraEnvNameLabel] != ie.Name || len(o) != 1 || o[0].UID != ie.UID || o[0].Kind != "InfraEnv" || o[0].Name != ie.Name {
 		patch := client.MergeFrom(a.DeepCopy())
 		if a.Labels == nil {
 			a.Labels = map[string]string{}
