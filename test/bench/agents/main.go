@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -63,6 +64,7 @@ func main() {
 
 // bench is a control plane and `agentboot manager` serving the agent API.
 type bench struct {
+	once sync.Once
 	env  *testenv.Env
 	dir  string
 	mgr  *exec.Cmd
@@ -84,6 +86,16 @@ func start(n int, poll time.Duration, extra ...string) (*bench, error) {
 		return nil, err
 	}
 	b := &bench{dir: dir}
+	// Interrupted, the bench still stops what it started: etcd and
+	// kube-apiserver would otherwise outlive it.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		fmt.Fprintln(os.Stderr, "interrupted: stopping the control plane and the manager")
+		b.stop()
+		os.Exit(130)
+	}()
 	b.env, err = testenv.Start(testenv.Options{})
 	if err != nil {
 		os.RemoveAll(dir)
@@ -131,14 +143,16 @@ func start(n int, poll time.Duration, extra ...string) (*bench, error) {
 }
 
 func (b *bench) stop() {
-	if b.mgr != nil {
-		_ = b.mgr.Process.Signal(os.Interrupt)
-		_ = b.mgr.Wait()
-	}
-	if b.env != nil {
-		_ = b.env.Stop()
-	}
-	os.RemoveAll(b.dir)
+	b.once.Do(func() {
+		if b.mgr != nil {
+			_ = b.mgr.Process.Signal(os.Interrupt)
+			_ = b.mgr.Wait()
+		}
+		if b.env != nil {
+			_ = b.env.Stop()
+		}
+		os.RemoveAll(b.dir)
+	})
 }
 
 func run(n int, ramp, poll, window time.Duration) error {
