@@ -500,7 +500,8 @@ func (r *Reconciler) powerOffForDelete(ctx context.Context, host *metal3.BareMet
 
 // BootProofLifetime is how long the proof in an inserted ISO holds: enough
 // for a slow server's firmware and a retried registration, short enough
-// that a proof read later from the host's status is worth nothing.
+// that a proof obtained later (from the BMC, or from an ISO over plain
+// HTTP) is worth nothing.
 const BootProofLifetime = time.Hour
 
 // withBootProof adds to an InfraEnv's ISO URL the proof, for this host's
