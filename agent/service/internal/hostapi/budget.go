@@ -26,6 +26,7 @@ type budget struct {
 	perInfraEnv int // bytes per second; 0: no limit
 	mu          sync.Mutex
 	infraEnvs   map[string]*budgetEntry
+	pruned      time.Time // when idle entries were last dropped
 	all         *rate.Limiter
 }
 
@@ -67,10 +68,12 @@ func (b *budget) spend(infraEnv string, n int, now time.Time) time.Duration {
 		b.infraEnvs[infraEnv] = e
 	}
 	e.last = now
-	if len(b.infraEnvs) > 1024 {
+	if len(b.infraEnvs) > 1024 && now.Sub(b.pruned) > time.Second {
+		b.pruned = now
 		for k, v := range b.infraEnvs {
-			// A full bucket is as good as a new one.
-			if now.Sub(v.last) > budgetBurst*time.Second {
+			// A bucket idle long enough to be full again is as good as
+			// a new one.
+			if v.Limit() == rate.Inf || now.Sub(v.last).Seconds()*float64(v.Limit()) >= float64(v.Burst()) {
 				delete(b.infraEnvs, k)
 			}
 		}

@@ -1,6 +1,7 @@
 package hostapi
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -29,4 +30,19 @@ func TestBudget(t *testing.T) {
 	require.Zero(t, none.spend("a", 1<<30, now), "0: no limit")
 	var off *budget
 	require.Zero(t, off.spend("a", 1, now))
+}
+
+// Idle InfraEnvs' buckets are dropped only once they would be full again:
+// dropping one earlier would hand its InfraEnv budget it has not earned.
+func TestBudgetForgetsOnlyFullBuckets(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	b := newBudget(16<<10, 0) // 16 KiB/s, the least burst: 1 MiB, refilled in 64 s
+	for i := range 1100 {
+		require.Zero(t, b.spend(fmt.Sprintf("ie-%d", i), 1<<20, now))
+	}
+	b.spend("late", 1, now.Add(30*time.Second))
+	require.Greater(t, len(b.infraEnvs), 1024, "half refilled: kept")
+	require.Positive(t, b.spend("ie-7", 1<<20, now.Add(31*time.Second)), "and still short of a whole burst")
+	b.spend("later", 1, now.Add(65*time.Second))
+	require.Less(t, len(b.infraEnvs), 10, "refilled: dropped")
 }
