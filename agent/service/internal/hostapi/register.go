@@ -438,7 +438,8 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 // resume begins a new session of an existing Agent, under the identity
 // rule of ensureAgent.
 func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, string, registration, error) {
-	recorded := lifecycle.Registration(a).Identity
+	rec := lifecycle.Registration(a)
+	recorded := rec.Identity
 	if recorded == "" && s.o.Now().Sub(a.CreationTimestamp.Time) < recordGrace {
 		// Created a moment ago: its record is on its way (a retried
 		// request, another replica). Asked again, not sent elsewhere.
@@ -449,7 +450,7 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 		// nobody's to continue.
 		return nil, "", kindNone, errConflict
 	}
-	if lifecycle.Registration(a).InfraEnvUID != string(ie.UID) {
+	if rec.InfraEnvUID != string(ie.UID) {
 		// Registering through another InfraEnv is joining it: its caps
 		// apply, or Agents could be moved out of one to make room.
 		if err := s.underCap(ctx, ie); err != nil {
@@ -473,7 +474,7 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 			s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "SessionRefused", "Register",
 				"a registration from %s named a session while this Agent's host is heard from: it was given nothing (a live session is never continued or handed out again)", from)
 		}
-		if lifecycle.Registration(a).Contested == "" && s.budget.spend(lifecycle.Registration(a).InfraEnvUID, 2*size(a), s.o.Now()) == 0 {
+		if rec.Contested == "" && s.budget.spend(rec.InfraEnvUID, 2*size(a), s.o.Now()) == 0 {
 			patch := client.MergeFrom(a.DeepCopy())
 			a.Status.Registration.Contested = s.o.Now().UTC().Format(time.RFC3339) + " from " + from
 			writes.WithLabelValues("agent-status").Inc()
