@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -53,16 +52,22 @@ func TestKustomizeBaseServerDryRun(t *testing.T) {
 	require.NotContains(t, out, "hypershift.openshift.io")
 }
 
-// The RBAC in deploy/ is enough, and no more than needed: the manager and
-// the image service run as their ServiceAccounts, in two processes, and
-// publish and serve a discovery image.
+// The RBAC in deploy/ is enough, and no more than needed: the manager, the
+// agent API and the image service run as their ServiceAccounts, in three
+// processes, publish and serve a discovery image and take a host's
+// registration; the agent API reads no Secret at all.
 func TestRBACIsSufficient(t *testing.T) {
 	ctx := context.Background()
 	var admin *testenv.Env
-	s := stack.Start(t, stack.Options{Identities: func(env *testenv.Env) (*rest.Config, *rest.Config, error) {
+	s := stack.Start(t, stack.Options{Identities: func(env *testenv.Env) (stack.Identities, error) {
 		admin = env
 		return stack.Deployed(env)
 	}})
+	canI := func(sa string, args ...string) string {
+		t.Helper()
+		out, _ := admin.Kubectl(ctx, "", append(append([]string{"auth", "can-i"}, args...), "--as=system:serviceaccount:agentboot-system:"+sa)...)
+		return strings.TrimSpace(out)
+	}
 	ns := s.Namespace(t, "rbac")
 	ie := stack.NewInfraEnv(ns, "env")
 	require.NoError(t, s.Client.Create(ctx, ie))
@@ -84,7 +89,8 @@ func TestRBACIsSufficient(t *testing.T) {
 	}
 
 	// A host registers, reports and heartbeats: Agents, their status, Leases
-	// and events are within the manager's rights.
+	// and events are within the agent API's rights, and the Agent
+	// controller's within the manager's.
 	h := s.Register(t, got, 1)
 	_, err := h.Heartbeat()
 	require.NoError(t, err)
@@ -93,23 +99,24 @@ func TestRBACIsSufficient(t *testing.T) {
 		return s.Client.Get(ctx, client.ObjectKey{Namespace: h.NS, Name: h.ID}, &a) == nil && a.Status.DebugInfo.State == "known-unbound"
 	}, 30*time.Second, 100*time.Millisecond)
 
-	// Least privilege: neither may list or watch Secrets; the manager reads
+	// Least privilege: none may list or watch Secrets; the manager reads
 	// the ones it needs by name.
-	checks := []struct{ verb, sa, want string }{
-		{"list", "agentboot-image-service", "no"},
-		{"list", "agentboot-manager", "no"},
-		{"watch", "agentboot-manager", "no"},
-		{"watch", "agentboot-image-service", "no"},
+	for _, sa := range []string{"agentboot-manager", "agentboot-image-service", "agentboot-agent-api"} {
+		for _, verb := range []string{"list", "watch"} {
+			require.Equal(t, "no", canI(sa, verb, "secrets", "--all-namespaces"), "%s %s secrets", sa, verb)
+		}
 	}
-	for _, c := range checks {
-		out, _ := admin.Kubectl(ctx, "", "auth", "can-i", c.verb, "secrets", "--all-namespaces", "--as=system:serviceaccount:agentboot-system:"+c.sa)
-		require.Equal(t, c.want, strings.TrimSpace(out), "%s %s", c.sa, c.verb)
+	// The agent API, which parses what hosts send, reads no Secret at all:
+	// not its keys (they are mounted), not the signing key, not a join
+	// token (the manager hands installations over sealed).
+	for _, args := range [][]string{{"get", "secrets", "--all-namespaces"}, {"get", "secrets", "-n", stack.Namespace},
+		{"get", "secrets/" + signing.AgentAPISecretName, "-n", stack.Namespace}, {"get", "secrets/" + signing.SecretName, "-n", stack.Namespace}} {
+		require.Equal(t, "no", canI("agentboot-agent-api", args...), "agent API: %v", args)
 	}
 	// The Agent's registration record, which agentboot decides by, is in
-	// its status: only the manager may write that (docs/security.md).
-	for sa, want := range map[string]string{"agentboot-manager": "yes", "agentboot-image-service": "no"} {
-		out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "patch", "agents.agent-install.openshift.io", "--subresource=status", "--all-namespaces", "--as=system:serviceaccount:agentboot-system:"+sa)
-		require.Equal(t, want, strings.TrimSpace(out), "%s patch agents/status", sa)
+	// its status: only agentboot may write that (docs/security.md).
+	for sa, want := range map[string]string{"agentboot-manager": "yes", "agentboot-agent-api": "yes", "agentboot-image-service": "no"} {
+		require.Equal(t, want, canI(sa, "patch", "agents.agent-install.openshift.io", "--subresource=status", "--all-namespaces"), "%s patch agents/status", sa)
 	}
 	out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "get", "secrets", "-n", ns, "--as=system:serviceaccount:agentboot-system:agentboot-image-service")
 	require.Equal(t, "no", strings.TrimSpace(out), "the image service never reads pull secrets")

@@ -1,15 +1,26 @@
 package nodepool
 
 import (
+	"context"
 	"fmt"
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
+	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/eventnote"
+	"github.com/agentboot/agentboot/internal/handover"
+	"github.com/agentboot/agentboot/internal/sanitize"
+	"github.com/agentboot/agentboot/internal/signing"
+	"github.com/agentboot/agentboot/nodepool/internal/prepare"
 	"github.com/agentboot/agentboot/nodepool/internal/shortfall"
 	"github.com/agentboot/agentboot/nodepool/internal/worker"
 )
@@ -43,6 +54,22 @@ type Config struct {
 	// may be and still be approved (zero means 10s): the two clusters'
 	// apiservers stamp them with their own clocks.
 	CSRClockSkew time.Duration
+	// HandoverRefresh is how often the installation handed over to the
+	// agent API for a bound host that has not started installing is made
+	// again from the binding and its Secrets (30s): a join token HyperShift
+	// rotates reaches the host within it.
+	HandoverRefresh time.Duration
+	// Catalog, Settings, Keys and Namespace are the manager's (filled in
+	// by the wiring): the OS disk image a host installs, and the key and
+	// namespace of the handovers.
+	Catalog  prepare.Catalog
+	Settings discovery.Settings
+	// Sanitization is what a host released from a cluster must erase
+	// before it can be bound again, recorded when its installation is
+	// handed out (the manager's --disk-sanitization flags).
+	Sanitization sanitize.Policy
+	Keys         signing.Source
+	Namespace    string
 	Log          logr.Logger
 }
 
@@ -53,7 +80,18 @@ type Config struct {
 func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	if cfg.Off {
 		cfg.Log.Info("installing bound Agents is off (--nodepools=false)")
-		return nil
+		// What an earlier run handed over is withdrawn: the agent API
+		// installs only what a handover says.
+		return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			return withdrawHandovers(ctx, mgr.GetClient(), cfg)
+		}))
+	}
+	if err := (&prepare.Reconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Catalog: cfg.Catalog, Settings: cfg.Settings, Keys: cfg.Keys, Namespace: cfg.Namespace, Sanitization: cfg.Sanitization,
+		Refresh: cfg.HandoverRefresh, Log: cfg.Log.WithName("handover"),
+	}).SetupWithManager(mgr); err != nil {
+		return err
 	}
 	if err := (&worker.Reconciler{
 		Client:        mgr.GetClient(),
@@ -81,4 +119,16 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		Events:     eventnote.Recorder(mgr.GetEventRecorder("agentboot-nodepool")),
 		RetryAfter: cfg.RetryAfter,
 	}).SetupWithManager(mgr)
+}
+
+// withdrawHandovers deletes every installation handed over to the agent
+// API, once, for a manager that installs nothing.
+func withdrawHandovers(ctx context.Context, c client.Client, cfg Config) error {
+	err := retry.OnError(wait.Backoff{Duration: time.Second, Factor: 2, Steps: 8, Cap: time.Minute}, func(error) bool { return ctx.Err() == nil }, func() error {
+		return c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(cfg.Namespace), client.MatchingLabels{handover.Label: "true"})
+	})
+	if err != nil {
+		cfg.Log.Error(err, "could not withdraw the installations handed over before --nodepools=false; delete them", "namespace", cfg.Namespace, "label", handover.Label)
+	}
+	return nil
 }

@@ -29,6 +29,7 @@ import (
 	hiveext "github.com/agentboot/agentboot/api/hiveext/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/nodepool"
@@ -65,7 +66,7 @@ const csrClockSkew = 2 * time.Second
 // provider) cluster-api-provider-agent around it.
 func start(t *testing.T, provider bool) *env {
 	// The manager runs with the RBAC deploy/ gives it.
-	return startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond, CSRClockSkew: csrClockSkew}, Identities: stack.Deployed}), provider)
+	return startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond, HandoverRefresh: 500 * time.Millisecond, CSRClockSkew: csrClockSkew}, Identities: stack.Deployed}), provider)
 }
 
 // startOn is start on a running stack.
@@ -145,6 +146,15 @@ func (e *env) installStep(h *stack.Host) agentwire.Step {
 	}, wait, 100*time.Millisecond, "host %s never got its install step: %+v", h.ID, e.agent(h).Status)
 	require.Len(e.t, steps, 1)
 	return steps[0]
+}
+
+// bind scales a NodePool selecting pool "a" to one and waits until the
+// provider bound h's Agent.
+func (e *env) bind(h *stack.Host) (*capiagent.NodePool, *v1beta1.Agent) {
+	e.t.Helper()
+	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
+	np.Scale(1)
+	return np, e.waitAgent(h, "bound", func(a *v1beta1.Agent) bool { return a.Labels["agentMachineRef"] != "" })
 }
 
 func condition(a *v1beta1.Agent, t v1beta1.ConditionType) v1beta1.Condition {
@@ -439,9 +449,7 @@ func TestTenantCannotReachAnotherCluster(t *testing.T) {
 	e := start(t, true)
 	ctx := context.Background()
 	victim := e.readyHost(1, map[string]string{"pool": "a"})
-	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
-	np.Scale(1)
-	bound := e.waitAgent(victim, "bound", func(a *v1beta1.Agent) bool { return a.Labels["agentMachineRef"] != "" })
+	_, bound := e.bind(victim)
 	step := e.installStep(victim)
 	require.Contains(t, step.Install.Ignition, "Bearer "+token)
 
@@ -515,9 +523,7 @@ func TestCAPIAgentFaults(t *testing.T) {
 	e := start(t, true)
 	ctx := context.Background()
 	h := e.readyHost(1, map[string]string{"pool": "a"})
-	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})
-	np.Scale(1)
-	a := e.waitAgent(h, "bound", func(a *v1beta1.Agent) bool { return a.Labels["agentMachineRef"] != "" })
+	np, a := e.bind(h)
 	// The provider records the binding on the AgentMachine after labelling
 	// the Agent; stopped before that, it would leave the Agent waiting for
 	// its AgentMachine instead of blocked by what follows.
@@ -634,6 +640,48 @@ func TestCAPIAgentFaults(t *testing.T) {
 		ready, _, _ := unstructured.NestedBool(am.Object, "status", "ready")
 		return ready
 	}, wait, 200*time.Millisecond)
+}
+
+// The agent API reads no Secret: the manager hands each bound host's
+// installation over, sealed, in agentboot's namespace, and makes it again
+// when what it was made of changes — a join token HyperShift rotated in
+// place reaches the host without anything else happening. What is handed
+// over is no secret to whoever reads ConfigMaps there, and is withdrawn
+// once the host started installing. (That it opens for that Agent only:
+// internal/handover.)
+func TestInstallationHandedOverSealed(t *testing.T) {
+	e := start(t, true)
+	ctx := context.Background()
+	h := e.readyHost(1, map[string]string{"pool": "a"})
+	_, a := e.bind(h)
+	key := client.ObjectKey{Namespace: stack.Namespace, Name: handover.Name(a)}
+	sealed := func(what string, ok func(cm *corev1.ConfigMap) bool) *corev1.ConfigMap {
+		t.Helper()
+		var cm corev1.ConfigMap
+		require.Eventually(t, func() bool {
+			return e.Client.Get(ctx, key, &cm) == nil && cm.Data["sealed"] != "" && ok(&cm)
+		}, wait, 100*time.Millisecond, "the handover is never %s: %v", what, cm.Data)
+		return &cm
+	}
+	first := sealed("sealed", func(*corev1.ConfigMap) bool { return true })
+	for k, v := range first.Data {
+		require.NotContains(t, v, token, "handover key %s shows the join token", k)
+	}
+
+	// HyperShift rotates the token; the provider's Secret keeps its name.
+	tokenKey := client.ObjectKey{Namespace: a.Spec.IgnitionEndpointTokenReference.Namespace, Name: a.Spec.IgnitionEndpointTokenReference.Name}
+	var tokenSecret corev1.Secret
+	require.NoError(t, e.Client.Get(ctx, tokenKey, &tokenSecret))
+	rotated := "cm90YXRlZC1pbi1wbGFjZQ"
+	tokenSecret.Data["ignition-token"] = []byte(rotated)
+	require.NoError(t, e.Client.Update(ctx, &tokenSecret))
+	sealed("made again", func(cm *corev1.ConfigMap) bool { return cm.Data["digest"] != first.Data["digest"] })
+
+	step := e.installStep(h)
+	require.Contains(t, step.Install.Ignition, `"Bearer `+rotated+`"`)
+	require.NotContains(t, step.Install.Ignition, token)
+	require.Eventually(t, func() bool { return apierrors.IsNotFound(e.Client.Get(ctx, key, &corev1.ConfigMap{})) },
+		wait, 100*time.Millisecond, "the handover stays after the host started installing")
 }
 
 // TestShortfallExplained: machines waiting for Agents are explained on
@@ -814,7 +862,7 @@ func TestKubeletCSRsStrict(t *testing.T) {
 // TestKubeletCSRApprovalOff: --approve-kubelet-csrs=false leaves the
 // kubelet's CSRs to a person, and says so.
 func TestKubeletCSRApprovalOff(t *testing.T) {
-	s := stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond, NoCSRApproval: true}})
+	s := stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond, HandoverRefresh: 500 * time.Millisecond, NoCSRApproval: true}})
 	e := startOn(t, s, true)
 	h := e.readyHost(1, map[string]string{"pool": "a"})
 	np := e.cluster.NodePool("vcluster2", map[string]string{"pool": "a"})

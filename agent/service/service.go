@@ -27,10 +27,7 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/steps"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
-	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/eventnote"
-	"github.com/agentboot/agentboot/internal/osimage"
-	"github.com/agentboot/agentboot/internal/sanitize"
 	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -47,7 +44,7 @@ type Config struct {
 	// Listen opens the listener; nil is net.Listen. Tests listen inside a
 	// network namespace with it.
 	Listen func(network, addr string) (net.Listener, error)
-	Keys   *signing.Keeper
+	Keys   signing.Source
 	// Namespace is agentboot's own namespace, where liveness Leases live.
 	Namespace string
 	// Minimums for hosts, unless an InfraEnv's hostRequirements says
@@ -72,18 +69,7 @@ type Config struct {
 	PollInterval       time.Duration
 	LeaseRenewInterval time.Duration
 	DisconnectAfter    time.Duration
-	// Catalog, Settings and Ignition let the agent API hand bound Agents
-	// their install step: the OS disk image of their InfraEnv's OS image,
-	// served by the image service at Settings.ImageServiceURL, and the
-	// config Ignition returns (ok false: an Agent agentboot does not
-	// install). Without Ignition no host is given an installation.
-	Catalog  *osimage.Catalog
-	Settings discovery.Settings
-	Ignition func(a *v1beta1.Agent) (fetch func(ctx context.Context) (string, error), ours bool)
-	// Sanitization is what a host released from a cluster must erase
-	// before it can be bound again (the zero Policy: erase everything).
-	Sanitization sanitize.Policy
-	Log          logr.Logger
+	Log                logr.Logger
 }
 
 // EraseDebtLabel marks the ConfigMaps in agentboot's namespace that record
@@ -206,13 +192,12 @@ func setupController(mgr manager.Manager, cfg Config) error {
 
 func setupAPI(mgr manager.Manager, cfg Config) error {
 	owed := &debts.Store{Client: mgr.GetClient(), Namespace: cfg.Namespace, Now: time.Now}
-	var install hostapi.Steps
-	if cfg.Ignition != nil && cfg.Catalog != nil {
-		install = &steps.Steps{
-			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-			Catalog: cfg.Catalog, Settings: cfg.Settings, Ignition: cfg.Ignition, Sanitization: cfg.Sanitization, Debts: owed,
-			Events: eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")), Log: cfg.Log.WithName("steps"), Now: time.Now,
-		}
+	// Bound hosts install what the manager hands over for them (package
+	// handover); hosts that owe an erase get it first.
+	install := &steps.Steps{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Keys: cfg.Keys, Namespace: cfg.Namespace,
+		Debts:  owed,
+		Events: eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")), Log: cfg.Log.WithName("steps"), Now: time.Now,
 	}
 	srv := hostapi.New(hostapi.Options{
 		Client:                 mgr.GetClient(),

@@ -5,16 +5,14 @@ import (
 
 	agentservice "github.com/agentboot/agentboot/agent/service"
 	"github.com/agentboot/agentboot/internal/agentwire"
-	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
 // agentFlags are the agent API's and the Agent controller's settings.
 type agentFlags struct {
-	cfg              agentservice.Config
-	minMemMiB        int64
-	minDiskGB        int64
-	minCPUCores      int64
-	infraEnvSanitize []string
+	cfg         agentservice.Config
+	minMemMiB   int64
+	minDiskGB   int64
+	minCPUCores int64
 }
 
 func (a *agentFlags) register(fs *flag.FlagSet) {
@@ -30,19 +28,6 @@ func (a *agentFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&a.cfg.WriteBudgetPerProcess, "agent-api-write-budget", agentservice.DefaultWriteBudgetPerProcess, "bytes per second the agent API of this replica may write to the apiserver in all, with a minute's worth at once (-1: no limit)")
 	fs.DurationVar(&a.cfg.PollInterval, "agent-poll-interval", 0, "how often hosts heartbeat (default "+agentwire.DefaultPollInterval.String()+")")
 	fs.DurationVar(&a.cfg.DisconnectAfter, "agent-disconnect-after", 0, "how long a silent host stays Connected (default 3m)")
-	a.cfg.Sanitization = sanitize.DefaultPolicy
-	fs.Func("disk-sanitization", "what a host released from a cluster erases before it can be bound again: none, metadata or erase (default erase; docs/security.md)", func(v string) error {
-		l, err := sanitize.ParseLevel(v)
-		a.cfg.Sanitization.Default = l
-		return err
-	})
-	fs.Func("disk-sanitization-infraenv", "namespace/infraenv=level: the level for one InfraEnv's hosts (repeat for more)", func(v string) error {
-		levels, err := sanitize.ParseInfraEnvLevels(append(a.infraEnvSanitize, v))
-		if err == nil {
-			a.infraEnvSanitize, a.cfg.Sanitization.PerInfraEnv = append(a.infraEnvSanitize, v), levels
-		}
-		return err
-	})
 }
 
 func (a *agentFlags) config() *agentservice.Config {

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
-	"os"
 	"strings"
 	"time"
 
@@ -65,13 +64,12 @@ func (i *imageServiceFlags) config() (imageservice.Config, error) {
 func runImageService(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("image-service", flag.ContinueOnError)
 	var (
-		m          managerFlags
-		d          discoveryFlags
-		i          imageServiceFlags
-		kubeconfig = fs.String("kubeconfig", "", "kubeconfig to use; defaults to $KUBECONFIG or the in-cluster configuration")
-		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
-		logFormat  = fs.String("log-format", "json", "text or json")
+		m managerFlags
+		d discoveryFlags
+		i imageServiceFlags
+		c clusterFlags
 	)
+	c.register(fs)
 	m.register(fs)
 	d.register(fs)
 	i.register(fs)
@@ -88,11 +86,7 @@ func runImageService(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, err := newLogger(os.Stderr, *logLevel, *logFormat)
-	if err != nil {
-		return err
-	}
-	cfg, err := restConfig(*kubeconfig)
+	log, cfg, err := c.start()
 	if err != nil {
 		return err
 	}

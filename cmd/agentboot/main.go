@@ -1,5 +1,6 @@
 // Command agentboot runs agentboot's server components: `manager` (the
-// controllers and the agent API), `dev` (all of it on a local control plane),
+// controllers, and the agent API unless it runs apart), `agent-api` (the
+// agent API on its own), `dev` (all of it on a local control plane),
 // `image-service` (discovery images, for scaling apart from the manager) and
 // `pxe` (DHCP, TFTP and HTTP for network boot, on the boot network).
 package main
@@ -23,7 +24,8 @@ type command struct {
 }
 
 var commands = []command{
-	{"manager", "run the controllers and the agent API against a cluster", runManager},
+	{"manager", "run the controllers (and, unless --agent-api-addr is empty, the agent API) against a cluster", runManager},
+	{"agent-api", "serve the agent API on its own, reading no Secret (as deployed)", runAgentAPI},
 	{"image-service", "serve discovery ISOs, PXE artifacts and Ignition configs", runImageService},
 	{"pxe", "answer network boot (ProxyDHCP or DHCP, TFTP, HTTP) on the boot network", runPXE},
 	{"dev", "run a local control plane with everything agentboot serves (make run)", runDev},

@@ -16,6 +16,7 @@ import (
 	"github.com/agentboot/agentboot/bmc"
 	"github.com/agentboot/agentboot/cmd/agentboot/app"
 	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/sanitize"
 	"github.com/agentboot/agentboot/nodepool"
 )
 
@@ -33,18 +34,14 @@ type managerFlags struct {
 	behindNAT     bool
 	softPowerOff  time.Duration
 	powerTimeout  time.Duration
+	// sanitization and the flags it was made from.
+	sanitization     sanitize.Policy
+	infraEnvSanitize []string
 }
 
 func (m *managerFlags) register(fs *flag.FlagSet) {
-	ns := os.Getenv("POD_NAMESPACE")
-	if ns == "" {
-		ns = "agentboot-system"
-	}
-	fs.StringVar(&m.namespace, "namespace", ns, "namespace for agentboot's own objects (signing key, leader lease); defaults to $POD_NAMESPACE")
+	m.registerProcess(fs, ":8443", ":8081")
 	fs.BoolVar(&m.leaderElect, "leader-elect", true, "elect a leader among manager replicas before running controllers (the agent API runs on every replica)")
-	fs.StringVar(&m.metricsAddr, "metrics-bind-address", ":8443", "address of the Prometheus metrics endpoint; 0 disables it")
-	fs.BoolVar(&m.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS with Kubernetes authentication and authorization")
-	fs.StringVar(&m.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
 	fs.BoolVar(&m.nodePools, "nodepools", true, "install the Agents cluster-api-provider-agent binds for HyperShift NodePools and explain NodePool shortfalls; false hands out no installation (another service installs them)")
 	fs.BoolVar(&m.approveCSRs, "approve-kubelet-csrs", true, "approve the kubelet CSRs of hosts agentboot installed, after checking them as cluster-machine-approver does; false leaves every one to a person, with an event naming it")
 	fs.BoolVar(&m.behindNAT, "agent-api-behind-nat", false, "the agent API does not see hosts' own source addresses (SNAT or a proxy in front of it): kubelet serving CSRs are checked against the addresses hosts report instead of those they were seen using")
@@ -52,6 +49,32 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 		"Set it where tenants declare BareMetalHosts, so that none can make the manager connect, with credentials, to services on other networks")
 	fs.DurationVar(&m.softPowerOff, "bmc-soft-power-off-timeout", 3*time.Minute, "how long a host's OS gets to shut down after a BMC graceful shutdown request before its power is cut")
 	fs.DurationVar(&m.powerTimeout, "bmc-power-timeout", time.Minute, "how long a BMC may take to report a power state it accepted a request for before the request is sent again (three times, then an error)")
+	m.sanitization = sanitize.DefaultPolicy
+	fs.Func("disk-sanitization", "what a host released from a cluster erases before it can be bound again: none, metadata or erase (default erase; docs/security.md)", func(v string) error {
+		l, err := sanitize.ParseLevel(v)
+		m.sanitization.Default = l
+		return err
+	})
+	fs.Func("disk-sanitization-infraenv", "namespace/infraenv=level: the level for one InfraEnv's hosts (repeat for more)", func(v string) error {
+		levels, err := sanitize.ParseInfraEnvLevels(append(m.infraEnvSanitize, v))
+		if err == nil {
+			m.infraEnvSanitize, m.sanitization.PerInfraEnv = append(m.infraEnvSanitize, v), levels
+		}
+		return err
+	})
+}
+
+// registerProcess registers the settings every agentboot server process
+// has: its namespace, metrics and probes.
+func (m *managerFlags) registerProcess(fs *flag.FlagSet, metrics, probes string) {
+	ns := os.Getenv("POD_NAMESPACE")
+	if ns == "" {
+		ns = "agentboot-system"
+	}
+	fs.StringVar(&m.namespace, "namespace", ns, "namespace for agentboot's own objects (signing key, leader lease); defaults to $POD_NAMESPACE")
+	fs.StringVar(&m.metricsAddr, "metrics-bind-address", metrics, "address of the Prometheus metrics endpoint; 0 disables it")
+	fs.BoolVar(&m.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS with Kubernetes authentication and authorization")
+	fs.StringVar(&m.probeAddr, "health-probe-bind-address", probes, "address of the /healthz and /readyz endpoints")
 }
 
 // bmc is the BareMetalHost controller's configuration from the flags.
@@ -74,11 +97,33 @@ func (m managerFlags) bmc() (bmc.Config, error) {
 }
 
 func (m managerFlags) nodePool() nodepool.Config {
-	return nodepool.Config{Off: !m.nodePools, NoCSRApproval: !m.approveCSRs, AgentAPIBehindNAT: m.behindNAT}
+	return nodepool.Config{Off: !m.nodePools, NoCSRApproval: !m.approveCSRs, AgentAPIBehindNAT: m.behindNAT, Sanitization: m.sanitization}
 }
 
 func (m managerFlags) options() app.ManagerOptions {
 	return app.ManagerOptions{Namespace: m.namespace, LeaderElect: m.leaderElect, MetricsAddr: m.metricsAddr, MetricsSecure: m.metricsSecure, ProbeAddr: m.probeAddr}
+}
+
+// clusterFlags are the settings of every process that talks to a cluster:
+// where it is and how to log.
+type clusterFlags struct {
+	kubeconfig, logLevel, logFormat string
+}
+
+func (c *clusterFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig to use; defaults to $KUBECONFIG or the in-cluster configuration")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "json", "text or json")
+}
+
+// start sets up logging and loads the cluster's configuration.
+func (c *clusterFlags) start() (logr.Logger, *rest.Config, error) {
+	log, err := newLogger(os.Stderr, c.logLevel, c.logFormat)
+	if err != nil {
+		return log, nil, err
+	}
+	cfg, err := restConfig(c.kubeconfig)
+	return log, cfg, err
 }
 
 // restConfig loads the kubeconfig at path, or $KUBECONFIG, or the in-cluster
@@ -98,24 +143,19 @@ func restConfig(path string) (*rest.Config, error) {
 func runManager(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
 	var (
-		m          managerFlags
-		d          discoveryFlags
-		ag         agentFlags
-		kubeconfig = fs.String("kubeconfig", "", "kubeconfig to use; defaults to $KUBECONFIG or the in-cluster configuration")
-		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
-		logFormat  = fs.String("log-format", "json", "text or json")
+		m  managerFlags
+		d  discoveryFlags
+		ag agentFlags
+		c  clusterFlags
 	)
+	c.register(fs)
 	m.register(fs)
 	d.register(fs)
 	ag.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, err := newLogger(os.Stderr, *logLevel, *logFormat)
-	if err != nil {
-		return err
-	}
-	cfg, err := restConfig(*kubeconfig)
+	log, cfg, err := c.start()
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,8 @@ package signing
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -15,17 +17,22 @@ import (
 
 // Keeper holds the current key and notices when it changes (a deleted and
 // recreated Secret). The manager's Keeper creates the master key's Secret
-// and keeps the image service's Secret in step with it; an image service
-// running apart reads only its own (ImageService).
+// and keeps the image service's and the agent API's Secrets in step with
+// it; an image service running apart reads only its own (ImageService), and
+// an agent API running apart only the files its Secret is mounted as (Dir).
 type Keeper struct {
 	Reader client.Reader
 	// Writer creates the Secrets; nil: never.
 	Writer client.Writer
 	// ImageService reads the image service's keys instead of the master key.
 	ImageService bool
-	Namespace    string
-	Interval     time.Duration
-	Log          logr.Logger
+	// Dir, when set, is where the kubelet mounts the agent API's keys
+	// (AgentAPISecretName, one file per purpose): they are read from
+	// there, not from the apiserver.
+	Dir       string
+	Namespace string
+	Interval  time.Duration
+	Log       logr.Logger
 
 	mu      sync.RWMutex
 	key     Key
@@ -86,11 +93,11 @@ func (k *Keeper) refresh(ctx context.Context) {
 		return
 	}
 	k.mu.Lock()
-	changed := k.key.Token(PurposeImage, "keeper", "") != key.Token(PurposeImage, "keeper", "")
+	changed := k.key.Fingerprint() != key.Fingerprint()
 	k.key = key
 	k.mu.Unlock()
 	if changed {
-		k.Log.Info("signing key loaded", "secret", k.Namespace+"/"+name)
+		k.Log.Info("signing key loaded", "from", name, "fingerprint", key.Fingerprint())
 		select {
 		case k.changes <- struct{}{}:
 		default:
@@ -99,24 +106,45 @@ func (k *Keeper) refresh(ctx context.Context) {
 }
 
 func (k *Keeper) load(ctx context.Context) (Key, string, error) {
+	if k.Dir != "" {
+		data := map[string][]byte{}
+		for _, p := range AgentAPIPurposes {
+			// The kubelet swaps a mounted Secret's files all at once
+			// (a symlink to a new directory), so they agree.
+			b, err := os.ReadFile(filepath.Join(k.Dir, p))
+			if err != nil {
+				return Key{}, k.Dir, fmt.Errorf("read the agent API's keys (Secret %s, mounted at %s; the manager writes it): %w", AgentAPISecretName, k.Dir, err)
+			}
+			data[p] = b
+		}
+		key, err := FromDerived(data, AgentAPIPurposes, "the agent API's keys in "+k.Dir)
+		return key, k.Dir, err
+	}
 	if k.ImageService {
 		var s corev1.Secret
 		if err := k.Reader.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: ImageServiceSecretName}, &s); err != nil {
 			return Key{}, ImageServiceSecretName, fmt.Errorf("read the image service's keys %s/%s (the manager writes them): %w", k.Namespace, ImageServiceSecretName, err)
 		}
-		key, err := FromImageServiceSecret(&s)
-		return key, ImageServiceSecretName, err
+		key, err := FromDerived(s.Data, ImageServicePurposes, "Secret "+k.Namespace+"/"+s.Name)
+		return key, "Secret " + k.Namespace + "/" + ImageServiceSecretName, err
 	}
 	key, err := Ensure(ctx, k.Reader, k.Writer, k.Namespace)
 	if err != nil || k.Writer == nil {
-		return key, SecretName, err
+		return key, "Secret " + k.Namespace + "/" + SecretName, err
 	}
-	return key, SecretName, k.syncImageService(ctx, key)
+	for _, d := range []struct {
+		name     string
+		purposes []string
+	}{{ImageServiceSecretName, ImageServicePurposes}, {AgentAPISecretName, AgentAPIPurposes}} {
+		if err := k.syncDerived(ctx, DerivedSecret(key, k.Namespace, d.name, d.purposes)); err != nil {
+			return key, SecretName, err
+		}
+	}
+	return key, "Secret " + k.Namespace + "/" + SecretName, nil
 }
 
-// syncImageService writes the image service's keys derived from key.
-func (k *Keeper) syncImageService(ctx context.Context, key Key) error {
-	want := ImageServiceSecret(key, k.Namespace)
+// syncDerived writes a Secret of keys derived from the master key.
+func (k *Keeper) syncDerived(ctx context.Context, want *corev1.Secret) error {
 	var have corev1.Secret
 	err := k.Reader.Get(ctx, client.ObjectKeyFromObject(want), &have)
 	switch {
@@ -130,7 +158,7 @@ func (k *Keeper) syncImageService(ctx context.Context, key Key) error {
 		err = k.Writer.Update(ctx, &have)
 	}
 	if err != nil {
-		return fmt.Errorf("write the image service's keys %s/%s: %w", k.Namespace, ImageServiceSecretName, err)
+		return fmt.Errorf("write the derived keys %s/%s: %w", k.Namespace, want.Name, err)
 	}
 	return nil
 }

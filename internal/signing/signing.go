@@ -5,11 +5,14 @@
 // its tokens. The purposes' keys are derived from one master key in a
 // Secret only the manager reads; the image service gets the image and
 // registration keys alone, in a Secret of their own, so that it cannot
-// mint agent tokens.
+// mint agent tokens; the agent API gets its own (every key but the image
+// key), mounted as files, so that it needs no right to read Secrets.
 package signing
 
 import (
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -41,10 +44,18 @@ const (
 	// PurposeBootProof proves that a host booted from the virtual media
 	// the BMC controller inserted for one BareMetalHost.
 	PurposeBootProof = "bmh-boot"
+	// PurposeInstallSeal seals what the manager hands the agent API for a
+	// bound host's installation (its cluster's join token).
+	PurposeInstallSeal = "install-seal"
 )
 
 // purposes are all the keys derived from the master key.
-var purposes = []string{PurposeImage, PurposeRegister, PurposeAgent, PurposeIdentity, PurposeBootProof}
+var purposes = []string{PurposeImage, PurposeRegister, PurposeAgent, PurposeIdentity, PurposeBootProof, PurposeInstallSeal}
+
+// AgentAPIPurposes are the keys the agent API holds: it verifies
+// registration tokens and boot proofs, signs agent tokens and identity
+// digests, and opens sealed installations. It never signs image URLs.
+var AgentAPIPurposes = []string{PurposeRegister, PurposeAgent, PurposeIdentity, PurposeBootProof, PurposeInstallSeal}
 
 // ImageServicePurposes are the keys the image service holds: it signs and
 // checks image URLs and embeds registration tokens in discovery content.
@@ -57,8 +68,11 @@ const (
 	// ImageServiceSecretName holds the image service's derived keys; the
 	// manager writes it.
 	ImageServiceSecretName = "agentboot-image-service-keys"
-	secretKey              = "key"
-	keyLen                 = 32
+	// AgentAPISecretName holds the agent API's derived keys; the manager
+	// writes it and the kubelet mounts it into the agent API's pods.
+	AgentAPISecretName = "agentboot-agent-api-keys"
+	secretKey          = "key"
+	keyLen             = 32
 )
 
 // Key signs and verifies tokens, with one derived key per purpose it holds.
@@ -149,29 +163,43 @@ func (r Restricted) Key() (Key, error) {
 	return k.Only(r.Purposes...), nil
 }
 
-// ImageServiceSecret is the Secret of the image service's keys.
-func ImageServiceSecret(k Key, namespace string) *corev1.Secret {
+// DerivedSecret is the Secret name holding k's keys of purposes, one data
+// key per purpose.
+func DerivedSecret(k Key, namespace, name string, purposes []string) *corev1.Secret {
 	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: ImageServiceSecretName, Labels: map[string]string{"app.kubernetes.io/part-of": "agentboot"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: map[string]string{"app.kubernetes.io/part-of": "agentboot"}},
 		Type:       corev1.SecretTypeOpaque,
 		Data:       map[string][]byte{},
 	}
-	for _, p := range ImageServicePurposes {
+	for _, p := range purposes {
 		s.Data[p] = append([]byte(nil), k.sub[p]...)
 	}
 	return s
 }
 
-// FromImageServiceSecret reads the image service's keys.
-func FromImageServiceSecret(s *corev1.Secret) (Key, error) {
+// FromDerived reads the keys of purposes from data (a derived Secret's, or
+// its files as the kubelet mounts them); where names the source in errors.
+func FromDerived(data map[string][]byte, purposes []string, where string) (Key, error) {
 	k := Key{sub: map[string][]byte{}}
-	for _, p := range ImageServicePurposes {
-		if len(s.Data[p]) < keyLen {
-			return Key{}, fmt.Errorf("Secret %s/%s: key %q is %d bytes, want %d", s.Namespace, s.Name, p, len(s.Data[p]), keyLen)
+	for _, p := range purposes {
+		if len(data[p]) != keyLen {
+			return Key{}, fmt.Errorf("%s: key %q is %d bytes, want %d", where, p, len(data[p]), keyLen)
 		}
-		k.sub[p] = append([]byte(nil), s.Data[p]...)
+		k.sub[p] = append([]byte(nil), data[p]...)
 	}
 	return k, nil
+}
+
+// Fingerprint tells keys apart without revealing them: equal for equal
+// keys, different (but for a hash collision) otherwise.
+func (k Key) Fingerprint() string {
+	m := sha256.New()
+	for _, p := range purposes {
+		m.Write([]byte(p + "\x00"))
+		m.Write(k.sub[p])
+		m.Write([]byte{0})
+	}
+	return hex.EncodeToString(m.Sum(nil)[:8])
 }
 
 // FromSecret reads the key from the Secret's data.
@@ -298,4 +326,55 @@ func (k Key) CheckBootProof(proof, ns, name, uid string, now time.Time) (string,
 		return "", fmt.Errorf("expired at %s", time.Unix(sec, 0).UTC().Format(time.RFC3339))
 	}
 	return nonce, nil
+}
+
+// sealNonce is the size of a sealed message's random nonce (AES-GCM's).
+const sealNonce = 12
+
+// Seal encrypts and authenticates plaintext under the install-seal key
+// (AES-256-GCM with a random nonce); aad, authenticated but not
+// encrypted, binds the message to what it is for, so that it opens for
+// nothing else.
+func (k Key) Seal(plaintext, aad []byte) ([]byte, error) {
+	aead, err := k.sealer()
+	if err != nil {
+		return nil, err
+	}
+	nonce := make([]byte, sealNonce, sealNonce+len(plaintext)+aead.Overhead())
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, err
+	}
+	return aead.Seal(nonce, nonce, plaintext, aad), nil
+}
+
+// ErrSealBroken is Open's error for a message that is not one Seal made
+// with this key and aad: tampered with, made for something else, or sealed
+// under a key since replaced.
+var ErrSealBroken = errors.New("sealed message does not open: altered, made for something else, or sealed under another key")
+
+// Open returns what Seal sealed with the same key and aad.
+func (k Key) Open(sealed, aad []byte) ([]byte, error) {
+	aead, err := k.sealer()
+	if err != nil {
+		return nil, err
+	}
+	if len(sealed) < sealNonce+aead.Overhead() {
+		return nil, ErrSealBroken
+	}
+	out, err := aead.Open(nil, sealed[:sealNonce], sealed[sealNonce:], aad)
+	if err != nil {
+		return nil, ErrSealBroken
+	}
+	return out, nil
+}
+
+func (k Key) sealer() (cipher.AEAD, error) {
+	if !k.Has(PurposeInstallSeal) {
+		return nil, fmt.Errorf("this key cannot seal or open (no %q key)", PurposeInstallSeal)
+	}
+	block, err := aes.NewCipher(k.sub[PurposeInstallSeal])
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(block)
 }

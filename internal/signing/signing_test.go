@@ -1,6 +1,9 @@
 package signing
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,12 +48,12 @@ func TestPurposeKeys(t *testing.T) {
 	require.False(t, k.Verify(mac(master, PurposeAgent, "ns/host", "session"), PurposeAgent, "ns/host", "session"))
 	require.False(t, k.Verify(k.Token(PurposeImage, "ns/host", "session"), PurposeAgent, "ns/host", "session"))
 
-	sec := ImageServiceSecret(k, "agentboot-system")
+	sec := DerivedSecret(k, "agentboot-system", ImageServiceSecretName, ImageServicePurposes)
 	require.ElementsMatch(t, []string{PurposeImage, PurposeRegister}, keysOf(sec.Data))
 	for _, v := range sec.Data {
 		require.NotContains(t, string(v), string(master))
 	}
-	img, err := FromImageServiceSecret(sec)
+	img, err := FromDerived(sec.Data, ImageServicePurposes, "test")
 	require.NoError(t, err)
 	require.Equal(t, "", img.Token(PurposeAgent, "ns/host", "session"), "the image service cannot mint agent tokens")
 	require.False(t, img.Verify(agentTok, PurposeAgent, "ns/host", "session"))
@@ -60,7 +63,7 @@ func TestPurposeKeys(t *testing.T) {
 	require.Equal(t, "", restricted.Token(PurposeAgent, "ns/host", "session"))
 
 	sec.Data[PurposeRegister] = []byte("short")
-	_, err = FromImageServiceSecret(sec)
+	_, err = FromDerived(sec.Data, ImageServicePurposes, "test")
 	require.ErrorContains(t, err, `key "register" is 5 bytes`)
 }
 
@@ -138,4 +141,95 @@ func TestBootProof(t *testing.T) {
 		require.ErrorContains(t, err, c.want, name)
 	}
 	require.Empty(t, Key{}.BootProof("ns", "bmh", "uid-1", nonce, now), "no key, no proof")
+}
+
+// The agent API's keys: everything but the image key; they seal and open
+// what the manager hands over, and a sealed message opens only for the
+// aad it was sealed with, under the key it was sealed with, unaltered.
+func TestAgentAPIKeysAndSeals(t *testing.T) {
+	k, err := NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	sec := DerivedSecret(k, "agentboot-system", AgentAPISecretName, AgentAPIPurposes)
+	require.NotContains(t, keysOf(sec.Data), PurposeImage)
+	api, err := FromDerived(sec.Data, AgentAPIPurposes, "test")
+	require.NoError(t, err)
+	require.Equal(t, "", api.Token(PurposeImage, "uid", "v1"), "the agent API cannot sign image URLs")
+	require.Equal(t, k.Token(PurposeAgent, "ns/host", "s"), api.Token(PurposeAgent, "ns/host", "s"))
+	require.NotEqual(t, k.Fingerprint(), api.Fingerprint())
+	require.Equal(t, api.Fingerprint(), k.Only(AgentAPIPurposes...).Fingerprint())
+
+	sealed, err := k.Seal([]byte("join token"), []byte("agent-uid-1"))
+	require.NoError(t, err)
+	require.NotContains(t, string(sealed), "join token")
+	again, err := k.Seal([]byte("join token"), []byte("agent-uid-1"))
+	require.NoError(t, err)
+	require.NotEqual(t, sealed, again, "a fresh nonce every time")
+	got, err := api.Open(sealed, []byte("agent-uid-1"))
+	require.NoError(t, err)
+	require.Equal(t, "join token", string(got))
+
+	other, _ := NewKey([]byte("fedcba9876543210fedcba9876543210"))
+	flipped := append([]byte(nil), sealed...)
+	flipped[len(flipped)-1] ^= 1
+	for name, try := range map[string]func() ([]byte, error){
+		"another aad": func() ([]byte, error) { return api.Open(sealed, []byte("agent-uid-2")) },
+		"another key": func() ([]byte, error) { return other.Open(sealed, []byte("agent-uid-1")) },
+		"altered":     func() ([]byte, error) { return api.Open(flipped, []byte("agent-uid-1")) },
+		"cut short":   func() ([]byte, error) { return api.Open(sealed[:10], []byte("agent-uid-1")) },
+		"empty":       func() ([]byte, error) { return api.Open(nil, []byte("agent-uid-1")) },
+	} {
+		_, err := try()
+		require.ErrorIs(t, err, ErrSealBroken, name)
+	}
+	img := k.Only(ImageServicePurposes...)
+	_, err = img.Seal([]byte("x"), nil)
+	require.ErrorContains(t, err, "cannot seal", "the image service holds no seal key")
+}
+
+// An agent API running apart reads its keys from the files the kubelet
+// mounts its Secret as, and notices when they change.
+func TestKeeperReadsMountedKeys(t *testing.T) {
+	k, err := NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	dir := t.TempDir()
+	keeper := &Keeper{Dir: dir}
+	keeper.init()
+	keeper.refresh(context.Background())
+	_, err = keeper.Key()
+	require.ErrorIs(t, err, ErrNoKey, "nothing mounted yet")
+	_, _, err = keeper.load(context.Background())
+	require.ErrorContains(t, err, AgentAPISecretName)
+
+	write := func(k Key) {
+		for p, v := range DerivedSecret(k, "ns", AgentAPISecretName, AgentAPIPurposes).Data {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, p), v, 0o600))
+		}
+	}
+	write(k)
+	keeper.refresh(context.Background())
+	got, err := keeper.Key()
+	require.NoError(t, err)
+	require.Equal(t, k.Only(AgentAPIPurposes...).Fingerprint(), got.Fingerprint())
+	select {
+	case <-keeper.Changes():
+	default:
+		t.Fatal("no change announced for the first key")
+	}
+
+	other, _ := NewKey([]byte("fedcba9876543210fedcba9876543210"))
+	write(other)
+	keeper.refresh(context.Background())
+	got, _ = keeper.Key()
+	require.Equal(t, other.Only(AgentAPIPurposes...).Fingerprint(), got.Fingerprint())
+	select {
+	case <-keeper.Changes():
+	default:
+		t.Fatal("no change announced for a replaced key")
+	}
+
+	// A damaged file leaves the last good key in use.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, PurposeAgent), []byte("short"), 0o600))
+	keeper.refresh(context.Background())
+	got, _ = keeper.Key()
+	require.Equal(t, other.Only(AgentAPIPurposes...).Fingerprint(), got.Fingerprint())
 }

@@ -44,6 +44,7 @@ import (
 	imageservice "github.com/agentboot/agentboot/image-service"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/nodepool"
 	"github.com/agentboot/agentboot/test/vm"
@@ -96,9 +97,15 @@ type Options struct {
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Identities, when set, prepares the cluster (it must create the
 	// agentboot-system namespace, and may find it made already: see Main)
-	// and returns the identities the manager and the image service run
-	// as, in two processes as deployed.
-	Identities func(env *testenv.Env) (manager, imageService *rest.Config, err error)
+	// and returns the identities the manager, the agent API and the image
+	// service run as, in three processes as deployed; the stack then
+	// mounts the agent API's keys as the kubelet does.
+	Identities func(env *testenv.Env) (Identities, error)
+}
+
+// Identities are what each of agentboot's processes runs as.
+type Identities struct {
+	Manager, AgentAPI, ImageService *rest.Config
 }
 
 // Stack is a running agentboot.
@@ -316,9 +323,9 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 	}
 
 	ctx := context.Background()
-	mgrCfg, imgCfg := env.Config, env.Config
+	ids := Identities{Manager: env.Config, AgentAPI: env.Config, ImageService: env.Config}
 	if opts.Identities != nil {
-		if mgrCfg, imgCfg, err = opts.Identities(env); err != nil {
+		if ids, err = opts.Identities(env); err != nil {
 			return fail(err)
 		}
 	} else if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -356,9 +363,28 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 	processes := []struct {
 		cfg *rest.Config
 		c   app.Components
-	}{{mgrCfg, controllers}}
+	}{{ids.Manager, controllers}}
 	if opts.Identities != nil {
-		// Two processes, as deployed: each with its own identity and catalog.
+		// Three processes, as deployed: each with its own identity; the
+		// manager and the image service each with its own catalog; the
+		// agent API with its keys as the kubelet mounts them.
+		apiCfg, mgrCfg := *controllers.AgentService, *controllers.AgentService
+		api := app.Components{Namespace: Namespace, AgentService: &apiCfg}
+		mgrCfg.Addr = ""
+		processes[0].c.AgentService = &mgrCfg
+		keysDir, err := os.MkdirTemp("", "agentboot-agent-api-keys-")
+		if err != nil {
+			return fail(err)
+		}
+		cleanup = append(cleanup, func() { os.RemoveAll(keysDir) })
+		kctx, stopKubelet := context.WithCancel(ctx)
+		kubeletDone := make(chan struct{})
+		go func() {
+			defer close(kubeletDone)
+			mountSecret(kctx, env.Client, client.ObjectKey{Namespace: Namespace, Name: signing.AgentAPISecretName}, keysDir, log)
+		}()
+		cleanup = append(cleanup, func() { stopKubelet(); <-kubeletDone })
+		api.AgentAPIKeysDir = keysDir
 		images := controllers
 		images.Controllers = false
 		images.AgentService = nil
@@ -369,7 +395,10 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		processes = append(processes, struct {
 			cfg *rest.Config
 			c   app.Components
-		}{imgCfg, images})
+		}{ids.AgentAPI, api}, struct {
+			cfg *rest.Config
+			c   app.Components
+		}{ids.ImageService, images})
 	} else {
 		processes[0].c.ImageService = imgSvc
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -68,15 +67,15 @@ func NewManager(cfg *rest.Config, o ManagerOptions, log logr.Logger) (manager.Ma
 	grace := 20 * time.Second
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: s,
-		// The only Secret agentboot reads through a cache is its own
-		// signing key; pull secrets are read one by one.
-		// Agents' liveness Leases live in agentboot's namespace too.
+		// Secrets are never cached (they are read one by one, by name);
+		// Agents' liveness Leases and the ConfigMaps of erase debts and
+		// installation handovers live in agentboot's namespace, and only
+		// those are cached.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}:        {Namespaces: map[string]cache.Config{o.Namespace: {}}},
 			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{o.Namespace: {}}},
-			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{o.Namespace: {}},
-				Label: labels.SelectorFromSet(labels.Set{agentservice.EraseDebtLabel: "true"})},
+			&corev1.ConfigMap{}:     {Namespaces: map[string]cache.Config{o.Namespace: {}}},
 		}},
+		Client:                        client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
 		Logger:                        log,
 		Metrics:                       metrics,
 		HealthProbeBindAddress:        o.ProbeAddr,
@@ -107,12 +106,16 @@ type Components struct {
 	Settings  discovery.Settings
 	// Controllers runs the controllers (and creates the signing key).
 	Controllers bool
+	// AgentAPIKeysDir is where the kubelet mounts the agent API's keys
+	// (signing.AgentAPISecretName), for an agent API running without the
+	// controllers: it reads no Secret from the apiserver.
+	AgentAPIKeysDir string
 	// ImageService, when set, runs the image service; Catalog, Keys,
 	// Settings and Log are filled in here.
 	ImageService *imageservice.Config
-	// AgentService, when set, serves the agent API (every replica); with
-	// Controllers it also configures the Agent controller. Keys, Namespace
-	// and Log are filled in here.
+	// AgentService, when set, serves the agent API (every replica) unless
+	// its Addr is empty; with Controllers it also configures the Agent
+	// controller. Keys, Namespace and Log are filled in here.
 	AgentService *agentservice.Config
 	// InfraEnvPullSecretRecheck overrides how often a failing pull secret is
 	// read again (tests).
@@ -126,29 +129,35 @@ type Components struct {
 // Add adds the catalog, the signing key and the chosen components to mgr.
 func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 	keys := &signing.Keeper{Reader: mgr.GetAPIReader(), Namespace: c.Namespace, Log: log.WithName("signing")}
-	if c.Controllers {
+	switch {
+	case c.Controllers:
 		keys.Writer = mgr.GetClient()
-	} else if c.AgentService == nil {
+	case c.AgentService != nil:
+		// An agent API on its own reads only its keys, from files.
+		if c.AgentAPIKeysDir == "" {
+			return errors.New("agent API: the directory its keys are mounted in is required")
+		}
+		keys.Dir = c.AgentAPIKeysDir
+	default:
 		// An image service on its own reads only its keys.
 		keys.ImageService = true
 	}
-	for _, r := range []manager.Runnable{c.Catalog, keys} {
-		if err := mgr.Add(r); err != nil {
+	if c.Catalog != nil {
+		// An agent API on its own has none: the manager resolves images.
+		if err := mgr.Add(c.Catalog); err != nil {
 			return err
 		}
+	}
+	if err := mgr.Add(keys); err != nil {
+		return err
 	}
 	var agentCfg agentservice.Config
 	if c.AgentService != nil {
 		agentCfg = *c.AgentService
 	}
-	agentCfg.Keys, agentCfg.Namespace, agentCfg.Log = keys, c.Namespace, log.WithName("agent-api")
-	// Hosts cluster-api-provider-agent bound install the catalog's disk
-	// image with their cluster's day-2 pointer Ignition, unless installing
-	// is off.
-	agentCfg.Catalog, agentCfg.Settings = c.Catalog, c.Settings
-	if !c.NodePool.Off {
-		agentCfg.Ignition = nodepool.Ignition(mgr.GetAPIReader())
-	}
+	// It never holds the image key, even in one process with the rest.
+	agentCfg.Keys = signing.Restricted{Source: keys, Purposes: signing.AgentAPIPurposes}
+	agentCfg.Namespace, agentCfg.Log = c.Namespace, log.WithName("agent-api")
 	if c.Controllers {
 		if err := infraenvcontroller.SetupWithManager(mgr, infraenvcontroller.Config{
 			Catalog: c.Catalog, Keys: keys, Settings: c.Settings, Log: log.WithName("infraenv"),
@@ -161,16 +170,21 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		if err := bmc.SetupWithManager(mgr, bmcCfg); err != nil {
 			return err
 		}
+		// Hosts cluster-api-provider-agent bound install the catalog's
+		// disk image with their cluster's day-2 pointer Ignition, handed
+		// over to the agent API sealed.
 		npCfg := c.NodePool
+		npCfg.Catalog, npCfg.Settings, npCfg.Keys, npCfg.Namespace = c.Catalog, c.Settings, keys, c.Namespace
 		npCfg.Log = log.WithName("nodepool")
 		if err := nodepool.SetupWithManager(mgr, npCfg); err != nil {
 			return err
 		}
 	}
 	agentCfg.Controller = c.Controllers
-	if c.AgentService == nil {
+	switch {
+	case c.AgentService == nil:
 		agentCfg.Addr = ""
-	} else if agentCfg.Addr == "" {
+	case agentCfg.Addr == "" && !c.Controllers:
 		return errors.New("agent service: an address to serve the agent API on is required")
 	}
 	if c.Controllers || c.AgentService != nil {

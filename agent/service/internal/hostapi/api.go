@@ -38,7 +38,7 @@ type Options struct {
 	// APIReader reads the apiserver directly, for objects the cache may not
 	// have yet (an Agent created a moment ago by another replica).
 	APIReader client.Reader
-	Keys      *signing.Keeper
+	Keys      signing.Source
 	Events    events.EventRecorder
 	// LeaseNamespace holds the Agents' liveness Leases.
 	LeaseNamespace string

@@ -34,8 +34,7 @@ func TestSanitizeStep(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "agents"}}))
 	rec := events.NewFakeRecorder(100)
-	s := &Steps{Client: env.Client, APIReader: env.Client, Events: rec, Log: logr.Discard(), Now: time.Now,
-		Ignition: func(*v1beta1.Agent) (func(context.Context) (string, error), bool) { return nil, true }}
+	s := &Steps{Client: env.Client, APIReader: env.Client, Events: rec, Log: logr.Discard(), Now: time.Now}
 
 	vda := agentwire.DiskSanitization{Disk: "/dev/vda", Method: "overwrite", Bytes: 20e9, DurationSeconds: 100, Verification: "sampled-reads-zero", Checked: "256 sampled 64 KiB blocks read back as zeros (read with O_DIRECT)"}
 	sr0 := agentwire.DiskSanitization{Disk: "/dev/sr0", Method: "skip", Why: "the host booted from this device"}

@@ -25,38 +25,24 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
-	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
-	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/sanitize"
+	"github.com/agentboot/agentboot/internal/signing"
 )
 
 // InstallStepID names the install step in step results.
 const InstallStepID = "install"
 
-// Catalog is what the steps need of the OS image catalog.
-type Catalog interface {
-	Resolve(arch, version string) (osimage.Key, error)
-	DiskStatus(k osimage.Key) osimage.Status
-}
-
-// IgnitionFunc says, without reading anything, whether agentboot installs
-// a bound Agent (ours false: bound by someone else), and returns how to
-// fetch the config its installed OS boots with; the fetch's error says why
-// it cannot have one yet.
-type IgnitionFunc func(a *v1beta1.Agent) (fetch func(ctx context.Context) (string, error), ours bool)
-
 // Steps implements hostapi.Steps.
 type Steps struct {
 	Client    client.Client
 	APIReader client.Reader
-	Catalog   Catalog
-	Settings  discovery.Settings
-	Ignition  IgnitionFunc
-	// Sanitization is the level a host owes when its installation is
-	// forgotten, recorded when the installation is handed out.
-	Sanitization sanitize.Policy
+	// Keys open the installations the manager hands over (package
+	// handover), which Client reads in Namespace, agentboot's own.
+	Keys      signing.Source
+	Namespace string
 	// Debts records, by hardware, the erase an installation leaves owed,
 	// and settles it when the machine sanitized its disks.
 	Debts  *debts.Store
@@ -69,9 +55,12 @@ var _ hostapi.Steps = (*Steps)(nil)
 
 // Next gives a host that owes a disk sanitization its sanitize step
 // (sanitize.go), and a bound, approved, validated Agent that has not
-// started installing its install step. When something it needs is missing, the
-// reason goes to status.progress.progressInfo (shown in the Installed
-// condition) and the host is asked again on its next heartbeat.
+// started installing its install step, from the installation the manager
+// handed over for it. When something it needs is missing, the reason goes
+// to status.progress.progressInfo (shown in the Installed condition) and
+// the host is asked again on its next heartbeat. A bound Agent the manager
+// handed nothing over for is not agentboot's to install (or not yet looked
+// at): nothing is written on it.
 func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.Step, error) {
 	a := ref.Agent
 	if lifecycle.SanitizationOwed(a) {
@@ -83,19 +72,28 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 	if !lifecycle.Bound(a) || !a.Spec.Approved || lifecycle.Started(a) {
 		return nil, nil
 	}
-	fetch, ours := s.Ignition(a)
-	if !ours {
-		return nil, nil
+	var cm corev1.ConfigMap
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: handover.Name(a)}, &cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read the installation's handover: %w", err)
 	}
-	// The cheap checks first: fetching the config reads the apiserver.
-	step, disk, err := s.installStep(ctx, ref)
+	key, err := s.Keys.Key()
+	if err != nil {
+		return nil, err
+	}
+	// The host's own reasons first: they are what a person can act on.
+	disk, err := s.hostReady(ctx, a)
+	var inst handover.Install
 	if err == nil {
-		step.Ignition, err = fetch(ctx)
+		inst, err = handover.Open(key, &cm, a)
 	}
 	if err != nil {
 		return nil, s.block(ctx, a, err.Error(), reason(err))
 	}
-	onRelease := string(s.Sanitization.For(ref.InfraEnv.Namespace, ref.InfraEnv.Name))
+	step := &agentwire.InstallStep{DiskPath: disk.Path, ImageURL: inst.ImageURL, ImageSHA256: inst.ImageSHA256, Ignition: inst.Ignition}
+	onRelease := inst.OnRelease
 	// The debt first, by hardware: once the step is out the disks may hold
 	// the cluster's data, whatever becomes of this Agent.
 	if s.Debts != nil {
@@ -125,50 +123,37 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 	return []agentwire.Step{{ID: InstallStepID, Kind: agentwire.StepInstall, Install: step}}, nil
 }
 
-// installStep assembles the step but its config: the disk, the OS disk
-// image.
-func (s *Steps) installStep(ctx context.Context, ref *hostapi.AgentRef) (*agentwire.InstallStep, v1beta1.HostDisk, error) {
-	a := ref.Agent
+// hostReady checks what the host itself must be to install: validated,
+// with a disk to install to, and its BareMetalHost's keep list recorded.
+func (s *Steps) hostReady(ctx context.Context, a *v1beta1.Agent) (v1beta1.HostDisk, error) {
 	if !conditions.IsTrue(a.Status.Conditions, v1beta1.ValidatedCondition) {
-		return nil, v1beta1.HostDisk{}, errors.New("waiting for the host's validations to pass")
+		return v1beta1.HostDisk{}, errors.New("waiting for the host's validations to pass")
 	}
 	disk, err := ChooseDisk(a)
 	if err != nil {
-		return nil, disk, err
+		return disk, err
 	}
 	// A list on the host's BareMetalHost not on the Agent yet may name
 	// the disk chosen. (A list no BareMetalHost keeps any more holds the
 	// erase, not the installation: ChooseDisk honours it.)
 	if why, orphan, err := s.keepNotRecorded(ctx, a); err != nil {
-		return nil, disk, err
+		return disk, err
 	} else if why != "" && !orphan {
-		return nil, disk, fmt.Errorf("waiting: %s", why)
+		return disk, fmt.Errorf("waiting: %s", why)
 	}
-	k, err := s.Catalog.Resolve(ref.InfraEnv.Spec.CPUArchitecture, ref.InfraEnv.Spec.OSImageVersion)
-	if err != nil {
-		return nil, disk, fmt.Errorf("OS image of InfraEnv %s: %w", ref.InfraEnv.Name, err)
-	}
-	st := s.Catalog.DiskStatus(k)
-	switch {
-	case st.State == osimage.Ready:
-	case st.Err != nil:
-		return nil, disk, fmt.Errorf("OS disk image of %s: %w", k, st.Err)
-	default:
-		return nil, disk, fmt.Errorf("waiting for the OS disk image of %s to download %s", k, st.Progress)
-	}
-	return &agentwire.InstallStep{
-		DiskPath:    disk.Path,
-		ImageURL:    discovery.DiskImageURL(s.Settings, k),
-		ImageSHA256: st.Image.SHA256,
-	}, disk, nil
+	return disk, nil
 }
 
-// reason is the event reason for why the installation waits: the error's
-// own (binding.Refused says BindingRefused), else InstallationWaiting.
+// reason is the event reason for why the installation waits: the one the
+// manager gave (BindingRefused, InstallationWaiting), HandoverBroken for a
+// handover that does not open, else InstallationWaiting.
 func reason(err error) string {
 	var r interface{ EventReason() string }
-	if errors.As(err, &r) {
+	switch {
+	case errors.As(err, &r):
 		return r.EventReason()
+	case errors.Is(err, signing.ErrSealBroken):
+		return "HandoverBroken"
 	}
 	return "InstallationWaiting"
 }

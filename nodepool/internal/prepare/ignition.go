@@ -1,4 +1,4 @@
-package nodepool
+package prepare
 
 import (
 	"context"
@@ -36,26 +36,6 @@ const (
 	// spec.machineConfigPool is empty.
 	DefaultPool = "worker"
 )
-
-// Ignition returns, for a bound Agent, how to build the config its
-// installed OS boots with: the pointer Ignition of a day-2 worker, as
-// assisted-service builds it for hosts cluster-api-provider-agent bound.
-// Everything comes from objects tenants cannot write (see
-// binding.Resolve); the fetch's error says what is missing or refused.
-func Ignition(r client.Reader) func(a *v1beta1.Agent) (func(ctx context.Context) (string, error), bool) {
-	return func(a *v1beta1.Agent) (func(ctx context.Context) (string, error), bool) {
-		if a.Spec.ClusterDeploymentName == nil {
-			return nil, false
-		}
-		return func(ctx context.Context) (string, error) {
-			b, err := binding.Resolve(ctx, r, a)
-			if err != nil {
-				return "", err
-			}
-			return PointerIgnition(ctx, r, a, b)
-		}, true
-	}
-}
 
 // headerName is an HTTP field name (RFC 9110 token).
 var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")

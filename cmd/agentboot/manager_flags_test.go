@@ -13,8 +13,8 @@ import (
 // The sanitization policy comes from the manager's flags only: a default
 // level and per-InfraEnv levels, each checked as it is parsed.
 func TestSanitizationFlags(t *testing.T) {
-	parse := func(args ...string) (*agentFlags, error) {
-		var a agentFlags
+	parse := func(args ...string) (*managerFlags, error) {
+		var a managerFlags
 		fs := flag.NewFlagSet("manager", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		a.register(fs)
@@ -22,11 +22,11 @@ func TestSanitizationFlags(t *testing.T) {
 	}
 	a, err := parse()
 	require.NoError(t, err)
-	require.Equal(t, sanitize.Erase, a.config().Sanitization.For("lab", "pool"), "erase unless told otherwise")
+	require.Equal(t, sanitize.Erase, a.nodePool().Sanitization.For("lab", "pool"), "erase unless told otherwise")
 
 	a, err = parse("--disk-sanitization=metadata", "--disk-sanitization-infraenv", "lab/pool=none", "--disk-sanitization-infraenv", "lab/gpu=erase")
 	require.NoError(t, err)
-	p := a.config().Sanitization
+	p := a.nodePool().Sanitization
 	require.Equal(t, sanitize.None, p.For("lab", "pool"))
 	require.Equal(t, sanitize.Erase, p.For("lab", "gpu"))
 	require.Equal(t, sanitize.Metadata, p.For("lab", "other"))

@@ -1,0 +1,229 @@
+// Package prepare hands the agent API the installation of every bound
+// Agent agentboot installs, sealed (package handover): the agent API runs
+// under a ServiceAccount that may read no Secret, and the pointer Ignition
+// holds the hosted cluster's join token. The manager resolves the binding
+// (package binding), reads the token and CA Secrets and the OS disk image
+// from its catalog, and writes the handover; it reads them all again every
+// Refresh while the host has not started installing, so that a token
+// HyperShift rotated reaches the host, and removes the handover once the
+// host started installing or is no longer bound.
+package prepare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/handover"
+	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/sanitize"
+	"github.com/agentboot/agentboot/internal/signing"
+	"github.com/agentboot/agentboot/nodepool/internal/binding"
+)
+
+// Catalog is what the preparation needs of the OS image catalog.
+type Catalog interface {
+	Resolve(arch, version string) (osimage.Key, error)
+	DiskStatus(k osimage.Key) osimage.Status
+}
+
+// AgentIndex is the cache index of handover ConfigMaps by the Agent
+// (namespace/name) they are for.
+const AgentIndex = "agentboot.handoverAgent"
+
+// Reconciler prepares the handovers.
+type Reconciler struct {
+	// Client reads Agents, InfraEnvs and the handovers (cached) and writes
+	// the handovers.
+	Client client.Client
+	// APIReader reads the binding and the Secrets, uncached.
+	APIReader client.Reader
+	Catalog   Catalog
+	Settings  discovery.Settings
+	Keys      signing.Source
+	// Sanitization is the erase policy by InfraEnv.
+	Sanitization sanitize.Policy
+	// Namespace is agentboot's own, where handovers live.
+	Namespace string
+	// Refresh is how often a handover is made again from what it is made
+	// of (30s); Downloading how often while the OS disk image downloads
+	// (5s).
+	Refresh, Downloading time.Duration
+	Log                  logr.Logger
+}
+
+// SetupWithManager follows bound Agents and their handovers.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Refresh <= 0 {
+		r.Refresh = 30 * time.Second
+	}
+	if r.Downloading <= 0 {
+		r.Downloading = 5 * time.Second
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.ConfigMap{}, AgentIndex, func(o client.Object) []string {
+		if o.GetLabels()[handover.Label] != "true" {
+			return nil
+		}
+		return []string{o.(*corev1.ConfigMap).Data["agent"]}
+	}); err != nil {
+		return err
+	}
+	// Bound Agents, and those that just stopped being bound (their
+	// handover goes).
+	bound := predicate.Funcs{
+		CreateFunc: func(e event.CreateEvent) bool { return lifecycle.Bound(e.Object.(*v1beta1.Agent)) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return lifecycle.Bound(e.ObjectOld.(*v1beta1.Agent)) || lifecycle.Bound(e.ObjectNew.(*v1beta1.Agent))
+		},
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+	own := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetNamespace() == r.Namespace && o.GetLabels()[handover.Label] == "true"
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("nodepool-handover").
+		For(&v1beta1.Agent{}, builder.WithPredicates(bound)).
+		// A handover someone deleted or edited is made again at once.
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			ns, name, ok := cut(o.(*corev1.ConfigMap).Data["agent"])
+			if !ok {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}}
+		}), builder.WithPredicates(own)).
+		Complete(r)
+}
+
+func cut(s string) (ns, name string, ok bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '/' {
+			return s[:i], s[i+1:], i > 0 && i < len(s)-1
+		}
+	}
+	return "", "", false
+}
+
+// Reconcile makes the handover of one Agent current, or removes it.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	a := &v1beta1.Agent{}
+	if err := r.Client.Get(ctx, req.NamespacedName, a); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		a = nil
+	}
+	needed := a != nil && a.DeletionTimestamp.IsZero() && lifecycle.Bound(a) && !lifecycle.Started(a)
+	var have corev1.ConfigMapList
+	if err := r.Client.List(ctx, &have, client.InNamespace(r.Namespace), client.MatchingFields{AgentIndex: req.Namespace + "/" + req.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	var current *corev1.ConfigMap
+	for i := range have.Items {
+		cm := &have.Items[i]
+		if needed && cm.Name == handover.Name(a) {
+			current = cm
+			continue
+		}
+		// For an Agent gone, recreated (another UID), installing or no
+		// longer bound: nothing to hand over.
+		if err := r.Client.Delete(ctx, cm, client.Preconditions{UID: &cm.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return ctrl.Result{}, fmt.Errorf("remove handover %s: %w", cm.Name, err)
+		}
+	}
+	if !needed {
+		return ctrl.Result{}, nil
+	}
+	want, again, err := r.prepare(ctx, a)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	switch {
+	case current == nil:
+		if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+			return ctrl.Result{}, fmt.Errorf("hand over the installation of Agent %s/%s: %w", a.Namespace, a.Name, err)
+		}
+	case !handover.Same(current, want):
+		current.Labels, current.Data = want.Labels, want.Data
+		if err := r.Client.Update(ctx, current); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				return ctrl.Result{Requeue: true}, nil
+			}
+			return ctrl.Result{}, fmt.Errorf("hand over the installation of Agent %s/%s: %w", a.Namespace, a.Name, err)
+		}
+	}
+	return ctrl.Result{RequeueAfter: again}, nil
+}
+
+// prepare builds the handover of a bound Agent, and says when to look
+// again. An error is the apiserver's or the key's (retried); everything
+// that is the binding's, the InfraEnv's or the image's is a waiting
+// handover the agent API shows on the Agent.
+func (r *Reconciler) prepare(ctx context.Context, a *v1beta1.Agent) (*corev1.ConfigMap, time.Duration, error) {
+	key, err := r.Keys.Key()
+	if err != nil {
+		return nil, 0, err
+	}
+	wait := func(err error, again time.Duration) (*corev1.ConfigMap, time.Duration, error) {
+		reason := "InstallationWaiting"
+		var e interface{ EventReason() string }
+		if errors.As(err, &e) {
+			reason = e.EventReason()
+		}
+		return handover.Waiting(r.Namespace, a, err.Error(), reason), again, nil
+	}
+	b, err := binding.Resolve(ctx, r.APIReader, a)
+	if err != nil {
+		if binding.IsRefused(err) {
+			return wait(err, r.Refresh)
+		}
+		return nil, 0, err
+	}
+	// The OS image of the InfraEnv the host registered through.
+	rec := lifecycle.Registration(a)
+	var ie v1beta1.InfraEnv
+	err = r.Client.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: rec.InfraEnv}, &ie)
+	switch {
+	case rec.InfraEnv == "" || apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != rec.InfraEnvUID):
+		return wait(fmt.Errorf("the InfraEnv the host registered through (%q) is gone: nothing says which OS image to install", rec.InfraEnv), r.Refresh)
+	case err != nil:
+		return nil, 0, err
+	}
+	k, err := r.Catalog.Resolve(ie.Spec.CPUArchitecture, ie.Spec.OSImageVersion)
+	if err != nil {
+		return wait(fmt.Errorf("OS image of InfraEnv %s: %w", ie.Name, err), r.Refresh)
+	}
+	st := r.Catalog.DiskStatus(k)
+	switch {
+	case st.State == osimage.Ready:
+	case st.Err != nil:
+		return wait(fmt.Errorf("OS disk image of %s: %w", k, st.Err), r.Refresh)
+	default:
+		return wait(fmt.Errorf("waiting for the OS disk image of %s to download %s", k, st.Progress), r.Downloading)
+	}
+	ign, err := PointerIgnition(ctx, r.APIReader, a, b)
+	if err != nil {
+		if binding.IsRefused(err) {
+			return wait(err, r.Refresh)
+		}
+		return nil, 0, err
+	}
+	cm, err := handover.Sealed(key, r.Namespace, a, handover.Install{Ignition: ign, ImageURL: discovery.DiskImageURL(r.Settings, k), ImageSHA256: st.Image.SHA256,
+		OnRelease: string(r.Sanitization.For(ie.Namespace, ie.Name))})
+	return cm, r.Refresh, err
+}
