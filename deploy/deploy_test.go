@@ -118,6 +118,9 @@ func TestRBACIsSufficient(t *testing.T) {
 	for sa, want := range map[string]string{"agentboot-manager": "yes", "agentboot-agent-api": "yes", "agentboot-image-service": "no"} {
 		require.Equal(t, want, canI(sa, "patch", "agents.agent-install.openshift.io", "--subresource=status", "--all-namespaces"), "%s patch agents/status", sa)
 	}
+	// Nor Agents: which hosts boot from their disks it learns from the
+	// manager's records, not from registration records.
+	require.Equal(t, "no", canI("agentboot-image-service", "get", "agents.agent-install.openshift.io", "--all-namespaces"))
 	out, _ := admin.Kubectl(ctx, "", "auth", "can-i", "get", "secrets", "-n", ns, "--as=system:serviceaccount:agentboot-system:agentboot-image-service")
 	require.Equal(t, "no", strings.TrimSpace(out), "the image service never reads pull secrets")
 	// The image service reads its own keys, never the master key: it

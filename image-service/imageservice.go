@@ -29,6 +29,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/image-service/internal/server"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/macindex"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/serve"
@@ -115,7 +116,10 @@ func (s *Service) SetupWithManager(mgr manager.Manager) error {
 	}); err != nil {
 		return err
 	}
-	if err := macindex.Register(mgr.GetFieldIndexer()); err != nil {
+	if err := macindex.RegisterHosts(mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	if err := diskboot.Register(mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
 	h, err := server.NewHandler(server.Options{

@@ -510,6 +510,9 @@ func TestBootOrderControl(t *testing.T) {
 	setStatus(func(a *v1beta1.Agent) {
 		a.Status.Inventory.Interfaces = []v1beta1.HostInterface{{Name: "eth0", MacAddress: strings.ToUpper(mac), IPV4Addresses: []string{}, IPV6Addresses: []string{}, Flags: []string{}}}
 		a.Status.Progress.CurrentStage = v1beta1.StageInstalling
+		// As the agent API records a registration: the InfraEnv the
+		// host registered through is what counts, not the label.
+		a.Status.Registration = &v1beta1.AgentRegistration{InfraEnv: ie.Name, InfraEnvUID: string(ie.UID)}
 	})
 	time.Sleep(500 * time.Millisecond)
 	require.Contains(t, string(get(t, s, withMAC, nil).body), "initrd --name initrd", "still installing")

@@ -27,6 +27,7 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/steps"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -179,6 +180,11 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 }
 
 func setupController(mgr manager.Manager, cfg Config) error {
+	// What the image service may know of installed hosts, without
+	// reading Agents.
+	if err := (&diskboot.Reconciler{Client: mgr.GetClient(), Namespace: cfg.Namespace}).SetupWithManager(mgr); err != nil {
+		return err
+	}
 	return (&reconciler.Reconciler{
 		Client:          mgr.GetClient(),
 		APIReader:       mgr.GetAPIReader(),

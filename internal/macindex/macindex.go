@@ -28,27 +28,38 @@ const (
 // indexes (mgr.GetFieldIndexer()).
 type Indexer = client.FieldIndexer
 
-var registered sync.Map // Indexer → *sync.Once-guarded result
+type key struct {
+	idx   Indexer
+	index string
+}
+
+var registered sync.Map // key → *once
 
 type once struct {
 	sync.Once
 	err error
 }
 
+func register(idx Indexer, obj client.Object, index string, f client.IndexerFunc) error {
+	v, _ := registered.LoadOrStore(key{idx, index}, &once{})
+	o := v.(*once)
+	o.Do(func() { o.err = idx.IndexField(context.Background(), obj, index, f) })
+	return o.err
+}
+
 // Register adds both indexes to idx once; later calls with the same idx
 // return the first result.
 func Register(idx Indexer) error {
-	v, _ := registered.LoadOrStore(idx, &once{})
-	o := v.(*once)
-	o.Do(func() {
-		ctx := context.Background()
-		if err := idx.IndexField(ctx, &v1beta1.Agent{}, AgentMAC, AgentMACs); err != nil {
-			o.err = err
-			return
-		}
-		o.err = idx.IndexField(ctx, &metal3.BareMetalHost{}, BootMAC, HostBootMAC)
-	})
-	return o.err
+	if err := register(idx, &v1beta1.Agent{}, AgentMAC, AgentMACs); err != nil {
+		return err
+	}
+	return RegisterHosts(idx)
+}
+
+// RegisterHosts adds the BareMetalHost index alone (the image service,
+// which reads no Agent).
+func RegisterHosts(idx Indexer) error {
+	return register(idx, &metal3.BareMetalHost{}, BootMAC, HostBootMAC)
 }
 
 // AgentMACs is the AgentMAC index function.

@@ -15,14 +15,11 @@ import (
 	"sync"
 	"time"
 
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/initramfs"
-	"github.com/agentboot/agentboot/internal/lifecycle"
-	"github.com/agentboot/agentboot/internal/macindex"
 	"github.com/agentboot/agentboot/internal/nmstate"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/overlay"
@@ -485,19 +482,11 @@ func (h *Handler) ipxeScript(ctx context.Context, ie *v1beta1.InfraEnv, out *dis
 	return out.IPXEScript() // when in doubt, discovery: it finds the disk's installation
 }
 
-// bootsFromDisk is whether an Agent with mac in namespace (of InfraEnv
-// infraEnv, when it is not "") was installed and now boots from its disk:
-// its host is then sent to the disk instead of discovery.
+// bootsFromDisk is whether an Agent with mac in namespace (registered
+// through InfraEnv infraEnv, when it is not "") was installed and now
+// boots from its disk: its host is then sent to the disk instead of
+// discovery. The manager's records say so (package diskboot): the image
+// service reads no Agent.
 func (h *Handler) bootsFromDisk(ctx context.Context, namespace, mac, infraEnv string) (bool, error) {
-	var agents v1beta1.AgentList
-	if err := h.opts.Reader.List(ctx, &agents, client.InNamespace(namespace), client.MatchingFields{macindex.AgentMAC: mac}); err != nil {
-		return false, err
-	}
-	for i := range agents.Items {
-		a := &agents.Items[i]
-		if (infraEnv == "" || a.Labels[v1beta1.InfraEnvNameLabel] == infraEnv) && lifecycle.BootsFromDisk(a) {
-			return true, nil
-		}
-	}
-	return false, nil
+	return diskboot.BootsFromDisk(ctx, h.opts.Reader, namespace, mac, infraEnv)
 }

@@ -1,0 +1,217 @@
+// Package diskboot tells the image service which network-booting hosts
+// were installed and now boot from their disks, without letting it read
+// Agents (whose registration records it has no business with): the
+// manager keeps, for every Agent that boots from its disk
+// (lifecycle.BootsFromDisk), a ConfigMap in agentboot's namespace with the
+// Agent's namespace, the InfraEnv it registered through and its MACs, and
+// deletes it when the Agent no longer does or is gone. The image service
+// caches those ConfigMaps and looks MACs up in them.
+package diskboot
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/macindex"
+)
+
+// Label marks the records (value "true").
+const Label = "agentboot.io/disk-boot"
+
+// Keys of a record.
+const (
+	keyAgent    = "agent"    // namespace/name
+	keyInfraEnv = "infraEnv" // the InfraEnv it registered through
+	keyMACs     = "macs"     // lowercased, comma-separated
+)
+
+// Indexes of the records in a cache.
+const (
+	// MACIndex finds records by "<agent namespace>/<mac>" and by
+	// "<agent namespace>/<infraenv>/<mac>".
+	MACIndex = "agentboot.diskBootMAC"
+	// AgentIndex finds records by "<namespace>/<name>" of their Agent.
+	AgentIndex = "agentboot.diskBootAgent"
+)
+
+// Name is the record's name for the Agent.
+func Name(a *v1beta1.Agent) string { return "disk-boot-" + string(a.UID) }
+
+// For is the record of a, in namespace, or nil when a does not boot from
+// its disk (or reported no MAC).
+func For(namespace string, a *v1beta1.Agent) *corev1.ConfigMap {
+	macs := macindex.AgentMACs(a)
+	if !lifecycle.BootsFromDisk(a) || len(macs) == 0 || !a.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	slices.Sort(macs)
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: Name(a), Labels: map[string]string{Label: "true", "app.kubernetes.io/part-of": "agentboot"}},
+		Data: map[string]string{
+			keyAgent:    a.Namespace + "/" + a.Name,
+			keyInfraEnv: lifecycle.Registration(a).InfraEnv,
+			keyMACs:     strings.Join(slices.Compact(macs), ","),
+		},
+	}
+}
+
+func macKeys(o client.Object) []string {
+	cm, ok := o.(*corev1.ConfigMap)
+	if !ok || cm.Labels[Label] != "true" {
+		return nil
+	}
+	ns, _, ok := strings.Cut(cm.Data[keyAgent], "/")
+	if !ok || cm.Data[keyMACs] == "" {
+		return nil
+	}
+	var keys []string
+	for _, mac := range strings.Split(cm.Data[keyMACs], ",") {
+		keys = append(keys, ns+"/"+mac)
+		if ie := cm.Data[keyInfraEnv]; ie != "" {
+			keys = append(keys, ns+"/"+ie+"/"+mac)
+		}
+	}
+	return keys
+}
+
+func agentKey(o client.Object) []string {
+	cm, ok := o.(*corev1.ConfigMap)
+	if !ok || cm.Labels[Label] != "true" || cm.Data[keyAgent] == "" {
+		return nil
+	}
+	return []string{cm.Data[keyAgent]}
+}
+
+var registered sync.Map // client.FieldIndexer → *onceErr
+
+type onceErr struct {
+	sync.Once
+	err error
+}
+
+// Register adds the indexes to idx, once per idx (the manager and the
+// image service may share one in `make run`).
+func Register(idx client.FieldIndexer) error {
+	v, _ := registered.LoadOrStore(idx, &onceErr{})
+	o := v.(*onceErr)
+	o.Do(func() {
+		if o.err = idx.IndexField(context.Background(), &corev1.ConfigMap{}, MACIndex, macKeys); o.err == nil {
+			o.err = idx.IndexField(context.Background(), &corev1.ConfigMap{}, AgentIndex, agentKey)
+		}
+	})
+	return o.err
+}
+
+// BootsFromDisk reports whether an Agent in namespace with mac (of the
+// InfraEnv infraEnv, when not "") boots from its disk, from the records in
+// r (a cache with Register's indexes, over agentboot's namespace).
+func BootsFromDisk(ctx context.Context, r client.Reader, namespace, mac, infraEnv string) (bool, error) {
+	key := namespace + "/" + strings.ToLower(mac)
+	if infraEnv != "" {
+		key = namespace + "/" + infraEnv + "/" + strings.ToLower(mac)
+	}
+	var list corev1.ConfigMapList
+	if err := r.List(ctx, &list, client.MatchingFields{MACIndex: key}); err != nil {
+		return false, err
+	}
+	return len(list.Items) > 0, nil
+}
+
+// Reconciler keeps the records (in the manager).
+type Reconciler struct {
+	Client    client.Client
+	Namespace string
+}
+
+// SetupWithManager follows Agents and the records.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := Register(mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	own := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetNamespace() == r.Namespace && o.GetLabels()[Label] == "true"
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("disk-boot").
+		For(&v1beta1.Agent{}).
+		// A record someone deleted or edited is made again.
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			ns, name, ok := strings.Cut(o.(*corev1.ConfigMap).Data[keyAgent], "/")
+			if !ok {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}}
+		}), builder.WithPredicates(own)).
+		Complete(r)
+}
+
+// Reconcile makes one Agent's record current.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var want *corev1.ConfigMap
+	a := &v1beta1.Agent{}
+	switch err := r.Client.Get(ctx, req.NamespacedName, a); {
+	case err == nil:
+		want = For(r.Namespace, a)
+	case !apierrors.IsNotFound(err):
+		return ctrl.Result{}, err
+	}
+	var have corev1.ConfigMapList
+	if err := r.Client.List(ctx, &have, client.InNamespace(r.Namespace), client.MatchingFields{AgentIndex: req.Namespace + "/" + req.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	var current *corev1.ConfigMap
+	for i := range have.Items {
+		cm := &have.Items[i]
+		if want != nil && cm.Name == want.Name {
+			current = cm
+			continue
+		}
+		if err := r.Client.Delete(ctx, cm, client.Preconditions{UID: &cm.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return ctrl.Result{}, fmt.Errorf("remove disk-boot record %s: %w", cm.Name, err)
+		}
+	}
+	switch {
+	case want == nil:
+	case current == nil:
+		if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+			return ctrl.Result{}, fmt.Errorf("record that Agent %s boots from its disk: %w", req, err)
+		}
+	case !maps(current.Data, want.Data) || current.Labels[Label] != "true":
+		current.Labels, current.Data = want.Labels, want.Data
+		if err := r.Client.Update(ctx, current); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				return ctrl.Result{RequeueAfter: time.Second}, nil
+			}
+			return ctrl.Result{}, fmt.Errorf("record that Agent %s boots from its disk: %w", req, err)
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+func maps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
