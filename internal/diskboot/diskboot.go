@@ -10,7 +10,7 @@ package diskboot
 
 import (
 	"context"
-	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentrecord"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/macindex"
 )
@@ -171,47 +172,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	case !apierrors.IsNotFound(err):
 		return ctrl.Result{}, err
 	}
-	var have corev1.ConfigMapList
-	if err := r.Client.List(ctx, &have, client.InNamespace(r.Namespace), client.MatchingFields{AgentIndex: req.Namespace + "/" + req.Name}); err != nil {
-		return ctrl.Result{}, err
+	again, err := agentrecord.Sync(ctx, r.Client, r.Namespace, AgentIndex, req.Namespace+"/"+req.Name, want, func(have, want *corev1.ConfigMap) bool {
+		return maps.Equal(have.Data, want.Data) && have.Labels[Label] == "true"
+	})
+	if again {
+		return ctrl.Result{RequeueAfter: time.Second}, err
 	}
-	var current *corev1.ConfigMap
-	for i := range have.Items {
-		cm := &have.Items[i]
-		if want != nil && cm.Name == want.Name {
-			current = cm
-			continue
-		}
-		if err := r.Client.Delete(ctx, cm, client.Preconditions{UID: &cm.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return ctrl.Result{}, fmt.Errorf("remove disk-boot record %s: %w", cm.Name, err)
-		}
-	}
-	switch {
-	case want == nil:
-	case current == nil:
-		if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
-			return ctrl.Result{}, fmt.Errorf("record that Agent %s boots from its disk: %w", req, err)
-		}
-	case !maps(current.Data, want.Data) || current.Labels[Label] != "true":
-		current.Labels, current.Data = want.Labels, want.Data
-		if err := r.Client.Update(ctx, current); err != nil {
-			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-				return ctrl.Result{RequeueAfter: time.Second}, nil
-			}
-			return ctrl.Result{}, fmt.Errorf("record that Agent %s boots from its disk: %w", req, err)
-		}
-	}
-	return ctrl.Result{}, nil
-}
-
-func maps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
+	return ctrl.Result{}, err
 }

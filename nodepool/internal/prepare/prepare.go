@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentrecord"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/lifecycle"
@@ -101,22 +103,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&v1beta1.Agent{}, builder.WithPredicates(bound)).
 		// A handover someone deleted or edited is made again at once.
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			ns, name, ok := cut(o.(*corev1.ConfigMap).Data["agent"])
+			ns, name, ok := strings.Cut(o.(*corev1.ConfigMap).Data["agent"], "/")
 			if !ok {
 				return nil
 			}
 			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}}
 		}), builder.WithPredicates(own)).
 		Complete(r)
-}
-
-func cut(s string) (ns, name string, ok bool) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == '/' {
-			return s[:i], s[i+1:], i > 0 && i < len(s)-1
-		}
-	}
-	return "", "", false
 }
 
 // Reconcile makes the handover of one Agent current, or removes it.
@@ -128,46 +121,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		a = nil
 	}
-	needed := a != nil && a.DeletionTimestamp.IsZero() && lifecycle.Bound(a) && !lifecycle.Started(a)
-	var have corev1.ConfigMapList
-	if err := r.Client.List(ctx, &have, client.InNamespace(r.Namespace), client.MatchingFields{AgentIndex: req.Namespace + "/" + req.Name}); err != nil {
-		return ctrl.Result{}, err
-	}
-	var current *corev1.ConfigMap
-	for i := range have.Items {
-		cm := &have.Items[i]
-		if needed && cm.Name == handover.Name(a) {
-			current = cm
-			continue
-		}
-		// For an Agent gone, recreated (another UID), installing or no
-		// longer bound: nothing to hand over.
-		if err := r.Client.Delete(ctx, cm, client.Preconditions{UID: &cm.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return ctrl.Result{}, fmt.Errorf("remove handover %s: %w", cm.Name, err)
+	// For an Agent gone, recreated (another UID), installing or no longer
+	// bound: nothing to hand over.
+	var want *corev1.ConfigMap
+	after := time.Duration(0)
+	if a != nil && a.DeletionTimestamp.IsZero() && lifecycle.Bound(a) && !lifecycle.Started(a) {
+		var err error
+		if want, after, err = r.prepare(ctx, a); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
-	if !needed {
-		return ctrl.Result{}, nil
+	again, err := agentrecord.Sync(ctx, r.Client, r.Namespace, AgentIndex, req.Namespace+"/"+req.Name, want, handover.Same)
+	if again {
+		return ctrl.Result{Requeue: true}, err
 	}
-	want, again, err := r.prepare(ctx, a)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	switch {
-	case current == nil:
-		if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
-			return ctrl.Result{}, fmt.Errorf("hand over the installation of Agent %s/%s: %w", a.Namespace, a.Name, err)
-		}
-	case !handover.Same(current, want):
-		current.Labels, current.Data = want.Labels, want.Data
-		if err := r.Client.Update(ctx, current); err != nil {
-			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-				return ctrl.Result{Requeue: true}, nil
-			}
-			return ctrl.Result{}, fmt.Errorf("hand over the installation of Agent %s/%s: %w", a.Namespace, a.Name, err)
-		}
-	}
-	return ctrl.Result{RequeueAfter: again}, nil
+	return ctrl.Result{RequeueAfter: after}, err
 }
 
 // prepare builds the handover of a bound Agent, and says when to look

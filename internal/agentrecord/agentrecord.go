@@ -1,0 +1,54 @@
+// Package agentrecord keeps ConfigMaps in agentboot's own namespace that
+// the manager derives from one Agent each (the installation handed over
+// to the agent API, the record that a host boots from its disk): out of
+// tenants' reach, found by the Agent they are for through a cache index,
+// rewritten only when they would say something else, and deleted when the
+// Agent no longer needs one, was recreated, or is gone.
+package agentrecord
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Sync makes the ConfigMaps in namespace that index finds for agent
+// ("namespace/name") exactly want: none when want is nil. An existing one
+// of want's name is rewritten only when same(have, want) is false. It
+// reports whether to look again soon (someone else wrote meanwhile).
+func Sync(ctx context.Context, c client.Client, namespace, index, agent string, want *corev1.ConfigMap, same func(have, want *corev1.ConfigMap) bool) (again bool, err error) {
+	var have corev1.ConfigMapList
+	if err := c.List(ctx, &have, client.InNamespace(namespace), client.MatchingFields{index: agent}); err != nil {
+		return false, err
+	}
+	var current *corev1.ConfigMap
+	for i := range have.Items {
+		cm := &have.Items[i]
+		if want != nil && cm.Name == want.Name {
+			current = cm
+			continue
+		}
+		if err := c.Delete(ctx, cm, client.Preconditions{UID: &cm.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return false, fmt.Errorf("remove %s/%s (Agent %s): %w", namespace, cm.Name, agent, err)
+		}
+	}
+	switch {
+	case want == nil:
+	case current == nil:
+		if err := c.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, fmt.Errorf("create %s/%s (Agent %s): %w", namespace, want.Name, agent, err)
+		}
+	case !same(current, want):
+		current.Labels, current.Data = want.Labels, want.Data
+		if err := c.Update(ctx, current); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				return true, nil
+			}
+			return false, fmt.Errorf("update %s/%s (Agent %s): %w", namespace, want.Name, agent, err)
+		}
+	}
+	return false, nil
+}
