@@ -11,7 +11,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -59,9 +62,12 @@ func TestKustomizeBaseServerDryRun(t *testing.T) {
 func TestRBACIsSufficient(t *testing.T) {
 	ctx := context.Background()
 	var admin *testenv.Env
+	var ids stack.Identities
 	s := stack.Start(t, stack.Options{Identities: func(env *testenv.Env) (stack.Identities, error) {
 		admin = env
-		return stack.Deployed(env)
+		var err error
+		ids, err = stack.Deployed(env)
+		return ids, err
 	}})
 	canI := func(sa string, args ...string) string {
 		t.Helper()
@@ -113,6 +119,36 @@ func TestRBACIsSufficient(t *testing.T) {
 		{"get", "secrets/" + signing.AgentAPISecretName, "-n", stack.Namespace}, {"get", "secrets/" + signing.SecretName, "-n", stack.Namespace}} {
 		require.Equal(t, "no", canI("agentboot-agent-api", args...), "agent API: %v", args)
 	}
+	// In agentboot's namespace, where its configuration, leader Lease,
+	// handovers and records live, the agent API writes only what it owns:
+	// erase debts, disk-boot records and hosts' Leases (the admission
+	// policy in deploy/; RBAC cannot say it).
+	api, err := client.New(ids.AgentAPI, client.Options{Scheme: s.Client.Scheme()})
+	require.NoError(t, err)
+	var configs corev1.ConfigMapList
+	require.NoError(t, s.Client.List(ctx, &configs, client.InNamespace(stack.Namespace)))
+	for i := range configs.Items {
+		cm := &configs.Items[i]
+		if !strings.HasPrefix(cm.Name, "agentboot-config") {
+			continue
+		}
+		patch := client.MergeFrom(cm.DeepCopy())
+		cm.Data["OS_IMAGE_STREAM"] = "https://attacker.example/stream.json"
+		require.ErrorContains(t, api.Patch(ctx, cm, patch), "the agent API writes only configmaps labelled", "agent API rewrote %s", cm.Name)
+		require.ErrorContains(t, api.Delete(ctx, cm), "the agent API writes only configmaps labelled")
+	}
+	require.ErrorContains(t, api.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: stack.Namespace, Name: "planted"}}),
+		"the agent API writes only configmaps labelled")
+	require.ErrorContains(t, api.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: stack.Namespace, Name: "agentboot-manager"}}),
+		"the agent API writes only leases labelled")
+	debt := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: stack.Namespace, Name: "erase-debt-test", Labels: map[string]string{"agentboot.io/erase-debt": "true"}}}
+	require.NoError(t, api.Create(ctx, debt))
+	relabel := client.MergeFrom(debt.DeepCopy())
+	delete(debt.Labels, "agentboot.io/erase-debt")
+	require.ErrorContains(t, api.Patch(ctx, debt, relabel), "the agent API writes only configmaps labelled", "relabelled out of what it owns")
+	require.NoError(t, s.Client.Get(ctx, client.ObjectKeyFromObject(debt), debt))
+	require.NoError(t, api.Delete(ctx, debt))
+
 	// The Agent's registration record, which agentboot decides by, is in
 	// its status: only agentboot may write that (docs/security.md).
 	for sa, want := range map[string]string{"agentboot-manager": "yes", "agentboot-agent-api": "yes", "agentboot-image-service": "no"} {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
@@ -124,8 +125,19 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 // withdrawHandovers deletes every installation handed over to the agent
 // API, once, for a manager that installs nothing.
 func withdrawHandovers(ctx context.Context, c client.Client, cfg Config) error {
+	// One by one: the manager may delete ConfigMaps there, not a
+	// collection of them.
 	err := retry.OnError(wait.Backoff{Duration: time.Second, Factor: 2, Steps: 8, Cap: time.Minute}, func(error) bool { return ctx.Err() == nil }, func() error {
-		return c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(cfg.Namespace), client.MatchingLabels{handover.Label: "true"})
+		var list corev1.ConfigMapList
+		if err := c.List(ctx, &list, client.InNamespace(cfg.Namespace), client.MatchingLabels{handover.Label: "true"}); err != nil {
+			return err
+		}
+		for i := range list.Items {
+			if err := c.Delete(ctx, &list.Items[i]); err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		cfg.Log.Error(err, "could not withdraw the installations handed over before --nodepools=false; delete them", "namespace", cfg.Namespace, "label", handover.Label)

@@ -2,6 +2,7 @@ package nodepool_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -660,12 +661,16 @@ func TestInstallationHandedOverSealed(t *testing.T) {
 		var cm corev1.ConfigMap
 		require.Eventually(t, func() bool {
 			return e.Client.Get(ctx, key, &cm) == nil && cm.Data["sealed"] != "" && ok(&cm)
-		}, wait, 100*time.Millisecond, "the handover is never %s: %v", what, cm.Data)
+		}, wait, 100*time.Millisecond, "the handover is never %s: %v; Agent %s: bound to %v, labels %v, progress %+v", what, cm.Data, handover.Name(e.agent(h)),
+			e.agent(h).Spec.ClusterDeploymentName, e.agent(h).Labels, e.agent(h).Status.Progress)
 		return &cm
 	}
 	first := sealed("sealed", func(*corev1.ConfigMap) bool { return true })
 	for k, v := range first.Data {
 		require.NotContains(t, v, token, "handover key %s shows the join token", k)
+		if raw, err := base64.StdEncoding.DecodeString(v); err == nil {
+			require.NotContains(t, string(raw), token, "handover key %s holds the join token, base64-encoded", k)
+		}
 	}
 
 	// HyperShift rotates the token; the provider's Secret keeps its name.
@@ -682,6 +687,26 @@ func TestInstallationHandedOverSealed(t *testing.T) {
 	require.NotContains(t, step.Install.Ignition, token)
 	require.Eventually(t, func() bool { return apierrors.IsNotFound(e.Client.Get(ctx, key, &corev1.ConfigMap{})) },
 		wait, 100*time.Millisecond, "the handover stays after the host started installing")
+}
+
+// A manager that installs nothing (--nodepools=false) withdraws what an
+// earlier run handed over, with only its deployed rights: the agent API
+// then installs nothing from it.
+func TestNodePoolsOffWithdrawsHandovers(t *testing.T) {
+	left := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: stack.Namespace, Name: "install-left-over", Labels: map[string]string{handover.Label: "true"}},
+		Data: map[string]string{"agent": "agents/00000000-0000-4000-8000-000000000001", "sealed": "AAAA"}}
+	var admin client.Client
+	stack.Start(t, stack.Options{NodePool: nodepool.Config{Off: true}, Identities: func(env *testenv.Env) (stack.Identities, error) {
+		ids, err := stack.Deployed(env)
+		if err == nil {
+			admin = env.Client
+			err = env.Client.Create(context.Background(), left)
+		}
+		return ids, err
+	}})
+	require.Eventually(t, func() bool {
+		return apierrors.IsNotFound(admin.Get(context.Background(), client.ObjectKeyFromObject(left), &corev1.ConfigMap{}))
+	}, wait, 100*time.Millisecond, "a handover of an earlier run stays under --nodepools=false")
 }
 
 // TestShortfallExplained: machines waiting for Agents are explained on

@@ -1,8 +1,9 @@
 // Package agentservice is the service side of the agent: the agent API that
-// hosts register and heartbeat with (served by every manager replica) and
-// the Agent controller that turns what hosts report into Agent status
-// (leader-elected). It writes Agents, their status, and liveness Leases in
-// agentboot's own namespace; it never touches InfraEnvs.
+// hosts register and heartbeat with (every replica of `agentboot agent-api`,
+// or of a manager that serves it) and the Agent controller that turns what
+// hosts report into Agent status (leader-elected, in the manager). It
+// writes Agents, their status, and in agentboot's own namespace liveness
+// Leases, erase debts and disk-boot records; it never touches InfraEnvs.
 package agentservice
 
 import (
@@ -74,8 +75,7 @@ type Config struct {
 }
 
 // EraseDebtLabel marks the ConfigMaps in agentboot's namespace that record
-// the erases machines owe by their hardware (docs/security.md): the
-// manager's cache holds those ConfigMaps and no others.
+// the erases machines owe by their hardware (docs/security.md).
 const EraseDebtLabel = debts.Label
 
 // Defaults of the caps and budgets. A holder of one InfraEnv's

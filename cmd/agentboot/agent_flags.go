@@ -2,6 +2,9 @@ package main
 
 import (
 	"flag"
+	"fmt"
+	"slices"
+	"strings"
 
 	agentservice "github.com/agentboot/agentboot/agent/service"
 	"github.com/agentboot/agentboot/internal/agentwire"
@@ -34,4 +37,27 @@ func (a *agentFlags) config() *agentservice.Config {
 	c := a.cfg
 	c.MinCPUCores, c.MinMemoryBytes, c.MinDiskSizeBytes = a.minCPUCores, a.minMemMiB<<20, a.minDiskGB*1_000_000_000
 	return &c
+}
+
+// apiOnly are the flags only an agent API reads.
+var apiOnly = []string{"agent-api-tls-cert-file", "agent-api-tls-key-file", "max-agents-per-infraenv",
+	"max-unapproved-agents-per-infraenv", "agent-api-write-budget-per-infraenv", "agent-api-write-budget", "agent-poll-interval"}
+
+// checkServed refuses agent API settings given to a process that serves no
+// agent API (--agent-api-addr empty): they would be ignored without a word,
+// and limits meant for the agent API would not hold where it runs.
+func (a *agentFlags) checkServed(fs *flag.FlagSet) error {
+	if a.cfg.Addr != "" {
+		return nil
+	}
+	var set []string
+	fs.Visit(func(f *flag.Flag) {
+		if slices.Contains(apiOnly, f.Name) {
+			set = append(set, "--"+f.Name)
+		}
+	})
+	if len(set) > 0 {
+		return fmt.Errorf("%s set, but --agent-api-addr is empty: this process serves no agent API; give them to agentboot agent-api", strings.Join(set, ", "))
+	}
+	return nil
 }

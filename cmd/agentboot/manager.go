@@ -41,7 +41,7 @@ type managerFlags struct {
 
 func (m *managerFlags) register(fs *flag.FlagSet) {
 	m.registerProcess(fs, ":8443", ":8081")
-	fs.BoolVar(&m.leaderElect, "leader-elect", true, "elect a leader among manager replicas before running controllers (the agent API runs on every replica)")
+	fs.BoolVar(&m.leaderElect, "leader-elect", true, "elect a leader among manager replicas before running controllers (an agent API served in-process runs on every replica)")
 	fs.BoolVar(&m.nodePools, "nodepools", true, "install the Agents cluster-api-provider-agent binds for HyperShift NodePools and explain NodePool shortfalls; false hands out no installation (another service installs them)")
 	fs.BoolVar(&m.approveCSRs, "approve-kubelet-csrs", true, "approve the kubelet CSRs of hosts agentboot installed, after checking them as cluster-machine-approver does; false leaves every one to a person, with an event naming it")
 	fs.BoolVar(&m.behindNAT, "agent-api-behind-nat", false, "the agent API does not see hosts' own source addresses (SNAT or a proxy in front of it): kubelet serving CSRs are checked against the addresses hosts report instead of those they were seen using")
@@ -153,6 +153,9 @@ func runManager(ctx context.Context, args []string) error {
 	d.register(fs)
 	ag.register(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := ag.checkServed(fs); err != nil {
 		return err
 	}
 	log, cfg, err := c.start()

@@ -38,3 +38,22 @@ func TestSanitizationFlags(t *testing.T) {
 	_, err = parse("--disk-sanitization-infraenv", "pool=none")
 	require.ErrorContains(t, err, "want namespace/infraenv=level")
 }
+
+// A manager that serves no agent API refuses the agent API's limits
+// instead of ignoring them.
+func TestAgentAPIFlagsNeedAnAgentAPI(t *testing.T) {
+	parse := func(args ...string) error {
+		var a agentFlags
+		fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		a.register(fs)
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		return a.checkServed(fs)
+	}
+	require.NoError(t, parse("--max-unapproved-agents-per-infraenv=10"), "served in-process by default")
+	require.NoError(t, parse("--agent-api-addr=", "--min-disk-size-gb=50"), "the Agent controller's own")
+	require.ErrorContains(t, parse("--agent-api-addr=", "--max-unapproved-agents-per-infraenv=10", "--agent-api-write-budget=1000"),
+		"--agent-api-write-budget, --max-unapproved-agents-per-infraenv set, but --agent-api-addr is empty")
+}

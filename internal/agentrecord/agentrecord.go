@@ -38,17 +38,35 @@ func Sync(ctx context.Context, c client.Client, namespace, index, agent string, 
 	switch {
 	case want == nil:
 	case current == nil:
-		if err := c.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+		err := c.Create(ctx, want)
+		if apierrors.IsAlreadyExists(err) {
+			// One of that name the index does not know as this Agent's
+			// (someone relabelled or edited it): made what it should be.
+			var have corev1.ConfigMap
+			if err := c.Get(ctx, client.ObjectKeyFromObject(want), &have); err != nil {
+				return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+			}
+			current, err = &have, nil
+			if !same(current, want) {
+				return update(ctx, c, current, want, agent)
+			}
+		}
+		if err != nil {
 			return false, fmt.Errorf("create %s/%s (Agent %s): %w", namespace, want.Name, agent, err)
 		}
 	case !same(current, want):
-		current.Labels, current.Data = want.Labels, want.Data
-		if err := c.Update(ctx, current); err != nil {
-			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-				return true, nil
-			}
-			return false, fmt.Errorf("update %s/%s (Agent %s): %w", namespace, want.Name, agent, err)
+		return update(ctx, c, current, want, agent)
+	}
+	return false, nil
+}
+
+func update(ctx context.Context, c client.Client, current, want *corev1.ConfigMap, agent string) (bool, error) {
+	current.Labels, current.Data = want.Labels, want.Data
+	if err := c.Update(ctx, current); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return true, nil
 		}
+		return false, fmt.Errorf("update %s/%s (Agent %s): %w", current.Namespace, current.Name, agent, err)
 	}
 	return false, nil
 }

@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,7 +44,13 @@ const (
 	keyDigest  = "digest"  // a keyed digest of the Install: unchanged content is not rewritten
 	keyWaiting = "waiting" // why there is no installation yet
 	keyReason  = "reason"  // the event reason for it
+	keyExpires = "expires" // when a sealed installation stops opening (RFC 3339)
 )
+
+// Lifetime is how long a sealed installation opens: the manager seals it
+// again well before (Same), so a handover outlives a manager that stopped
+// looking by this much at most.
+const Lifetime = 10 * time.Minute
 
 // Install is what the agent API needs of a bound host's installation
 // beyond the Agent itself.
@@ -63,19 +70,23 @@ type Install struct {
 // Name is the handover ConfigMap's name for the Agent with uid.
 func Name(a *v1beta1.Agent) string { return "install-" + string(a.UID) }
 
-// Inputs is a digest of everything of the Agent its installation is made
-// from: its identity, the InfraEnv it registered through (the OS image),
-// its binding and Ignition fields, and the hostname its Node gets. A
-// handover made for other inputs is stale.
-func Inputs(a *v1beta1.Agent) string {
+// Inputs is a digest of everything of the Agent and its InfraEnv an
+// installation is made from: the Agent's identity, the InfraEnv it
+// registered through (its UID, architecture and OS image version pick the
+// disk image), its binding (spec.clusterDeploymentName, the agentMachineRef
+// label and annotation), its Ignition fields, and the hostname its Node
+// gets. A handover made for other inputs is stale.
+func Inputs(a *v1beta1.Agent, ie *v1beta1.InfraEnv) string {
 	in := struct {
-		NS, Name, UID, InfraEnvUID string
-		ClusterDeployment          *v1beta1.ClusterReference
-		Token                      *v1beta1.IgnitionEndpointTokenReference
-		Headers                    map[string]string
-		Overrides, Pool, Hostname  string
-	}{a.Namespace, a.Name, string(a.UID), lifecycle.Registration(a).InfraEnvUID,
-		a.Spec.ClusterDeploymentName, a.Spec.IgnitionEndpointTokenReference, a.Spec.IgnitionEndpointHTTPHeaders,
+		NS, Name, UID, InfraEnvUID, Arch, Version string
+		ClusterDeployment                         *v1beta1.ClusterReference
+		Machine, MachineNS                        string
+		Token                                     *v1beta1.IgnitionEndpointTokenReference
+		Headers                                   map[string]string
+		Overrides, Pool, Hostname                 string
+	}{a.Namespace, a.Name, string(a.UID), string(ie.UID), ie.Spec.CPUArchitecture, ie.Spec.OSImageVersion,
+		a.Spec.ClusterDeploymentName, a.Labels[lifecycle.AgentMachineRefLabel], a.Annotations[lifecycle.AgentMachineRefNamespaceAnnotation],
+		a.Spec.IgnitionEndpointTokenReference, a.Spec.IgnitionEndpointHTTPHeaders,
 		a.Spec.IgnitionConfigOverrides, a.Spec.MachineConfigPool, a.Hostname()}
 	b, err := json.Marshal(in)
 	if err != nil {
@@ -85,53 +96,64 @@ func Inputs(a *v1beta1.Agent) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// aad binds a seal to the Agent and its inputs.
-func aad(a *v1beta1.Agent, inputs string) []byte {
-	return []byte("agentboot install handover\x00" + string(a.UID) + "\x00" + a.Namespace + "/" + a.Name + "\x00" + inputs)
+// aad binds a seal to the Agent, its inputs and its expiry.
+func aad(a *v1beta1.Agent, inputs, expires string) []byte {
+	return []byte("agentboot install handover\x00" + string(a.UID) + "\x00" + a.Namespace + "/" + a.Name + "\x00" + inputs + "\x00" + expires)
 }
 
-func base(namespace string, a *v1beta1.Agent) *corev1.ConfigMap {
+func base(namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv) *corev1.ConfigMap {
 	return &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: Name(a), Labels: map[string]string{Label: "true", "app.kubernetes.io/part-of": "agentboot"}},
-		Data:       map[string]string{keyAgent: a.Namespace + "/" + a.Name, keyInputs: Inputs(a)},
+		Data:       map[string]string{keyAgent: a.Namespace + "/" + a.Name, keyInputs: Inputs(a, ie)},
 	}
 }
 
-// Sealed is the handover of inst for a, in namespace.
-func Sealed(key signing.Key, namespace string, a *v1beta1.Agent, inst Install) (*corev1.ConfigMap, error) {
-	cm := base(namespace, a)
+// Sealed is the handover of inst for a (registered through ie), in
+// namespace, opening until now+Lifetime.
+func Sealed(key signing.Key, namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv, inst Install, now time.Time) (*corev1.ConfigMap, error) {
+	cm := base(namespace, a, ie)
 	plain, err := json.Marshal(inst)
 	if err != nil {
 		return nil, err
 	}
-	sealed, err := key.Seal(plain, aad(a, cm.Data[keyInputs]))
+	expires := now.Add(Lifetime).UTC().Format(time.RFC3339)
+	sealed, err := key.Seal(plain, aad(a, cm.Data[keyInputs], expires))
 	if err != nil {
 		return nil, err
 	}
 	sum := sha256.Sum256(plain)
 	cm.Data[keySealed] = base64.StdEncoding.EncodeToString(sealed)
+	cm.Data[keyExpires] = expires
 	cm.Data[keyDigest] = key.Token(signing.PurposeInstallSeal, string(a.UID), cm.Data[keyInputs]+"\x00"+hex.EncodeToString(sum[:]))
 	return cm, nil
 }
 
 // Waiting is the handover saying why a has no installation yet; reason is
 // the event reason the agent API reports it with.
-func Waiting(namespace string, a *v1beta1.Agent, why, reason string) *corev1.ConfigMap {
-	cm := base(namespace, a)
+func Waiting(namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv, why, reason string) *corev1.ConfigMap {
+	cm := base(namespace, a, ie)
 	cm.Data[keyWaiting], cm.Data[keyReason] = why, reason
 	return cm
 }
 
 // Same reports whether have already says what want says, so that nothing
-// need be written: the same waiting reason, or a seal of the same content
-// for the same inputs under the same key.
-func Same(have, want *corev1.ConfigMap) bool {
+// need be written at now: the same waiting reason, or a seal of the same
+// content for the same inputs under the same key that opens for more than
+// half its lifetime yet.
+func Same(have, want *corev1.ConfigMap, now time.Time) bool {
 	for _, k := range []string{keyAgent, keyInputs, keyDigest, keyWaiting, keyReason} {
 		if have.Data[k] != want.Data[k] {
 			return false
 		}
 	}
-	return (have.Data[keySealed] == "") == (want.Data[keySealed] == "") && have.Labels[Label] == "true"
+	if have.Labels[Label] != "true" || (have.Data[keySealed] == "") != (want.Data[keySealed] == "") {
+		return false
+	}
+	if have.Data[keySealed] == "" {
+		return true
+	}
+	exp, err := time.Parse(time.RFC3339, have.Data[keyExpires])
+	return err == nil && exp.Sub(now) > Lifetime/2
 }
 
 // Wait is Open's error when the manager said the installation must wait,
@@ -145,16 +167,18 @@ func (e *Wait) Error() string { return e.Msg }
 func (e *Wait) EventReason() string { return e.Reason }
 
 // ErrStale is Open's error for a handover made for an earlier state of the
-// Agent (its binding, Ignition fields or hostname changed since): the
-// manager makes a new one.
+// Agent (its binding, Ignition fields or hostname changed since) or
+// expired (the manager has not looked at it for Lifetime): the manager
+// makes a new one.
 var ErrStale = errors.New("waiting for the manager to prepare the installation of the Agent as it is now")
 
-// Open reads the handover cm for a: the installation, a *Wait, ErrStale,
-// or an error wrapping signing.ErrSealBroken for a seal that does not open.
-func Open(key signing.Key, cm *corev1.ConfigMap, a *v1beta1.Agent) (Install, error) {
-	inputs := Inputs(a)
+// Open reads the handover cm for a (registered through ie) at now: the
+// installation, a *Wait, ErrStale, or an error wrapping
+// signing.ErrSealBroken for a seal that does not open.
+func Open(key signing.Key, cm *corev1.ConfigMap, a *v1beta1.Agent, ie *v1beta1.InfraEnv, now time.Time) (Install, error) {
+	inputs := Inputs(a, ie)
 	switch {
-	case cm.Name != Name(a) || cm.Data[keyInputs] != inputs:
+	case cm.Labels[Label] != "true" || cm.Name != Name(a) || cm.Data[keyInputs] != inputs:
 		return Install{}, ErrStale
 	case cm.Data[keySealed] == "":
 		why, reason := cm.Data[keyWaiting], cm.Data[keyReason]
@@ -166,11 +190,15 @@ func Open(key signing.Key, cm *corev1.ConfigMap, a *v1beta1.Agent) (Install, err
 		}
 		return Install{}, &Wait{Msg: why, Reason: reason}
 	}
+	exp, err := time.Parse(time.RFC3339, cm.Data[keyExpires])
+	if err != nil || !now.Before(exp) {
+		return Install{}, ErrStale
+	}
 	sealed, err := base64.StdEncoding.DecodeString(cm.Data[keySealed])
 	if err != nil {
 		return Install{}, fmt.Errorf("handover ConfigMap %s/%s: %w", cm.Namespace, cm.Name, signing.ErrSealBroken)
 	}
-	plain, err := key.Open(sealed, aad(a, inputs))
+	plain, err := key.Open(sealed, aad(a, inputs, cm.Data[keyExpires]))
 	if err != nil {
 		return Install{}, fmt.Errorf("handover ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
 	}

@@ -107,15 +107,9 @@ func (k *Keeper) refresh(ctx context.Context) {
 
 func (k *Keeper) load(ctx context.Context) (Key, string, error) {
 	if k.Dir != "" {
-		data := map[string][]byte{}
-		for _, p := range AgentAPIPurposes {
-			// The kubelet swaps a mounted Secret's files all at once
-			// (a symlink to a new directory), so they agree.
-			b, err := os.ReadFile(filepath.Join(k.Dir, p))
-			if err != nil {
-				return Key{}, k.Dir, fmt.Errorf("read the agent API's keys (Secret %s, mounted at %s; the manager writes it): %w", AgentAPISecretName, k.Dir, err)
-			}
-			data[p] = b
+		data, err := readMounted(k.Dir, AgentAPIPurposes)
+		if err != nil {
+			return Key{}, k.Dir, fmt.Errorf("read the agent API's keys (Secret %s, mounted at %s; the manager writes it): %w", AgentAPISecretName, k.Dir, err)
 		}
 		key, err := FromDerived(data, AgentAPIPurposes, "the agent API's keys in "+k.Dir)
 		return key, k.Dir, err
@@ -165,3 +159,33 @@ func (k *Keeper) syncDerived(ctx context.Context, want *corev1.Secret) error {
 
 // NeedLeaderElection is false: every replica signs and verifies.
 func (k *Keeper) NeedLeaderElection() bool { return false }
+
+// readMounted reads the files of a mounted Secret volume. The kubelet
+// writes each version into a directory of its own and swaps the ..data
+// symlink to it; the files are read from the directory ..data names, the
+// same one for all of them, and again if it was swapped meanwhile. A
+// directory without ..data (not the kubelet's) is read as it is.
+func readMounted(dir string, names []string) (map[string][]byte, error) {
+	for range 5 {
+		before, _ := os.Readlink(filepath.Join(dir, "..data"))
+		from := dir
+		switch {
+		case filepath.IsAbs(before):
+			from = before
+		case before != "":
+			from = filepath.Join(dir, before)
+		}
+		data := map[string][]byte{}
+		var err error
+		for _, n := range names {
+			if data[n], err = os.ReadFile(filepath.Join(from, n)); err != nil {
+				break
+			}
+		}
+		after, _ := os.Readlink(filepath.Join(dir, "..data"))
+		if after == before {
+			return data, err
+		}
+	}
+	return nil, fmt.Errorf("%s changed while it was read, five times", dir)
+}

@@ -372,7 +372,11 @@ func (k Key) sealer() (cipher.AEAD, error) {
 	if !k.Has(PurposeInstallSeal) {
 		return nil, fmt.Errorf("this key cannot seal or open (no %q key)", PurposeInstallSeal)
 	}
-	block, err := aes.NewCipher(k.sub[PurposeInstallSeal])
+	// A key of its own for the cipher: the purpose's key also makes
+	// digests (Token), and one key serves one primitive.
+	m := hmac.New(sha256.New, k.sub[PurposeInstallSeal])
+	m.Write([]byte("agentboot seal aes-256-gcm"))
+	block, err := aes.NewCipher(m.Sum(nil))
 	if err != nil {
 		return nil, err
 	}

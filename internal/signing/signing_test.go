@@ -2,6 +2,7 @@ package signing
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -68,8 +69,7 @@ func TestPurposeKeys(t *testing.T) {
 }
 
 // Registration tokens: a rotation gives a new token and retires the old;
-// tokens signed by the master key before keys were derived still register
-// (discovery images made then), but only while nothing was rotated.
+// nothing signed with the master key itself verifies.
 func TestRegistrationTokens(t *testing.T) {
 	master := []byte("0123456789abcdef0123456789abcdef")
 	k, err := NewKey(master)
@@ -200,10 +200,21 @@ func TestKeeperReadsMountedKeys(t *testing.T) {
 	_, _, err = keeper.load(context.Background())
 	require.ErrorContains(t, err, AgentAPISecretName)
 
+	// As the kubelet mounts a Secret: each version in a directory of its
+	// own, ..data pointing at the current one, each key a link through it.
+	version := 0
 	write := func(k Key) {
-		for p, v := range DerivedSecret(k, "ns", AgentAPISecretName, AgentAPIPurposes).Data {
-			require.NoError(t, os.WriteFile(filepath.Join(dir, p), v, 0o600))
+		version++
+		v := fmt.Sprintf("..v%d", version)
+		require.NoError(t, os.Mkdir(filepath.Join(dir, v), 0o700))
+		for p, b := range DerivedSecret(k, "ns", AgentAPISecretName, AgentAPIPurposes).Data {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, v, p), b, 0o400))
+			if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
+				require.NoError(t, os.Symlink(filepath.Join("..data", p), filepath.Join(dir, p)))
+			}
 		}
+		require.NoError(t, os.Symlink(v, filepath.Join(dir, "..data_tmp")))
+		require.NoError(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
 	}
 	write(k)
 	keeper.refresh(context.Background())
@@ -228,7 +239,8 @@ func TestKeeperReadsMountedKeys(t *testing.T) {
 	}
 
 	// A damaged file leaves the last good key in use.
-	require.NoError(t, os.WriteFile(filepath.Join(dir, PurposeAgent), []byte("short"), 0o600))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "..v2", PurposeAgent), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "..v2", PurposeAgent), []byte("short"), 0o600))
 	keeper.refresh(context.Background())
 	got, _ = keeper.Key()
 	require.Equal(t, other.Only(AgentAPIPurposes...).Fingerprint(), got.Fingerprint())

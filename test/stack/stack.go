@@ -130,9 +130,10 @@ type Stack struct {
 	replaceManager func() error
 }
 
-// ReplaceManager stops the manager (controllers and agent API) and starts a
-// new one with the same configuration, as a replica that takes over from
-// one that went away; what it knows comes from the apiserver only.
+// ReplaceManager stops the manager (controllers and agent API, in one
+// process or two) and starts new ones with the same configuration, as
+// replicas that take over from ones that went away; what they know comes
+// from the apiserver only.
 func (s *Stack) ReplaceManager(t testing.TB) {
 	t.Helper()
 	if err := s.replaceManager(); err != nil {
@@ -402,6 +403,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 	} else {
 		processes[0].c.ImageService = imgSvc
 	}
+	var replace []func() error
 	for i, p := range processes {
 		run := func() (func(), error) {
 			mgr, err := app.NewManager(p.cfg, app.ManagerOptions{Namespace: Namespace, MetricsAddr: "0", ProbeAddr: "0", SkipControllerNameValidation: true}, log)
@@ -420,28 +422,41 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		if err != nil {
 			return fail(err)
 		}
-		if i == 0 {
-			// The manager process can be replaced, as a new replica takes
-			// over from one that stopped.
-			s.replaceManager = func() error {
+		if p.c.Controllers || p.c.AgentService != nil {
+			// The manager process, and the agent API's when apart, can be
+			// replaced, as new replicas take over from ones that stopped.
+			replace = append(replace, func() error {
 				stopProcess()
 				stopProcess = func() {}
-				// A new process has a catalog of its own (a Catalog starts
-				// once), over the same cache directory.
-				catalog, err := osimage.New(catCfg)
-				if err != nil {
-					return err
+				if p.c.Catalog != nil {
+					// A new process has a catalog of its own (a Catalog
+					// starts once), over the same cache directory.
+					catalog, err := osimage.New(catCfg)
+					if err != nil {
+						return err
+					}
+					p.c.Catalog = catalog
+					if i == 0 {
+						s.Catalog = catalog
+					}
 				}
-				p.c.Catalog, s.Catalog = catalog, catalog
 				next, err := run()
 				if err != nil {
 					return err
 				}
 				stopProcess = next
-				return waitListening(opts.Dial, s.AgentAPIAddr, time.Minute)
-			}
+				return nil
+			})
 		}
 		cleanup = append(cleanup, func() { stopProcess() })
+	}
+	s.replaceManager = func() error {
+		for _, r := range replace {
+			if err := r(); err != nil {
+				return err
+			}
+		}
+		return waitListening(opts.Dial, s.AgentAPIAddr, time.Minute)
 	}
 	// Ready when every server of the stack accepts connections, the agent
 	// API included: a test's first registration must not meet a refusal.

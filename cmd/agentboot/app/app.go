@@ -6,6 +6,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -149,6 +150,14 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		}
 	}
 	if err := mgr.Add(keys); err != nil {
+		return err
+	}
+	// Not ready without its keys: a process that cannot check a token
+	// must not be sent requests.
+	if err := mgr.AddReadyzCheck("keys", func(*http.Request) error {
+		_, err := keys.Key()
+		return err
+	}); err != nil {
 		return err
 	}
 	var agentCfg agentservice.Config

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -66,6 +67,7 @@ type Reconciler struct {
 	// of (30s); Downloading how often while the OS disk image downloads
 	// (5s).
 	Refresh, Downloading time.Duration
+	Now                  func() time.Time
 	Log                  logr.Logger
 }
 
@@ -124,18 +126,32 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// For an Agent gone, recreated (another UID), installing or no longer
 	// bound: nothing to hand over.
 	var want *corev1.ConfigMap
-	after := time.Duration(0)
+	var after time.Duration
+	var failed error
 	if a != nil && a.DeletionTimestamp.IsZero() && lifecycle.Bound(a) && !lifecycle.Started(a) {
-		var err error
-		if want, after, err = r.prepare(ctx, a); err != nil {
-			return ctrl.Result{}, err
-		}
+		// On an error the handover goes (want stays nil) rather than
+		// stay as it was: what cannot be checked now is not handed out.
+		want, after, failed = r.prepare(ctx, a)
 	}
-	again, err := agentrecord.Sync(ctx, r.Client, r.Namespace, AgentIndex, req.Namespace+"/"+req.Name, want, handover.Same)
-	if again {
+	now := r.now()
+	again, err := agentrecord.Sync(ctx, r.Client, r.Namespace, AgentIndex, req.Namespace+"/"+req.Name, want, func(have, want *corev1.ConfigMap) bool {
+		return handover.Same(have, want, now)
+	})
+	switch {
+	case failed != nil:
+		return ctrl.Result{}, failed
+	case again:
 		return ctrl.Result{Requeue: true}, err
 	}
-	return ctrl.Result{RequeueAfter: after}, err
+	// A tenth of jitter: refreshes of Agents bound together spread out.
+	return ctrl.Result{RequeueAfter: after + time.Duration(rand.Int64N(int64(after/10)+1))}, err
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
 }
 
 // prepare builds the handover of a bound Agent, and says when to look
@@ -143,33 +159,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // that is the binding's, the InfraEnv's or the image's is a waiting
 // handover the agent API shows on the Agent.
 func (r *Reconciler) prepare(ctx context.Context, a *v1beta1.Agent) (*corev1.ConfigMap, time.Duration, error) {
-	key, err := r.Keys.Key()
-	if err != nil {
-		return nil, 0, err
-	}
+	// The OS image of the InfraEnv the host registered through.
+	rec := lifecycle.Registration(a)
+	ie := &v1beta1.InfraEnv{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: rec.InfraEnv}, ie)
 	wait := func(err error, again time.Duration) (*corev1.ConfigMap, time.Duration, error) {
 		reason := "InstallationWaiting"
 		var e interface{ EventReason() string }
 		if errors.As(err, &e) {
 			reason = e.EventReason()
 		}
-		return handover.Waiting(r.Namespace, a, err.Error(), reason), again, nil
+		return handover.Waiting(r.Namespace, a, ie, err.Error(), reason), again, nil
+	}
+	switch {
+	case rec.InfraEnv == "" || apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != rec.InfraEnvUID):
+		ie = &v1beta1.InfraEnv{}
+		return wait(fmt.Errorf("the InfraEnv the host registered through (%q) is gone: nothing says which OS image to install", rec.InfraEnv), r.Refresh)
+	case err != nil:
+		return nil, 0, err
+	}
+	key, err := r.Keys.Key()
+	if err != nil {
+		return nil, 0, err
 	}
 	b, err := binding.Resolve(ctx, r.APIReader, a)
 	if err != nil {
 		if binding.IsRefused(err) {
 			return wait(err, r.Refresh)
 		}
-		return nil, 0, err
-	}
-	// The OS image of the InfraEnv the host registered through.
-	rec := lifecycle.Registration(a)
-	var ie v1beta1.InfraEnv
-	err = r.Client.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: rec.InfraEnv}, &ie)
-	switch {
-	case rec.InfraEnv == "" || apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != rec.InfraEnvUID):
-		return wait(fmt.Errorf("the InfraEnv the host registered through (%q) is gone: nothing says which OS image to install", rec.InfraEnv), r.Refresh)
-	case err != nil:
 		return nil, 0, err
 	}
 	k, err := r.Catalog.Resolve(ie.Spec.CPUArchitecture, ie.Spec.OSImageVersion)
@@ -191,7 +208,7 @@ func (r *Reconciler) prepare(ctx context.Context, a *v1beta1.Agent) (*corev1.Con
 		}
 		return nil, 0, err
 	}
-	cm, err := handover.Sealed(key, r.Namespace, a, handover.Install{Ignition: ign, ImageURL: discovery.DiskImageURL(r.Settings, k), ImageSHA256: st.Image.SHA256,
-		OnRelease: string(r.Sanitization.For(ie.Namespace, ie.Name))})
+	cm, err := handover.Sealed(key, r.Namespace, a, ie, handover.Install{Ignition: ign, ImageURL: discovery.DiskImageURL(r.Settings, k), ImageSHA256: st.Image.SHA256,
+		OnRelease: string(r.Sanitization.For(ie.Namespace, ie.Name))}, r.now())
 	return cm, r.Refresh, err
 }

@@ -1,8 +1,8 @@
 // Package hostapi is the agent API: hosts register with their InfraEnv's token,
 // get a per-host token, upload inventory, heartbeat for instructions and
-// report results. Every manager replica serves it; it keeps no state of its
-// own, reads through the informer cache, and writes only when something
-// changed (liveness goes to a Lease, renewed at most every 45 seconds).
+// report results. Every replica serves it; it keeps no state of its own,
+// reads through the informer cache, and writes only when something changed
+// (liveness goes to a Lease, renewed at most every 45 seconds).
 package hostapi
 
 import (

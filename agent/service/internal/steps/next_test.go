@@ -39,13 +39,14 @@ func TestNextInstallsWhatTheManagerHandedOver(t *testing.T) {
 	key, err := signing.NewKey([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	rec := events.NewFakeRecorder(10)
+	ie := &v1beta1.InfraEnv{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "env", UID: "ie-1"}}
 	s := &Steps{Client: env.Client, APIReader: env.Client, Keys: signing.Restricted{Source: fixedKey{key}, Purposes: signing.AgentAPIPurposes},
 		Namespace: "agentboot-system", Events: rec, Log: logr.Discard(), Now: time.Now}
 	next := func(t *testing.T) ([]agentwire.Step, *v1beta1.Agent) {
 		t.Helper()
 		cur := &v1beta1.Agent{}
 		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(a), cur))
-		steps, err := s.Next(ctx, &hostapi.AgentRef{Agent: cur, InfraEnv: &v1beta1.InfraEnv{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "env"}}})
+		steps, err := s.Next(ctx, &hostapi.AgentRef{Agent: cur, InfraEnv: ie})
 		require.NoError(t, err)
 		after := &v1beta1.Agent{}
 		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(a), after))
@@ -68,7 +69,7 @@ func TestNextInstallsWhatTheManagerHandedOver(t *testing.T) {
 	require.Empty(t, got.Status.Progress.ProgressInfo, "an Agent with no handover was written")
 
 	// The host's own reasons first.
-	put(t, handover.Waiting("agentboot-system", got, "AgentMachine clusters-vcluster2/m1 does not reference this Agent", "BindingRefused"))
+	put(t, handover.Waiting("agentboot-system", got, ie, "AgentMachine clusters-vcluster2/m1 does not reference this Agent", "BindingRefused"))
 	steps, got = next(t)
 	require.Empty(t, steps)
 	require.Equal(t, "waiting for the host's validations to pass", got.Status.Progress.ProgressInfo)
@@ -88,7 +89,7 @@ func TestNextInstallsWhatTheManagerHandedOver(t *testing.T) {
 	// Made for the Agent as it was (another machine config pool): stale.
 	was := got.DeepCopy()
 	was.Spec.MachineConfigPool = "infra"
-	cm, err := handover.Sealed(key, "agentboot-system", was, inst)
+	cm, err := handover.Sealed(key, "agentboot-system", was, ie, inst, time.Now())
 	require.NoError(t, err)
 	put(t, cm)
 	steps, got = next(t)
@@ -97,7 +98,7 @@ func TestNextInstallsWhatTheManagerHandedOver(t *testing.T) {
 
 	// Sealed under another key (or altered): nothing, with the reason.
 	other, _ := signing.NewKey([]byte("fedcba9876543210fedcba9876543210"))
-	cm, err = handover.Sealed(other, "agentboot-system", got, inst)
+	cm, err = handover.Sealed(other, "agentboot-system", got, ie, inst, time.Now())
 	require.NoError(t, err)
 	put(t, cm)
 	steps, got = next(t)
@@ -106,7 +107,7 @@ func TestNextInstallsWhatTheManagerHandedOver(t *testing.T) {
 	requireEvent(t, rec, "HandoverBroken")
 
 	// Sealed for this Agent: the step, with what was sealed.
-	cm, err = handover.Sealed(key, "agentboot-system", got, inst)
+	cm, err = handover.Sealed(key, "agentboot-system", got, ie, inst, time.Now())
 	require.NoError(t, err)
 	put(t, cm)
 	steps, got = next(t)

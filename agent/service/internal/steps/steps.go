@@ -25,6 +25,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
@@ -59,8 +60,8 @@ var _ hostapi.Steps = (*Steps)(nil)
 // handed over for it. When something it needs is missing, the reason goes
 // to status.progress.progressInfo (shown in the Installed condition) and
 // the host is asked again on its next heartbeat. A bound Agent the manager
-// handed nothing over for is not agentboot's to install (or not yet looked
-// at): nothing is written on it.
+// handed nothing over for (it installs nothing, --nodepools=false; or has
+// not prepared it yet) gets no step, and nothing is written on it.
 func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.Step, error) {
 	a := ref.Agent
 	if lifecycle.SanitizationOwed(a) {
@@ -87,7 +88,7 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 	disk, err := s.hostReady(ctx, a)
 	var inst handover.Install
 	if err == nil {
-		inst, err = handover.Open(key, &cm, a)
+		inst, err = handover.Open(key, &cm, a, ref.InfraEnv, s.Now())
 	}
 	if err != nil {
 		return nil, s.block(ctx, a, err.Error(), reason(err))
@@ -282,12 +283,13 @@ func (s *Steps) Result(ctx context.Context, ref *hostapi.AgentRef, step string, 
 	if reason == "" {
 		reason = fmt.Sprintf("the install step exited with %d", r.ExitCode)
 	}
-	return s.update(ctx, ref.Agent, func(p *v1beta1.HostProgressInfo) error {
+	_, err := s.update(ctx, ref.Agent, func(p *v1beta1.HostProgressInfo) error {
 		if p.CurrentStage == v1beta1.StageFailed {
 			return nil
 		}
 		return installprogress.Fail(p, reason, s.Now())
 	})
+	return err
 }
 
 // forgetIfReleased forgets the installation of an Agent that is no longer
@@ -324,9 +326,19 @@ func (s *Steps) Progress(ctx context.Context, ref *hostapi.AgentRef, p agentwire
 	if stage != v1beta1.StageFailed && !slices.Contains(installprogress.HostStages, stage) {
 		return fmt.Errorf("stage %q is not one a host reports", p.Stage)
 	}
-	err := s.update(ctx, ref.Agent, func(pr *v1beta1.HostProgressInfo) error {
+	a, err := s.update(ctx, ref.Agent, func(pr *v1beta1.HostProgressInfo) error {
 		return installprogress.Advance(pr, stage, int64(p.Percentage), p.Info, s.Now())
 	})
+	if err == nil {
+		// Before the host is answered (and reboots): the image service
+		// sends it to its disk by this record, whether or not the
+		// manager, which keeps the records, is there at this moment.
+		if rec := diskboot.For(s.Namespace, a); rec != nil {
+			if err := s.Client.Create(ctx, rec); err != nil && !apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("record that the host boots from its disk: %w", err)
+			}
+		}
+	}
 	if err == nil && stage == v1beta1.StageFailed {
 		s.Events.Eventf(ref.Agent, nil, corev1.EventTypeWarning, v1beta1.InstallationFailedReason, "Install", "the installation failed: %s", p.Info)
 	}
@@ -337,16 +349,17 @@ func (s *Steps) Progress(ctx context.Context, ref *hostapi.AgentRef, p agentwire
 // It reads the Agent from the apiserver, not the cache: a host reports its
 // first stage right after its step was claimed, before the cache may have
 // the claim.
-func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1beta1.HostProgressInfo) error) error {
+func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1beta1.HostProgressInfo) error) (*v1beta1.Agent, error) {
 	cur := &v1beta1.Agent{}
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	var next *v1beta1.Agent
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
 			return err
 		}
 		if !lifecycle.Bound(cur) {
 			return errors.New("the host was released from its cluster: its installation is void")
 		}
-		next := cur.DeepCopy()
+		next = cur.DeepCopy()
 		if err := change(&next.Status.Progress); err != nil {
 			return err
 		}
@@ -355,6 +368,10 @@ func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1bet
 		}
 		return s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
 	})
+	if err != nil {
+		return nil, err
+	}
+	return next, nil
 }
 
 func equalProgress(a, b *v1beta1.HostProgressInfo) bool {
