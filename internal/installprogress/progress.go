@@ -82,16 +82,5 @@ func Fail(p *v1beta1.HostProgressInfo, reason string, now time.Time) error {
 	return Advance(p, v1beta1.StageFailed, p.InstallationPercentage, reason, now)
 }
 
-// WroteDisk reports whether the host finished writing its disk and
-// rebooted into it: it reached Rebooting, or failed after that. The agent
-// reports Rebooting at 100% only once the image and config are on the disk,
-// and failures before then keep the percentage below 100.
-func WroteDisk(p *v1beta1.HostProgressInfo) bool {
-	if p.CurrentStage == v1beta1.StageFailed {
-		return p.InstallationPercentage == 100
-	}
-	return Index(p.CurrentStage) >= Index(v1beta1.StageRebooting)
-}
-
 // Reset forgets an installation: the host is back in discovery.
 func Reset(p *v1beta1.HostProgressInfo) { *p = v1beta1.HostProgressInfo{} }

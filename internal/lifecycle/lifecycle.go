@@ -71,10 +71,17 @@ func Bound(a *v1beta1.Agent) bool { return a.Spec.ClusterDeploymentName != nil }
 // forgotten since).
 func Started(a *v1beta1.Agent) bool { return a.Status.Progress.CurrentStage != "" }
 
-// Installing reports whether the bound host is installing: it has its
-// install step and has reached neither Done nor Failed.
-func Installing(a *v1beta1.Agent) bool {
-	return Bound(a) && Started(a) && !installprogress.Finished(&a.Status.Progress)
+// Occupied reports whether rebooting the host (into a new discovery
+// image, say) would break what it is doing: it is bound (a host waiting
+// for its installation would start a new session, and its installation
+// over, for nothing), installing, or booted from its installed disk. A
+// failed installation occupies nothing.
+func Occupied(a *v1beta1.Agent) bool {
+	if a == nil {
+		return false
+	}
+	st := a.Status.Progress.CurrentStage
+	return (st != "" && st != v1beta1.StageFailed) || BootsFromDisk(a) || Bound(a) && st == ""
 }
 
 // mayHaveWrittenDisk is true once the host was handed its installation,

@@ -150,3 +150,32 @@ func TestForgetInstallationOwes(t *testing.T) {
 	require.False(t, ForgetInstallation(&st, "it left a cluster"), "a release that owes nothing")
 	require.Equal(t, "erase", st.DiskSanitization.Required, "leaves what was owed")
 }
+
+// A host is occupied — no reboot into a new discovery image — while bound,
+// installing or booted from its installed disk; not when free, failed or
+// released before it wrote anything.
+func TestOccupied(t *testing.T) {
+	cd := &v1beta1.ClusterReference{Namespace: "cp", Name: "c"}
+	for name, c := range map[string]struct {
+		bound bool
+		stage v1beta1.HostStage
+		pct   int64
+		want  bool
+	}{
+		"free":                      {},
+		"bound, waiting to install": {bound: true, want: true},
+		"installing":                {bound: true, stage: v1beta1.StageWritingImageToDisk, want: true},
+		"rebooting into its disk":   {bound: true, stage: v1beta1.StageRebooting, pct: 100, want: true},
+		"done":                      {bound: true, stage: v1beta1.StageDone, pct: 100, want: true},
+		"failed":                    {bound: true, stage: v1beta1.StageFailed, pct: 40},
+		"released while installing": {stage: v1beta1.StageInstalling, want: true},
+	} {
+		a := &v1beta1.Agent{}
+		if c.bound {
+			a.Spec.ClusterDeploymentName = cd
+		}
+		a.Status.Progress = v1beta1.HostProgressInfo{CurrentStage: c.stage, InstallationPercentage: c.pct}
+		require.Equal(t, c.want, Occupied(a), name)
+	}
+	require.False(t, Occupied(nil), "no Agent")
+}

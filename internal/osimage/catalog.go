@@ -225,23 +225,6 @@ func (c *Catalog) describeLocked() string {
 	return strings.Join(all, ", ")
 }
 
-// Available lists the catalog's entries.
-func (c *Catalog) Available() []Entry {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make([]Entry, 0, len(c.entries))
-	for _, e := range c.entries {
-		out = append(out, e)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].CPUArchitecture != out[j].CPUArchitecture {
-			return out[i].CPUArchitecture < out[j].CPUArchitecture
-		}
-		return versionLess(out[i].Version, out[j].Version)
-	})
-	return out
-}
-
 // Status reports the state of the image for k.
 func (c *Catalog) Status(k Key) Status {
 	c.mu.Lock()

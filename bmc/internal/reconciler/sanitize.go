@@ -75,7 +75,7 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 		switch {
 		case err != nil || level == sanitize.None:
 			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "InvalidAnnotation", "Sanitize", "annotation %s: %q: want metadata or erase", SanitizeRequestAnnotation, clip.Text(req, 64))
-		case running || lifecycle.Bound(a) || installing(a):
+		case running || lifecycle.Bound(a) || lifecycle.Occupied(a):
 			// Asked again at the next pass: the release sanitizes at
 			// the policy's level, and this request adds to it then.
 		case bootEvidence(host, a) != nil:

@@ -309,7 +309,7 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 			}
 			h.host.Status.Provisioning.Image = metal3.Image{}
 		}
-	case iso != "" && iso != booted && h.host.Spec.Online && !installing(h.agent):
+	case iso != "" && iso != booted && h.host.Spec.Online && !lifecycle.Occupied(h.agent):
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
 	case booted != "" && iso != "" && h.host.Spec.Online && h.power.Settled() && !h.power.IsOn() && mem.power == nil &&
@@ -362,19 +362,6 @@ func (h *hostRun) externallyProvisioned(ctx context.Context) step {
 		return failed(metal3.ProvisioningError, fmt.Errorf("eject the virtual media of an abandoned boot: %w", err))
 	}
 	return h.enforcePower(ctx)
-}
-
-// installing is true once an Agent started installing: rebooting it into a
-// new discovery image would break the installation.
-func installing(a *v1beta1.Agent) bool {
-	if a == nil {
-		return false
-	}
-	// Bound counts: a host waiting for its installation is left running
-	// (a reboot for a new ISO would start a new session of its Agent,
-	// and its installation would start over for nothing).
-	st := a.Status.Progress.CurrentStage
-	return (st != "" && st != v1beta1.StageFailed) || lifecycle.BootsFromDisk(a) || lifecycle.Bound(a) && st == ""
 }
 
 // enrollment returns the ISO the host should boot: the discovery ISO of

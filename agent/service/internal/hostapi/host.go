@@ -24,6 +24,7 @@ import (
 	"github.com/agentboot/agentboot/agent/service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/sanitize"
 )
@@ -493,23 +494,16 @@ func (s *Server) stepResult(w http.ResponseWriter, r *http.Request, ref *AgentRe
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// stages a host may report, in order.
-var stages = []v1beta1.HostStage{
-	v1beta1.StageStartingInstallation, v1beta1.StageInstalling, v1beta1.StageWritingImageToDisk,
-	v1beta1.StageWaitingControlPlane, v1beta1.StageRebooting, v1beta1.StageWaitingForIgnition,
-	v1beta1.StageConfiguring, v1beta1.StageJoined, v1beta1.StageDone, v1beta1.StageFailed,
-}
-
 func (s *Server) progress(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
 	var p agentwire.Progress
 	if err := decode(w, r, maxBodyBytes, &p); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
 		return
 	}
-	known := p.Stage == agentwire.StageSanitizing
-	for _, st := range stages {
-		known = known || string(st) == p.Stage
-	}
+	// Any stage by name here; which of them a host may report is the
+	// steps' to say (installprogress.HostStages).
+	st := v1beta1.HostStage(p.Stage)
+	known := p.Stage == agentwire.StageSanitizing || st == v1beta1.StageFailed || installprogress.Index(st) >= 0
 	if !known || p.Percentage < 0 || p.Percentage > 100 || len(p.Info) > 1024 {
 		writeError(w, http.StatusBadRequest, "BadProgress", "stage %q, percentage %d: want a known stage and 0-100", p.Stage, p.Percentage)
 		return
