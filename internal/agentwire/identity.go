@@ -1,6 +1,9 @@
 package agentwire
 
-import "strings"
+import (
+	"regexp"
+	"strings"
+)
 
 // placeholderUUIDs are values firmware ships unset or shared between boards.
 var placeholderUUIDs = map[string]bool{
@@ -50,3 +53,13 @@ func ValidSerial(s string) bool {
 	}
 	return true
 }
+
+// Forms of identifiers on the wire and in URLs. Check the form here, not
+// with a copy: a host ID or Kubernetes UID is a lowercase UUID (whether or
+// not it is a machine's: ValidUUID says that), a MAC address six lowercase
+// hexadecimal bytes separated by colons (lowercase what a client sends
+// before checking it).
+var (
+	UUIDForm = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	MACForm  = regexp.MustCompile(`^[0-9a-f]{2}(:[0-9a-f]{2}){5}$`)
+)

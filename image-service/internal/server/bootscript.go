@@ -13,6 +13,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/macindex"
@@ -103,7 +104,7 @@ func (h *Handler) serveBootDecision(w http.ResponseWriter, r *http.Request, d di
 		return
 	}
 	mac := strings.ToLower(strings.ReplaceAll(macs[0], "-", ":"))
-	if !macPattern.MatchString(mac) {
+	if !agentwire.MACForm.MatchString(mac) {
 		bootScripts.WithLabelValues(BootBadMAC).Inc()
 		http.Error(w, fmt.Sprintf("malformed mac %q: want six hexadecimal bytes separated by colons", macs[0]), http.StatusBadRequest)
 		return

@@ -283,9 +283,7 @@ func (s *statusRecorder) ReadFrom(src io.Reader) (int64, error) {
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 var (
-	uidPattern     = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	versionPattern = regexp.MustCompile(`^[0-9a-f]{16}$`)
-	macPattern     = regexp.MustCompile(`^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$`)
 	tokenPattern   = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
 	artifactPart   = regexp.MustCompile(`^[A-Za-z0-9._+-]{1,128}$`)
 )
@@ -309,7 +307,7 @@ func parseImageRequest(r *http.Request) (imageRequest, error) {
 	if !big[req.file] && !known[req.file] {
 		return req, errNotFound
 	}
-	if !uidPattern.MatchString(req.uid) {
+	if !agentwire.UUIDForm.MatchString(req.uid) {
 		return req, fmt.Errorf("malformed InfraEnv UID %q", req.uid)
 	}
 	if !versionPattern.MatchString(req.version) {
@@ -343,7 +341,7 @@ func parseImageRequest(r *http.Request) (imageRequest, error) {
 	if !tokenPattern.MatchString(req.token) {
 		return req, errUnauthorized
 	}
-	if _, ok := q["mac"]; ok && !macPattern.MatchString(req.mac) {
+	if _, ok := q["mac"]; ok && !agentwire.MACForm.MatchString(req.mac) {
 		return req, fmt.Errorf("malformed mac %q", req.mac)
 	}
 	if p := req.bootProof; p != nil {

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -251,8 +250,3 @@ func tooMany(w http.ResponseWriter) {
 	w.Header().Set("Retry-After", "5")
 	writeError(w, http.StatusTooManyRequests, "TooManyRequests", "too many requests; retry later")
 }
-
-var (
-	uuidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-	macPattern  = regexp.MustCompile(`^[0-9a-f]{2}(:[0-9a-f]{2}){5}$`)
-)

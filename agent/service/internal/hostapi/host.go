@@ -40,7 +40,7 @@ type AgentRef struct {
 func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ns, id := r.PathValue("namespace"), r.PathValue("id")
-		if !uuidPattern.MatchString(id) {
+		if !agentwire.UUIDForm.MatchString(id) {
 			writeError(w, http.StatusBadRequest, "BadRequest", "agent ID %q is not a UUID", id)
 			return
 		}
@@ -328,7 +328,7 @@ func validInventory(inv *v1beta1.HostInventory) error {
 		}
 	}
 	for i, n := range inv.Interfaces {
-		if n.MacAddress != "" && !macPattern.MatchString(n.MacAddress) {
+		if n.MacAddress != "" && !agentwire.MACForm.MatchString(n.MacAddress) {
 			return fmt.Errorf("interfaces[%d].macAddress %q is not six lower-case hex pairs", i, n.MacAddress)
 		}
 	}

@@ -250,17 +250,17 @@ func (s *Server) underCap(ctx context.Context, ie *v1beta1.InfraEnv) error {
 }
 
 func validRegistration(req agentwire.RegisterRequest) error {
-	if !uuidPattern.MatchString(req.HostID) {
+	if !agentwire.UUIDForm.MatchString(req.HostID) {
 		return fmt.Errorf("hostID %q is not a lower-case UUID", req.HostID)
 	}
-	if !uuidPattern.MatchString(req.InfraEnvUID) {
+	if !agentwire.UUIDForm.MatchString(req.InfraEnvUID) {
 		return fmt.Errorf("infraEnvUID %q is not a UUID", req.InfraEnvUID)
 	}
 	if len(req.Identity.MACAddresses) > 256 {
 		return fmt.Errorf("%d MAC addresses: at most 256", len(req.Identity.MACAddresses))
 	}
 	for _, m := range req.Identity.MACAddresses {
-		if !macPattern.MatchString(m) {
+		if !agentwire.MACForm.MatchString(m) {
 			return fmt.Errorf("MAC address %q is not six lower-case hex pairs", m)
 		}
 	}
