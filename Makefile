@@ -68,7 +68,7 @@ DEV_ARGS = $(if $(FRESH),--fresh) $(if $(ADVERTISE_ADDRESS),--advertise-address=
 # The slowest test packages, longest first: go test starts packages in the
 # order it is given them, and one started last (test/boot came last in
 # ./...'s order) ran alone for minutes at the end of the suite.
-SLOW_TESTS := ./test/boot ./bmc ./nodepool ./agent/service ./image-service ./cmd/agentboot ./deploy ./infraenv-controller ./agent/service/internal/steps
+SLOW_TESTS := ./test/boot ./bmc ./nodepool ./agent-service ./image-service ./cmd/agentboot ./deploy ./infraenv-controller ./agent-service/internal/steps
 
 # What the tests need, built after the prerequisites are checked.
 .PHONY: test-deps
@@ -82,7 +82,7 @@ test-deps: prereqs
 vm-accel: ## print which qemu accelerator the VM tests use and why (AGENTBOOT_QEMU_ACCEL overrides)
 	@go run ./test/vm/accel
 
-# Four test binaries at once: bmc, nodepool and agent/service mostly wait
+# Four test binaries at once: bmc, nodepool and agent-service mostly wait
 # (on simulated BMCs, hosted clusters, timers: 60-90 % of their time), so
 # others run beside them. On 2 cores warm make test took 8:05 with -p 2,
 # 7:02 with -p 3, 6:25 with -p 4 and test/boot's boots merged; it is now
@@ -173,7 +173,7 @@ fuzztime = $(or $(FUZZ_TIME),$(1))
 .PHONY: fuzz
 fuzz: dev-image ## every fuzz target for a fixed number of inputs (about 10 s each; FUZZ_TIME=60s for longer)
 	go test -run XXX -fuzz FuzzOpen -fuzztime $(call fuzztime,100000x) ./internal/iso9660/
-	go test -run XXX -fuzz FuzzInventory -fuzztime $(call fuzztime,50000x) ./agent/service/internal/hostapi/
+	go test -run XXX -fuzz FuzzInventory -fuzztime $(call fuzztime,50000x) ./agent-service/internal/hostapi/
 	go test -run XXX -fuzz FuzzIPXEScript -fuzztime $(call fuzztime,50000x) ./internal/discovery/
 	go test -run XXX -fuzz FuzzGRUBScript -fuzztime $(call fuzztime,50000x) ./internal/discovery/
 	go test -run XXX -fuzz FuzzDHCP -fuzztime $(call fuzztime,80000x) ./pxe/

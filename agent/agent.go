@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agentboot/agentboot/agent/internal/client"
+	"github.com/agentboot/agentboot/agent/client"
 	"github.com/agentboot/agentboot/agent/internal/erase"
 	"github.com/agentboot/agentboot/agent/internal/identity"
 	"github.com/agentboot/agentboot/agent/internal/install"

@@ -5,5 +5,5 @@
 // runtime or anything from Kubernetes.
 //
 // The service side of the agent API and the Agent resource lifecycle live
-// in agent/service, which the manager runs.
+// in agent-service/ (`agentboot agent-api` and the manager).
 package agent

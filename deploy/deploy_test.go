@@ -20,8 +20,8 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/signing"
-	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // The kustomize base must be accepted by a real apiserver: schemas, RBAC

@@ -37,8 +37,8 @@ import (
 	"github.com/agentboot/agentboot/internal/iso9660"
 	"github.com/agentboot/agentboot/internal/liveiso"
 	"github.com/agentboot/agentboot/internal/osimage"
-	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 type response struct {

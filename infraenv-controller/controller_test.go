@@ -19,8 +19,8 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/osimage"
-	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // Its stacks take turns on one control plane.

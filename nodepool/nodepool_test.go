@@ -32,13 +32,13 @@ import (
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/lifecycle"
-	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/nodepool"
 	"github.com/agentboot/agentboot/nodepool/internal/binding"
 	"github.com/agentboot/agentboot/nodepool/internal/worker"
 	"github.com/agentboot/agentboot/test/capiagent"
 	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // wait bounds every wait: generous, for a loaded two-core CI machine that

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	agentservice "github.com/agentboot/agentboot/agent/service"
+	agentservice "github.com/agentboot/agentboot/agent-service"
 	"github.com/agentboot/agentboot/internal/agentwire"
 )
 

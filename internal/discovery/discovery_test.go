@@ -24,7 +24,7 @@ import (
 	"github.com/agentboot/agentboot/internal/liveiso"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
-	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 var imageKey = osimage.Key{Arch: "x86_64", Version: "dev-1"}

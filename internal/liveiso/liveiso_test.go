@@ -13,7 +13,7 @@ import (
 
 	"github.com/agentboot/agentboot/internal/initramfs"
 	"github.com/agentboot/agentboot/internal/overlay"
-	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 func TestInspectDevImageAndEmbed(t *testing.T) {

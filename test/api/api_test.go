@@ -19,7 +19,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
-	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 var env *testenv.Env

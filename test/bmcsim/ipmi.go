@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // IPMIOptions configure an IPMI BMC.

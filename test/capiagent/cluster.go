@@ -36,8 +36,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
-	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/hosted"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // Options describe one hosted cluster.

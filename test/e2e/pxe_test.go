@@ -17,11 +17,11 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
-	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/capiagent"
 	"github.com/agentboot/agentboot/test/e2e/lab"
 	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/testenv"
 	"github.com/agentboot/agentboot/test/vm"
 )
 

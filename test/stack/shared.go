@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	agentservice "github.com/agentboot/agentboot/agent/service"
-	"github.com/agentboot/agentboot/internal/testenv"
+	agentservice "github.com/agentboot/agentboot/agent-service"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // A control plane costs seconds to start (etcd and kube-apiserver), more

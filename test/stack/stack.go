@@ -38,15 +38,15 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	agentservice "github.com/agentboot/agentboot/agent/service"
+	agentservice "github.com/agentboot/agentboot/agent-service"
 	"github.com/agentboot/agentboot/bmc"
 	"github.com/agentboot/agentboot/cmd/agentboot/app"
 	imageservice "github.com/agentboot/agentboot/image-service"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
-	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/nodepool"
+	"github.com/agentboot/agentboot/test/testenv"
 	"github.com/agentboot/agentboot/test/vm"
 )
 
@@ -84,7 +84,7 @@ type Options struct {
 	// service's).
 	MaxAgentsPerInfraEnv int
 	// MaxUnapprovedPerInfraEnv and the write budgets (bytes per second)
-	// likewise (agent/service Config).
+	// likewise (agent-service Config).
 	MaxUnapprovedPerInfraEnv                      int
 	WriteBudgetPerInfraEnv, WriteBudgetPerProcess int
 	// BootNetworkNamespaces are the namespaces that may claim

@@ -22,7 +22,7 @@ import (
 	"github.com/ulikunitz/xz"
 
 	"github.com/agentboot/agentboot/internal/agentwire"
-	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 type fixture struct {

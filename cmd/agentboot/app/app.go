@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	agentservice "github.com/agentboot/agentboot/agent/service"
+	agentservice "github.com/agentboot/agentboot/agent-service"
 	"github.com/agentboot/agentboot/bmc"
 	imageservice "github.com/agentboot/agentboot/image-service"
 	infraenvcontroller "github.com/agentboot/agentboot/infraenv-controller"

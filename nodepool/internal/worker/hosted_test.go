@@ -21,7 +21,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	hivev1 "github.com/agentboot/agentboot/api/hive/v1"
-	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // One client per hosted cluster: reused while its kubeconfig is unchanged,

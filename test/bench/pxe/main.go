@@ -37,8 +37,8 @@ import (
 	"github.com/pin/tftp/v3"
 	"golang.org/x/net/ipv4"
 
-	"github.com/agentboot/agentboot/internal/testenv"
 	"github.com/agentboot/agentboot/test/netns"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 const (

@@ -20,8 +20,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/agentboot/agentboot/agent/service/internal/debts"
-	"github.com/agentboot/agentboot/agent/service/internal/hosts"
+	"github.com/agentboot/agentboot/agent-service/internal/debts"
+	"github.com/agentboot/agentboot/agent-service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/installprogress"

@@ -20,8 +20,8 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/agentboot/agentboot/agent/service/internal/debts"
-	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
+	"github.com/agentboot/agentboot/agent-service/internal/debts"
+	"github.com/agentboot/agentboot/agent-service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"

@@ -14,9 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/agentboot/agentboot/agent/service/internal/hosts"
+	"github.com/agentboot/agentboot/agent-service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/testenv"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // A host's Lease is created right after its Agent, and under load its

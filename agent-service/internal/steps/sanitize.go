@@ -15,8 +15,8 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/agentboot/agentboot/agent/service/internal/debts"
-	"github.com/agentboot/agentboot/agent/service/internal/hostapi"
+	"github.com/agentboot/agentboot/agent-service/internal/debts"
+	"github.com/agentboot/agentboot/agent-service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"

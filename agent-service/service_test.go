@@ -22,9 +22,9 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	agentclient "github.com/agentboot/agentboot/agent/internal/client"
-	agentservice "github.com/agentboot/agentboot/agent/service"
-	"github.com/agentboot/agentboot/agent/service/internal/hosts"
+	agentservice "github.com/agentboot/agentboot/agent-service"
+	"github.com/agentboot/agentboot/agent-service/internal/hosts"
+	agentclient "github.com/agentboot/agentboot/agent/client"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
