@@ -21,10 +21,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/agentboot/agentboot/agent-service/internal/agentstatus"
 	"github.com/agentboot/agentboot/agent-service/internal/debts"
 	"github.com/agentboot/agentboot/agent-service/internal/hostapi"
 	"github.com/agentboot/agentboot/agent-service/internal/hosts"
-	"github.com/agentboot/agentboot/agent-service/internal/reconciler"
 	"github.com/agentboot/agentboot/agent-service/internal/steps"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
@@ -108,7 +108,7 @@ func (c *Config) defaults() {
 	if c.MaxAgentsPerInfraEnv == 0 {
 		c.MaxAgentsPerInfraEnv = DefaultMaxAgentsPerInfraEnv
 	}
-	d := reconciler.DefaultRequirements
+	d := agentstatus.DefaultRequirements
 	if c.MinCPUCores == 0 {
 		c.MinCPUCores = d.MinCPUCores
 	}
@@ -185,12 +185,12 @@ func setupController(mgr manager.Manager, cfg Config) error {
 	if err := (&diskboot.Reconciler{Client: mgr.GetClient(), Namespace: cfg.Namespace}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&reconciler.Reconciler{
+	return (&agentstatus.Reconciler{
 		Client:          mgr.GetClient(),
 		APIReader:       mgr.GetAPIReader(),
 		Events:          eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-controller")),
 		LeaseNamespace:  cfg.Namespace,
-		Requirements:    reconciler.Requirements{MinCPUCores: cfg.MinCPUCores, MinMemoryBytes: cfg.MinMemoryBytes, MinDiskSizeBytes: cfg.MinDiskSizeBytes},
+		Requirements:    agentstatus.Requirements{MinCPUCores: cfg.MinCPUCores, MinMemoryBytes: cfg.MinMemoryBytes, MinDiskSizeBytes: cfg.MinDiskSizeBytes},
 		DisconnectAfter: cfg.DisconnectAfter,
 		Now:             time.Now,
 	}).SetupWithManager(mgr)

@@ -6,8 +6,8 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/agentboot/agentboot/bmc/internal/baremetalhost"
 	"github.com/agentboot/agentboot/bmc/internal/driver"
-	"github.com/agentboot/agentboot/bmc/internal/reconciler"
 	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -48,7 +48,7 @@ type Config struct {
 // SetupWithManager adds the BareMetalHost controller to mgr (it runs on
 // the leader).
 func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
-	return (&reconciler.Reconciler{
+	return (&baremetalhost.Reconciler{
 		Client:  mgr.GetClient(),
 		Secrets: mgr.GetAPIReader(),
 		Events:  eventnote.Recorder(mgr.GetEventRecorder("agentboot-baremetalhost-controller")),

@@ -7,7 +7,7 @@ import (
 	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/agentboot/agentboot/infraenv-controller/internal/reconciler"
+	"github.com/agentboot/agentboot/infraenv-controller/internal/publish"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/osimage"
@@ -33,7 +33,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	if err := cfg.Settings.Validate(); err != nil {
 		return err
 	}
-	return (&reconciler.Reconciler{
+	return (&publish.Reconciler{
 		Client:   mgr.GetClient(),
 		Secrets:  mgr.GetAPIReader(),
 		Events:   eventnote.Recorder(mgr.GetEventRecorder("agentboot-infraenv-controller")),

@@ -1,9 +1,9 @@
-// Package reconciler is the BareMetalHost controller: it registers each
+// Package baremetalhost is the BareMetalHost controller: it registers each
 // host's BMC, keeps its power as spec.online says, boots hosts labelled with
 // an InfraEnv into discovery (virtual media or PXE) and approves the Agent
 // that registers from the host's boot MAC. It never writes a BareMetalHost's
 // spec.
-package reconciler
+package baremetalhost
 
 import (
 	"context"

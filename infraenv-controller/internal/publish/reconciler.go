@@ -1,5 +1,5 @@
-// Package reconciler is the InfraEnv controller's reconcile loop.
-package reconciler
+// Package publish is the InfraEnv controller's reconcile loop.
+package publish
 
 import (
 	"context"

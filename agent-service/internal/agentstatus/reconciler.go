@@ -1,7 +1,7 @@
-// Package reconciler is the Agent controller: from what a host reported
+// Package agentstatus is the Agent controller: from what a host reported
 // (status.inventory), its liveness Lease and its InfraEnv it derives the
 // Agent's validations, conditions, state, role and inventory labels.
-package reconciler
+package agentstatus
 
 import (
 	"context"
