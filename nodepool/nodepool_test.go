@@ -29,11 +29,11 @@ import (
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hiveext "github.com/agentboot/agentboot/api/hiveext/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/binding"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/nodepool"
-	"github.com/agentboot/agentboot/nodepool/internal/binding"
 	"github.com/agentboot/agentboot/nodepool/internal/worker"
 	"github.com/agentboot/agentboot/test/capiagent"
 	"github.com/agentboot/agentboot/test/hosted"
@@ -540,6 +540,14 @@ func TestCAPIAgentFaults(t *testing.T) {
 
 	blocked := func(what string) {
 		t.Helper()
+		// The binding is checked when the step is handed out; the token
+		// and CA Secrets when the manager prepares the handover (every
+		// HandoverRefresh): once it has, nothing is handed out.
+		handoverKey := client.ObjectKey{Namespace: stack.Namespace, Name: handover.Name(a)}
+		require.Eventually(t, func() bool {
+			var cm corev1.ConfigMap
+			return e.Client.Get(ctx, handoverKey, &cm) == nil && strings.Contains(cm.Data["waiting"], what)
+		}, wait, 50*time.Millisecond, "the manager never saw: %s", what)
 		e.waitAgent(h, "blocked: "+what, func(a *v1beta1.Agent) bool {
 			require.Empty(t, e.heartbeat(h).Steps, "nothing is handed out while %s", what)
 			c := condition(a, v1beta1.InstalledCondition)

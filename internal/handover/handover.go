@@ -45,6 +45,7 @@ const (
 	keyWaiting = "waiting" // why there is no installation yet
 	keyReason  = "reason"  // the event reason for it
 	keyExpires = "expires" // when a sealed installation stops opening (RFC 3339)
+	keyBinding = "binding" // binding.Binding.Digest of the binding it was made from
 )
 
 // Lifetime is how long a sealed installation opens: the manager seals it
@@ -96,9 +97,9 @@ func Inputs(a *v1beta1.Agent, ie *v1beta1.InfraEnv) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// aad binds a seal to the Agent, its inputs and its expiry.
-func aad(a *v1beta1.Agent, inputs, expires string) []byte {
-	return []byte("agentboot install handover\x00" + string(a.UID) + "\x00" + a.Namespace + "/" + a.Name + "\x00" + inputs + "\x00" + expires)
+// aad binds a seal to the Agent, its inputs, its binding and its expiry.
+func aad(a *v1beta1.Agent, inputs, binding, expires string) []byte {
+	return []byte("agentboot install handover\x00" + string(a.UID) + "\x00" + a.Namespace + "/" + a.Name + "\x00" + inputs + "\x00" + binding + "\x00" + expires)
 }
 
 func base(namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv) *corev1.ConfigMap {
@@ -108,22 +109,24 @@ func base(namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv) *corev1.Conf
 	}
 }
 
-// Sealed is the handover of inst for a (registered through ie), in
-// namespace, opening until now+Lifetime.
-func Sealed(key signing.Key, namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv, inst Install, now time.Time) (*corev1.ConfigMap, error) {
+// Sealed is the handover of inst for a (registered through ie, bound as
+// binding, a binding.Binding.Digest), in namespace, opening until
+// now+Lifetime.
+func Sealed(key signing.Key, namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv, binding string, inst Install, now time.Time) (*corev1.ConfigMap, error) {
 	cm := base(namespace, a, ie)
 	plain, err := json.Marshal(inst)
 	if err != nil {
 		return nil, err
 	}
 	expires := now.Add(Lifetime).UTC().Format(time.RFC3339)
-	sealed, err := key.Seal(plain, aad(a, cm.Data[keyInputs], expires))
+	sealed, err := key.Seal(plain, aad(a, cm.Data[keyInputs], binding, expires))
 	if err != nil {
 		return nil, err
 	}
 	sum := sha256.Sum256(plain)
 	cm.Data[keySealed] = base64.StdEncoding.EncodeToString(sealed)
 	cm.Data[keyExpires] = expires
+	cm.Data[keyBinding] = binding
 	cm.Data[keyDigest] = key.Token(signing.PurposeInstallSeal, string(a.UID), cm.Data[keyInputs]+"\x00"+hex.EncodeToString(sum[:]))
 	return cm, nil
 }
@@ -141,7 +144,7 @@ func Waiting(namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv, why, reas
 // content for the same inputs under the same key that opens for more than
 // half its lifetime yet.
 func Same(have, want *corev1.ConfigMap, now time.Time) bool {
-	for _, k := range []string{keyAgent, keyInputs, keyDigest, keyWaiting, keyReason} {
+	for _, k := range []string{keyAgent, keyInputs, keyBinding, keyDigest, keyWaiting, keyReason} {
 		if have.Data[k] != want.Data[k] {
 			return false
 		}
@@ -174,8 +177,12 @@ var ErrStale = errors.New("waiting for the manager to prepare the installation o
 
 // Open reads the handover cm for a (registered through ie) at now: the
 // installation, a *Wait, ErrStale, or an error wrapping
-// signing.ErrSealBroken for a seal that does not open.
-func Open(key signing.Key, cm *corev1.ConfigMap, a *v1beta1.Agent, ie *v1beta1.InfraEnv, now time.Time) (Install, error) {
+// signing.ErrSealBroken for a seal that does not open. For a sealed
+// handover it asks binding for the digest of the Agent's binding as it
+// holds now (resolved afresh: a binding revoked since the handover was made
+// is refused at once, with binding's error) and opens it only if the
+// handover was made from that binding.
+func Open(key signing.Key, cm *corev1.ConfigMap, a *v1beta1.Agent, ie *v1beta1.InfraEnv, binding func() (string, error), now time.Time) (Install, error) {
 	inputs := Inputs(a, ie)
 	switch {
 	case cm.Labels[Label] != "true" || cm.Name != Name(a) || cm.Data[keyInputs] != inputs:
@@ -194,11 +201,18 @@ func Open(key signing.Key, cm *corev1.ConfigMap, a *v1beta1.Agent, ie *v1beta1.I
 	if err != nil || !now.Before(exp) {
 		return Install{}, ErrStale
 	}
+	current, err := binding()
+	if err != nil {
+		return Install{}, err
+	}
+	if current != cm.Data[keyBinding] {
+		return Install{}, ErrStale
+	}
 	sealed, err := base64.StdEncoding.DecodeString(cm.Data[keySealed])
 	if err != nil {
 		return Install{}, fmt.Errorf("handover ConfigMap %s/%s: %w", cm.Namespace, cm.Name, signing.ErrSealBroken)
 	}
-	plain, err := key.Open(sealed, aad(a, inputs, cm.Data[keyExpires]))
+	plain, err := key.Open(sealed, aad(a, inputs, current, cm.Data[keyExpires]))
 	if err != nil {
 		return Install{}, fmt.Errorf("handover ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
 	}

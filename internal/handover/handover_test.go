@@ -1,6 +1,7 @@
 package handover
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -21,6 +22,11 @@ func agent(uid string) *v1beta1.Agent {
 	}
 }
 
+// bound is the binding as the agent API resolves it now.
+func bound(digest string) func() (string, error) {
+	return func() (string, error) { return digest, nil }
+}
+
 var infraEnv = &v1beta1.InfraEnv{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "pool", UID: "ie-1"},
 	Spec: v1beta1.InfraEnvSpec{CPUArchitecture: "x86_64", OSImageVersion: "4.19"}}
 
@@ -35,28 +41,28 @@ func TestOpenOnlyForItsAgent(t *testing.T) {
 	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
 	a, b := agent("1"), agent("2")
 	inst := Install{Ignition: `{"ignition":{"version":"3.2.0"}}`, ImageURL: "https://images/disk.raw", ImageSHA256: "00", OnRelease: "erase"}
-	cm, err := Sealed(key, "agentboot-system", a, infraEnv, inst, now)
+	cm, err := Sealed(key, "agentboot-system", a, infraEnv, "b1", inst, now)
 	require.NoError(t, err)
 	require.Equal(t, "install-uid-1", cm.Name)
-	got, err := Open(api, cm, a, infraEnv, now)
+	got, err := Open(api, cm, a, infraEnv, bound("b1"), now)
 	require.NoError(t, err)
 	require.Equal(t, inst, got)
 
 	// Expiry: it opens for Lifetime, and is sealed again from half of it.
-	_, err = Open(api, cm, a, infraEnv, now.Add(Lifetime))
+	_, err = Open(api, cm, a, infraEnv, bound("b1"), now.Add(Lifetime))
 	require.ErrorIs(t, err, ErrStale, "expired")
-	again, err := Sealed(key, "agentboot-system", a, infraEnv, inst, now.Add(time.Minute))
+	again, err := Sealed(key, "agentboot-system", a, infraEnv, "b1", inst, now.Add(time.Minute))
 	require.NoError(t, err)
 	require.True(t, Same(cm, again, now.Add(time.Minute)), "the same content is not rewritten, though sealed anew")
 	require.False(t, Same(cm, again, now.Add(Lifetime/2+time.Second)), "rewritten before it expires")
 	expired := cm.DeepCopy()
 	expired.Data[keyExpires] = now.Add(time.Hour).UTC().Format(time.RFC3339)
-	_, err = Open(api, expired, a, infraEnv, now)
+	_, err = Open(api, expired, a, infraEnv, bound("b1"), now)
 	require.ErrorIs(t, err, signing.ErrSealBroken, "an expiry pushed out by hand does not open")
 
 	inst2 := inst
 	inst2.Ignition = `{"ignition":{"version":"3.2.0","timeouts":{}}}`
-	changed, err := Sealed(key, "agentboot-system", a, infraEnv, inst2, now)
+	changed, err := Sealed(key, "agentboot-system", a, infraEnv, "b1", inst2, now)
 	require.NoError(t, err)
 	require.False(t, Same(cm, changed, now), "a new token (or anything) is rewritten")
 
@@ -64,27 +70,39 @@ func TestOpenOnlyForItsAgent(t *testing.T) {
 	// still names a.
 	moved := cm.DeepCopy()
 	moved.Name = Name(b)
-	_, err = Open(api, moved, b, infraEnv, now)
+	_, err = Open(api, moved, b, infraEnv, bound("b1"), now)
 	require.ErrorIs(t, err, ErrStale)
 	moved.Data[keyInputs] = Inputs(b, infraEnv)
-	_, err = Open(api, moved, b, infraEnv, now)
+	_, err = Open(api, moved, b, infraEnv, bound("b1"), now)
 	require.ErrorIs(t, err, signing.ErrSealBroken)
 
 	unlabelled := cm.DeepCopy()
 	delete(unlabelled.Labels, Label)
-	_, err = Open(api, unlabelled, a, infraEnv, now)
+	_, err = Open(api, unlabelled, a, infraEnv, bound("b1"), now)
 	require.ErrorIs(t, err, ErrStale, "not a handover any more")
 
 	other, _ := signing.NewKey([]byte("fedcba9876543210fedcba9876543210"))
-	_, err = Open(other, cm, a, infraEnv, now)
+	_, err = Open(other, cm, a, infraEnv, bound("b1"), now)
 	require.ErrorIs(t, err, signing.ErrSealBroken)
-	rekeyed, err := Sealed(other, "agentboot-system", a, infraEnv, inst, now)
+	rekeyed, err := Sealed(other, "agentboot-system", a, infraEnv, "b1", inst, now)
 	require.NoError(t, err)
 	require.False(t, Same(cm, rekeyed, now), "a new key is a rewrite")
 
+	// The binding changed since it was made: stale; it no longer holds:
+	// the binding's own error.
+	_, err = Open(api, cm, a, infraEnv, bound("b2"), now)
+	require.ErrorIs(t, err, ErrStale)
+	revoked := errors.New("AgentMachine gone")
+	_, err = Open(api, cm, a, infraEnv, func() (string, error) { return "", revoked }, now)
+	require.ErrorIs(t, err, revoked)
+	rebound := cm.DeepCopy()
+	rebound.Data[keyBinding] = "b2"
+	_, err = Open(api, rebound, a, infraEnv, bound("b2"), now)
+	require.ErrorIs(t, err, signing.ErrSealBroken, "the binding is sealed in")
+
 	// Waiting: shown as the manager wrote it.
 	w := Waiting("agentboot-system", a, infraEnv, "token Secret cp/t does not exist", "BindingRefused")
-	_, err = Open(api, w, a, infraEnv, now)
+	_, err = Open(api, w, a, infraEnv, bound("b1"), now)
 	var wait *Wait
 	require.ErrorAs(t, err, &wait)
 	require.Equal(t, "token Secret cp/t does not exist", wait.Msg)

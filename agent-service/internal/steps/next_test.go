@@ -16,6 +16,7 @@ import (
 	"github.com/agentboot/agentboot/agent-service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/binding"
 	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/test/testenv"
@@ -39,9 +40,12 @@ func TestNextInstallsWhatTheManagerHandedOver(t *testing.T) {
 	key, err := signing.NewKey([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	rec := events.NewFakeRecorder(10)
+	bound, bindErr := "binding-1", error(nil)
 	ie := &v1beta1.InfraEnv{ObjectMeta: metav1.ObjectMeta{Namespace: "agents", Name: "env", UID: "ie-1"}}
 	s := &Steps{Client: env.Client, APIReader: env.Client, Keys: signing.Restricted{Source: fixedKey{key}, Purposes: signing.AgentAPIPurposes},
-		Namespace: "agentboot-system", Events: rec, Log: logr.Discard(), Now: time.Now}
+		Namespace: "agentboot-system", Events: rec, Log: logr.Discard(), Now: time.Now,
+		// The binding as the nodepool tests resolve it for real.
+		Binding: func(context.Context, *v1beta1.Agent) (string, error) { return bound, bindErr }}
 	next := func(t *testing.T) ([]agentwire.Step, *v1beta1.Agent) {
 		t.Helper()
 		cur := &v1beta1.Agent{}
@@ -89,7 +93,7 @@ func TestNextInstallsWhatTheManagerHandedOver(t *testing.T) {
 	// Made for the Agent as it was (another machine config pool): stale.
 	was := got.DeepCopy()
 	was.Spec.MachineConfigPool = "infra"
-	cm, err := handover.Sealed(key, "agentboot-system", was, ie, inst, time.Now())
+	cm, err := handover.Sealed(key, "agentboot-system", was, ie, bound, inst, time.Now())
 	require.NoError(t, err)
 	put(t, cm)
 	steps, got = next(t)
@@ -98,7 +102,7 @@ func TestNextInstallsWhatTheManagerHandedOver(t *testing.T) {
 
 	// Sealed under another key (or altered): nothing, with the reason.
 	other, _ := signing.NewKey([]byte("fedcba9876543210fedcba9876543210"))
-	cm, err = handover.Sealed(other, "agentboot-system", got, ie, inst, time.Now())
+	cm, err = handover.Sealed(other, "agentboot-system", got, ie, bound, inst, time.Now())
 	require.NoError(t, err)
 	put(t, cm)
 	steps, got = next(t)
@@ -106,8 +110,23 @@ func TestNextInstallsWhatTheManagerHandedOver(t *testing.T) {
 	require.Contains(t, got.Status.Progress.ProgressInfo, "does not open")
 	requireEvent(t, rec, "HandoverBroken")
 
-	// Sealed for this Agent: the step, with what was sealed.
-	cm, err = handover.Sealed(key, "agentboot-system", got, ie, inst, time.Now())
+	// Sealed for this Agent, but the binding changed since: nothing; it no
+	// longer holds: refused at once, with why.
+	cm, err = handover.Sealed(key, "agentboot-system", got, ie, "binding-0", inst, time.Now())
+	require.NoError(t, err)
+	put(t, cm)
+	steps, got = next(t)
+	require.Empty(t, steps)
+	require.Equal(t, handover.ErrStale.Error(), got.Status.Progress.ProgressInfo)
+	bindErr = &binding.Refused{Msg: "AgentMachine clusters-vcluster2/m1 is gone"}
+	steps, got = next(t)
+	require.Empty(t, steps)
+	require.Equal(t, "AgentMachine clusters-vcluster2/m1 is gone", got.Status.Progress.ProgressInfo)
+	requireEvent(t, rec, "BindingRefused")
+	bindErr = nil
+
+	// Sealed for this Agent as it is bound: the step, with what was sealed.
+	cm, err = handover.Sealed(key, "agentboot-system", got, ie, bound, inst, time.Now())
 	require.NoError(t, err)
 	put(t, cm)
 	steps, got = next(t)

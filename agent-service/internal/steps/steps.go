@@ -24,6 +24,7 @@ import (
 	"github.com/agentboot/agentboot/agent-service/internal/hostapi"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/binding"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/handover"
@@ -44,6 +45,9 @@ type Steps struct {
 	// handover), which Client reads in Namespace, agentboot's own.
 	Keys      signing.Source
 	Namespace string
+	// Binding resolves an Agent's binding to its digest (nil:
+	// binding.Resolve through APIReader).
+	Binding func(ctx context.Context, a *v1beta1.Agent) (string, error)
 	// Debts records, by hardware, the erase an installation leaves owed,
 	// and settles it when the machine sanitized its disks.
 	Debts  *debts.Store
@@ -88,7 +92,9 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 	disk, err := s.hostReady(ctx, a)
 	var inst handover.Install
 	if err == nil {
-		inst, err = handover.Open(key, &cm, a, ref.InfraEnv, s.Now())
+		// The binding afresh, from what only HyperShift and the provider
+		// write: one revoked since the manager looked is refused now.
+		inst, err = handover.Open(key, &cm, a, ref.InfraEnv, func() (string, error) { return s.binding(ctx, a) }, s.Now())
 	}
 	if err != nil {
 		return nil, s.block(ctx, a, err.Error(), reason(err))
@@ -377,4 +383,15 @@ func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1bet
 func equalProgress(a, b *v1beta1.HostProgressInfo) bool {
 	return a.CurrentStage == b.CurrentStage && a.ProgressInfo == b.ProgressInfo && a.InstallationPercentage == b.InstallationPercentage &&
 		a.StageUpdateTime.Equal(b.StageUpdateTime)
+}
+
+func (s *Steps) binding(ctx context.Context, a *v1beta1.Agent) (string, error) {
+	if s.Binding != nil {
+		return s.Binding(ctx, a)
+	}
+	b, err := binding.Resolve(ctx, s.APIReader, a)
+	if err != nil {
+		return "", err
+	}
+	return b.Digest(), nil
 }

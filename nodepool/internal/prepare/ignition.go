@@ -19,8 +19,8 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hiveext "github.com/agentboot/agentboot/api/hiveext/v1beta1"
+	"github.com/agentboot/agentboot/internal/binding"
 	"github.com/agentboot/agentboot/internal/discovery"
-	"github.com/agentboot/agentboot/nodepool/internal/binding"
 )
 
 // Keys of the Secrets a pointer Ignition is built from.

@@ -30,13 +30,13 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentrecord"
+	"github.com/agentboot/agentboot/internal/binding"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/sanitize"
 	"github.com/agentboot/agentboot/internal/signing"
-	"github.com/agentboot/agentboot/nodepool/internal/binding"
 )
 
 // Catalog is what the preparation needs of the OS image catalog.
@@ -208,7 +208,7 @@ func (r *Reconciler) prepare(ctx context.Context, a *v1beta1.Agent) (*corev1.Con
 		}
 		return nil, 0, err
 	}
-	cm, err := handover.Sealed(key, r.Namespace, a, ie, handover.Install{Ignition: ign, ImageURL: discovery.DiskImageURL(r.Settings, k), ImageSHA256: st.Image.SHA256,
+	cm, err := handover.Sealed(key, r.Namespace, a, ie, b.Digest(), handover.Install{Ignition: ign, ImageURL: discovery.DiskImageURL(r.Settings, k), ImageSHA256: st.Image.SHA256,
 		OnRelease: string(r.Sanitization.For(ie.Namespace, ie.Name))}, r.now())
 	return cm, r.Refresh, err
 }

@@ -26,8 +26,8 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
+	"github.com/agentboot/agentboot/internal/binding"
 	"github.com/agentboot/agentboot/internal/lifecycle"
-	"github.com/agentboot/agentboot/nodepool/internal/binding"
 )
 
 // DeploymentNameLabel is Cluster API's label on the machines of a

@@ -19,7 +19,7 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hivev1 "github.com/agentboot/agentboot/api/hive/v1"
-	"github.com/agentboot/agentboot/nodepool/internal/binding"
+	"github.com/agentboot/agentboot/internal/binding"
 )
 
 // waiting is an error that is expected for a while (a kubeconfig not yet

@@ -29,9 +29,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/binding"
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
-	"github.com/agentboot/agentboot/nodepool/internal/binding"
 )
 
 // Timeouts bounds each wait of an installation.

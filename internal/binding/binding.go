@@ -12,6 +12,9 @@ package binding
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -21,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
@@ -208,4 +212,24 @@ func readError(err error, format string, args ...any) error {
 		return refused("%s: the kind is not installed in this cluster", what)
 	}
 	return fmt.Errorf("read %s: %w", what, err)
+}
+
+// Digest identifies the binding as resolved: the objects it rests on (by
+// UID) and the AgentClusterInstall's Ignition endpoint. Two resolutions
+// with the same digest would build the same pointer config from the same
+// Secrets.
+func (b *Binding) Digest() string {
+	in := struct {
+		Namespace, AgentMachine string
+		Created                 time.Time
+		ClusterDeployment       types.UID
+		Install                 types.UID
+		Endpoint                *hiveext.IgnitionEndpoint
+	}{b.Namespace, b.AgentMachine, b.AgentMachineCreated, b.ClusterDeployment.UID, b.Install.UID, b.Install.Spec.IgnitionEndpoint}
+	raw, err := json.Marshal(in)
+	if err != nil {
+		panic(err) // strings, a time and a struct of strings
+	}
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:])
 }
