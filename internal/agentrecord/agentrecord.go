@@ -9,11 +9,53 @@ package agentrecord
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 )
+
+// AgentKey is the data key of a record that names its Agent
+// ("namespace/name").
+const AgentKey = "agent"
+
+// Of is the AgentKey value of a's records.
+func Of(a *v1beta1.Agent) string { return a.Namespace + "/" + a.Name }
+
+// IndexBy is the cache index function of records labelled label=true: by
+// the Agent they are for.
+func IndexBy(label string) client.IndexerFunc {
+	return func(o client.Object) []string {
+		cm, ok := o.(*corev1.ConfigMap)
+		if !ok || cm.Labels[label] != "true" || cm.Data[AgentKey] == "" {
+			return nil
+		}
+		return []string{cm.Data[AgentKey]}
+	}
+}
+
+// Watch has a controller of Agents look again at an Agent whenever one of
+// its records (labelled label=true, in namespace) changes or goes, so that
+// a record someone deleted or edited is made again at once.
+func Watch(b *builder.TypedBuilder[reconcile.Request], namespace, label string) *builder.TypedBuilder[reconcile.Request] {
+	own := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetNamespace() == namespace && o.GetLabels()[label] == "true"
+	})
+	return b.Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		ns, name, ok := strings.Cut(o.(*corev1.ConfigMap).Data[AgentKey], "/")
+		if !ok {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}}
+	}), builder.WithPredicates(own))
+}
 
 // Sync makes the ConfigMaps in namespace that index finds for agent
 // ("namespace/name") exactly want: none when want is nil. An existing one

@@ -20,11 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentrecord"
@@ -37,7 +33,6 @@ const Label = "agentboot.io/disk-boot"
 
 // Keys of a record.
 const (
-	keyAgent    = "agent"    // namespace/name
 	keyInfraEnv = "infraEnv" // the InfraEnv it registered through
 	keyMACs     = "macs"     // lowercased, comma-separated
 )
@@ -65,9 +60,9 @@ func For(namespace string, a *v1beta1.Agent) *corev1.ConfigMap {
 	return &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: Name(a), Labels: map[string]string{Label: "true", "app.kubernetes.io/part-of": "agentboot"}},
 		Data: map[string]string{
-			keyAgent:    a.Namespace + "/" + a.Name,
-			keyInfraEnv: lifecycle.Registration(a).InfraEnv,
-			keyMACs:     strings.Join(slices.Compact(macs), ","),
+			agentrecord.AgentKey: agentrecord.Of(a),
+			keyInfraEnv:          lifecycle.Registration(a).InfraEnv,
+			keyMACs:              strings.Join(slices.Compact(macs), ","),
 		},
 	}
 }
@@ -77,7 +72,7 @@ func macKeys(o client.Object) []string {
 	if !ok || cm.Labels[Label] != "true" {
 		return nil
 	}
-	ns, _, ok := strings.Cut(cm.Data[keyAgent], "/")
+	ns, _, ok := strings.Cut(cm.Data[agentrecord.AgentKey], "/")
 	if !ok || cm.Data[keyMACs] == "" {
 		return nil
 	}
@@ -89,14 +84,6 @@ func macKeys(o client.Object) []string {
 		}
 	}
 	return keys
-}
-
-func agentKey(o client.Object) []string {
-	cm, ok := o.(*corev1.ConfigMap)
-	if !ok || cm.Labels[Label] != "true" || cm.Data[keyAgent] == "" {
-		return nil
-	}
-	return []string{cm.Data[keyAgent]}
 }
 
 var registered sync.Map // client.FieldIndexer → *onceErr
@@ -113,7 +100,7 @@ func Register(idx client.FieldIndexer) error {
 	o := v.(*onceErr)
 	o.Do(func() {
 		if o.err = idx.IndexField(context.Background(), &corev1.ConfigMap{}, MACIndex, macKeys); o.err == nil {
-			o.err = idx.IndexField(context.Background(), &corev1.ConfigMap{}, AgentIndex, agentKey)
+			o.err = idx.IndexField(context.Background(), &corev1.ConfigMap{}, AgentIndex, agentrecord.IndexBy(Label))
 		}
 	})
 	return o.err
@@ -145,20 +132,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := Register(mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	own := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetNamespace() == r.Namespace && o.GetLabels()[Label] == "true"
-	})
-	return ctrl.NewControllerManagedBy(mgr).
+	return agentrecord.Watch(ctrl.NewControllerManagedBy(mgr).
 		Named("disk-boot").
-		For(&v1beta1.Agent{}).
-		// A record someone deleted or edited is made again.
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			ns, name, ok := strings.Cut(o.(*corev1.ConfigMap).Data[keyAgent], "/")
-			if !ok {
-				return nil
-			}
-			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}}
-		}), builder.WithPredicates(own)).
+		For(&v1beta1.Agent{}), r.Namespace, Label).
 		Complete(r)
 }
 

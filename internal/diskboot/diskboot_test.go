@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentrecord"
 )
 
 // A record exists only for an Agent that boots from its disk, names the
@@ -28,7 +29,7 @@ func TestRecords(t *testing.T) {
 	require.Equal(t, "agentboot-system", cm.Namespace)
 	require.Equal(t, map[string]string{"agent": "team-a/" + a.Name, "infraEnv": "pool", "macs": "52:54:00:00:00:01,52:54:00:00:00:02"}, cm.Data)
 	require.ElementsMatch(t, []string{"team-a/52:54:00:00:00:01", "team-a/pool/52:54:00:00:00:01", "team-a/52:54:00:00:00:02", "team-a/pool/52:54:00:00:00:02"}, macKeys(cm))
-	require.Equal(t, []string{"team-a/" + a.Name}, agentKey(cm))
+	require.Equal(t, []string{"team-a/" + a.Name}, agentrecord.IndexBy(Label)(cm))
 
 	// Released, or no MAC reported, or being deleted: no record.
 	released := a.DeepCopy()
@@ -46,5 +47,5 @@ func TestRecords(t *testing.T) {
 	other := cm.DeepCopy()
 	delete(other.Labels, Label)
 	require.Empty(t, macKeys(other))
-	require.Empty(t, agentKey(other))
+	require.Empty(t, agentrecord.IndexBy(Label)(other))
 }

@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentrecord"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -38,7 +39,6 @@ const Label = "agentboot.io/install-handover"
 
 // Keys of a handover ConfigMap.
 const (
-	keyAgent   = "agent"   // namespace/name, for people
 	keyInputs  = "inputs"  // Inputs of the Agent it was made for
 	keySealed  = "sealed"  // the sealed Install, base64
 	keyDigest  = "digest"  // a keyed digest of the Install: unchanged content is not rewritten
@@ -105,7 +105,7 @@ func aad(a *v1beta1.Agent, inputs, binding, expires string) []byte {
 func base(namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv) *corev1.ConfigMap {
 	return &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: Name(a), Labels: map[string]string{Label: "true", "app.kubernetes.io/part-of": "agentboot"}},
-		Data:       map[string]string{keyAgent: a.Namespace + "/" + a.Name, keyInputs: Inputs(a, ie)},
+		Data:       map[string]string{agentrecord.AgentKey: agentrecord.Of(a), keyInputs: Inputs(a, ie)},
 	}
 }
 
@@ -144,7 +144,7 @@ func Waiting(namespace string, a *v1beta1.Agent, ie *v1beta1.InfraEnv, why, reas
 // content for the same inputs under the same key that opens for more than
 // half its lifetime yet.
 func Same(have, want *corev1.ConfigMap, now time.Time) bool {
-	for _, k := range []string{keyAgent, keyInputs, keyBinding, keyDigest, keyWaiting, keyReason} {
+	for _, k := range []string{agentrecord.AgentKey, keyInputs, keyBinding, keyDigest, keyWaiting, keyReason} {
 		if have.Data[k] != want.Data[k] {
 			return false
 		}

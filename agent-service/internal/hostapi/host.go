@@ -27,6 +27,7 @@ import (
 	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/sanitize"
+	"github.com/agentboot/agentboot/internal/signing"
 )
 
 // AgentRef is an authenticated host.
@@ -44,10 +45,8 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 			writeError(w, http.StatusBadRequest, "BadRequest", "agent ID %q is not a UUID", id)
 			return
 		}
-		key, err := s.o.Keys.Key()
-		if err != nil {
-			w.Header().Set("Retry-After", "5")
-			writeError(w, http.StatusServiceUnavailable, "Starting", "the service is starting")
+		key, ok := s.key(w)
+		if !ok {
 			return
 		}
 		// The token first: nothing is read for a request that is not from
@@ -89,7 +88,7 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 			s.o.Log.Error(err, "record the host's source address", "agent", ns+"/"+id)
 		}
 		var ie v1beta1.InfraEnv
-		err = s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: rec.InfraEnv}, &ie)
+		err := s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: rec.InfraEnv}, &ie)
 		if apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != rec.InfraEnvUID) {
 			writeError(w, http.StatusGone, agentwire.CodeInfraEnvGone, "the InfraEnv of Agent %s/%s was deleted", ns, id)
 			return
@@ -523,4 +522,16 @@ func (s *Server) progress(w http.ResponseWriter, r *http.Request, ref *AgentRef)
 		}
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// key is the signing key, or false after answering 503 while the service
+// has none yet (starting).
+func (s *Server) key(w http.ResponseWriter) (signing.Key, bool) {
+	key, err := s.o.Keys.Key()
+	if err != nil {
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusServiceUnavailable, "Starting", "the service is starting")
+		return signing.Key{}, false
+	}
+	return key, true
 }

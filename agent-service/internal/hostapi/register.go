@@ -45,10 +45,8 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
 		return
 	}
-	key, err := s.o.Keys.Key()
-	if err != nil {
-		w.Header().Set("Retry-After", "5")
-		writeError(w, http.StatusServiceUnavailable, "Starting", "the service is starting")
+	key, ok := s.key(w)
+	if !ok {
 		return
 	}
 	ie, code := s.infraEnvFor(r.Context(), key, ns, name, req.InfraEnvUID, bearer(r))

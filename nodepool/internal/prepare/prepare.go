@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -24,9 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentrecord"
@@ -79,12 +76,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Downloading <= 0 {
 		r.Downloading = 5 * time.Second
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.ConfigMap{}, AgentIndex, func(o client.Object) []string {
-		if o.GetLabels()[handover.Label] != "true" {
-			return nil
-		}
-		return []string{o.(*corev1.ConfigMap).Data["agent"]}
-	}); err != nil {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.ConfigMap{}, AgentIndex, agentrecord.IndexBy(handover.Label)); err != nil {
 		return err
 	}
 	// Bound Agents, and those that just stopped being bound (their
@@ -97,20 +89,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		DeleteFunc:  func(event.DeleteEvent) bool { return true },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
-	own := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetNamespace() == r.Namespace && o.GetLabels()[handover.Label] == "true"
-	})
-	return ctrl.NewControllerManagedBy(mgr).
+	return agentrecord.Watch(ctrl.NewControllerManagedBy(mgr).
 		Named("nodepool-handover").
-		For(&v1beta1.Agent{}, builder.WithPredicates(bound)).
-		// A handover someone deleted or edited is made again at once.
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			ns, name, ok := strings.Cut(o.(*corev1.ConfigMap).Data["agent"], "/")
-			if !ok {
-				return nil
-			}
-			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}}
-		}), builder.WithPredicates(own)).
+		For(&v1beta1.Agent{}, builder.WithPredicates(bound)), r.Namespace, handover.Label).
 		Complete(r)
 }
 
