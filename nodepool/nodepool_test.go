@@ -669,7 +669,7 @@ func TestInstallationHandedOverSealed(t *testing.T) {
 		var cm corev1.ConfigMap
 		require.Eventually(t, func() bool {
 			return e.Client.Get(ctx, key, &cm) == nil && cm.Data["sealed"] != "" && ok(&cm)
-		}, wait, 100*time.Millisecond, "the handover is never %s: %v; Agent %s: bound to %v, labels %v, progress %+v", what, cm.Data, handover.Name(e.agent(h)),
+		}, wait, 100*time.Millisecond, "the handover %s is never %s: %v; Agent %s: bound to %v, labels %v, progress %+v", key.Name, what, cm.Data, handover.Name(e.agent(h)),
 			e.agent(h).Spec.ClusterDeploymentName, e.agent(h).Labels, e.agent(h).Status.Progress)
 		return &cm
 	}

@@ -109,10 +109,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	var want *corev1.ConfigMap
 	var after time.Duration
 	var failed error
-	if a != nil && a.DeletionTimestamp.IsZero() && lifecycle.Bound(a) && !lifecycle.Started(a) {
+	switch {
+	case a == nil:
+	case a.DeletionTimestamp.IsZero() && lifecycle.Bound(a) && !lifecycle.Started(a):
 		// On an error the handover goes (want stays nil) rather than
 		// stay as it was: what cannot be checked now is not handed out.
 		want, after, failed = r.prepare(ctx, a)
+	case lifecycle.Bound(a):
+		// Installing, or being deleted: nothing to hand over, but looked
+		// at again, so that a handover is never missing for long for a
+		// bound host that needs one.
+		after = r.Refresh
+	}
+	if want == nil {
+		var have corev1.ConfigMapList
+		if err := r.Client.List(ctx, &have, client.InNamespace(r.Namespace), client.MatchingFields{AgentIndex: req.Namespace + "/" + req.Name}); err == nil && len(have.Items) > 0 {
+			why := "the Agent is gone"
+			switch {
+			case failed != nil:
+				why = "it could not be prepared: " + failed.Error()
+			case a != nil && !lifecycle.Bound(a):
+				why = "the Agent is not bound"
+			case a != nil && lifecycle.Started(a):
+				why = "the host started installing"
+			case a != nil:
+				why = "the Agent is being deleted"
+			}
+			r.Log.Info("handover withdrawn", "agent", req.String(), "why", why)
+		}
 	}
 	now := r.now()
 	again, err := agentrecord.Sync(ctx, r.Client, r.Namespace, AgentIndex, req.Namespace+"/"+req.Name, want, func(have, want *corev1.ConfigMap) bool {
