@@ -61,7 +61,11 @@ func Watch(b *builder.TypedBuilder[reconcile.Request], namespace, label string) 
 // ("namespace/name") exactly want: none when want is nil. An existing one
 // of want's name is rewritten only when same(have, want) is false. It
 // reports whether to look again soon (someone else wrote meanwhile).
-func Sync(ctx context.Context, c client.Client, namespace, index, agent string, want *corev1.ConfigMap, same func(have, want *corev1.ConfigMap) bool) (again bool, err error) {
+//
+// fresh, when not nil, reads want's name from the apiserver instead of
+// trusting the cache: a record the cache still holds after it was deleted
+// would otherwise never be made again.
+func Sync(ctx context.Context, c client.Client, fresh client.Reader, namespace, index, agent string, want *corev1.ConfigMap, same func(have, want *corev1.ConfigMap) bool) (again bool, err error) {
 	var have corev1.ConfigMapList
 	if err := c.List(ctx, &have, client.InNamespace(namespace), client.MatchingFields{index: agent}); err != nil {
 		return false, err
@@ -75,6 +79,17 @@ func Sync(ctx context.Context, c client.Client, namespace, index, agent string, 
 		}
 		if err := c.Delete(ctx, cm, client.Preconditions{UID: &cm.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return false, fmt.Errorf("remove %s/%s (Agent %s): %w", namespace, cm.Name, agent, err)
+		}
+	}
+	if want != nil && fresh != nil {
+		var have corev1.ConfigMap
+		switch err := fresh.Get(ctx, client.ObjectKeyFromObject(want), &have); {
+		case apierrors.IsNotFound(err):
+			current = nil
+		case err != nil:
+			return false, err
+		default:
+			current = &have
 		}
 	}
 	switch {

@@ -148,7 +148,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	case !apierrors.IsNotFound(err):
 		return ctrl.Result{}, err
 	}
-	again, err := agentrecord.Sync(ctx, r.Client, r.Namespace, AgentIndex, req.Namespace+"/"+req.Name, want, func(have, want *corev1.ConfigMap) bool {
+	again, err := agentrecord.Sync(ctx, r.Client, nil, r.Namespace, AgentIndex, req.Namespace+"/"+req.Name, want, func(have, want *corev1.ConfigMap) bool {
 		return maps.Equal(have.Data, want.Data) && have.Labels[Label] == "true"
 	})
 	if again {

@@ -139,7 +139,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 	now := r.now()
-	again, err := agentrecord.Sync(ctx, r.Client, r.Namespace, AgentIndex, req.Namespace+"/"+req.Name, want, func(have, want *corev1.ConfigMap) bool {
+	again, err := agentrecord.Sync(ctx, r.Client, r.APIReader, r.Namespace, AgentIndex, req.Namespace+"/"+req.Name, want, func(have, want *corev1.ConfigMap) bool {
 		return handover.Same(have, want, now)
 	})
 	switch {
