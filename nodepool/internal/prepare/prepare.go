@@ -97,6 +97,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // Reconcile makes the handover of one Agent current, or removes it.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	// A bound on the whole pass: one request the apiserver never answers
+	// would otherwise hold the controller's worker, and every host's
+	// handover, for good (seen in tests under load).
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	a := &v1beta1.Agent{}
 	if err := r.Client.Get(ctx, req.NamespacedName, a); err != nil {
 		if !apierrors.IsNotFound(err) {
