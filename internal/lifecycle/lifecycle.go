@@ -7,15 +7,18 @@
 // writes for the same host states, because cluster-api-provider-agent
 // copies them into AgentMachines and decides on them.
 //
-// It reads Agents and computes; it never talks to the apiserver.
+// It is also the only writer of an Agent's status: registration, inventory,
+// validations and conditions, the installation's stages, the
+// sanitization's state machine and the release are functions here that
+// change the Agent they are given, and the caller sends the result
+// (TestOnlyLifecycleWritesAgentState holds every other package to that).
+// It never talks to the apiserver.
 package lifecycle
 
 import (
 	"time"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/installprogress"
-	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
 // Host states (status.debugInfo.state), named as assisted-service names
@@ -118,7 +121,7 @@ func Forgotten(a *v1beta1.Agent) bool {
 // the last tenant's data on its disks. It says whether a sanitization is
 // now owed.
 func ForgetInstallation(st *v1beta1.AgentStatus, why string) bool {
-	installprogress.Reset(&st.Progress)
+	st.Progress = v1beta1.HostProgressInfo{}
 	st.InstallationDiskID = ""
 	if st.Registration != nil {
 		st.Registration.NodeName = ""
@@ -130,23 +133,6 @@ func ForgetInstallation(st *v1beta1.AgentStatus, why string) bool {
 	return OweSanitization(st, ds.OnRelease, why)
 }
 
-// OweSanitization makes the host owe a sanitization at level (none and ""
-// owe nothing) before it can be bound again, and says whether it does. A
-// level already owed (an administrator's request, an earlier release) is
-// never weakened.
-func OweSanitization(st *v1beta1.AgentStatus, level, why string) bool {
-	if level == "" || level == string(sanitize.None) {
-		return false
-	}
-	if st.DiskSanitization == nil {
-		st.DiskSanitization = &v1beta1.AgentDiskSanitization{}
-	}
-	ds := st.DiskSanitization
-	ds.Required, ds.Reason, ds.State, ds.Message, ds.Session = sanitize.Stronger(ds.Required, level), why, v1beta1.SanitizationPending, "", ""
-	ds.StartTime, ds.CompletionTime = nil, nil
-	return true
-}
-
 // InventoryOfThisSession reports whether the Agent's inventory was reported
 // in the host's current registration session (a boot of the discovery
 // image): an earlier boot's may miss a disk. The agent API stores an
@@ -156,14 +142,6 @@ func InventoryOfThisSession(a *v1beta1.Agent) bool {
 	started, err := time.Parse(time.RFC3339, Registration(a).SessionStarted)
 	// The report time is stored to the second; the session start is not.
 	return inv != nil && err == nil && !inv.Time.Before(started.Truncate(time.Second))
-}
-
-// SanitizationOwed reports whether the host must sanitize its disks before
-// it can be bound again: it left a cluster, and the evidence of its erase
-// is not in yet. Only the host's own report of a sanitization handed to it
-// clears it (docs/security.md).
-func SanitizationOwed(a *v1beta1.Agent) bool {
-	return a.Status.DiskSanitization != nil && a.Status.DiskSanitization.Required != ""
 }
 
 // BootsFromDisk reports whether the host's next boot must be its disk: its

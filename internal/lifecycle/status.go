@@ -3,6 +3,9 @@ package lifecycle
 import (
 	"fmt"
 	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
@@ -164,4 +167,31 @@ func notReady(connected bool, validated v1beta1.Condition) string {
 		return "it is disconnected"
 	}
 	return strings.ToLower(validated.Message[:1]) + validated.Message[1:]
+}
+
+// Settle brings the Agent's status in line with its spec and what was
+// observed of its host this pass (the Agent controller's write): an
+// installation of a host unbound before it wrote anything is forgotten
+// (it says so: that write makes it owe its sanitization, and must not be
+// made from a stale read), then the validations (unless the installation
+// froze them), conditions, role and state follow from Derive.
+func Settle(a *v1beta1.Agent, o Observed, vs v1beta1.ValidationsStatus, now time.Time) (forgot bool) {
+	st := &a.Status
+	if forgot = Forgotten(a); forgot {
+		// Unbound after its installation failed: the host still runs
+		// discovery, so the installation is forgotten; what it may have
+		// written before it failed makes it owe a sanitization.
+		ForgetInstallation(st, "its installation failed and it was released from its cluster")
+	}
+	d := Derive(a, o)
+	if !d.FrozenValidations || len(st.ValidationsInfo) == 0 {
+		st.ValidationsInfo = vs
+	}
+	t := metav1.NewTime(now)
+	for _, c := range d.Conditions {
+		st.Conditions = conditions.Set(st.Conditions, c, t)
+	}
+	st.Role = d.Role
+	st.DebugInfo.State, st.DebugInfo.StateInfo = d.State, d.StateInfo
+	return forgot
 }

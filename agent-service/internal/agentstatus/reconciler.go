@@ -240,7 +240,8 @@ func labelValue(s string) string {
 	return strings.Trim(s, "-_.")
 }
 
-func inventoryLabels(inv *v1beta1.HostInventory) map[string]string {
+func inventoryLabels(a *v1beta1.Agent) map[string]string {
+	inv := a.Status.Inventory
 	if inv.ReportTime == nil {
 		return nil
 	}
@@ -260,7 +261,7 @@ func inventoryLabels(inv *v1beta1.HostInventory) map[string]string {
 }
 
 func (r *Reconciler) patchLabels(ctx context.Context, a *v1beta1.Agent) error {
-	want := inventoryLabels(&a.Status.Inventory)
+	want := inventoryLabels(a)
 	changed := false
 	for k, v := range want {
 		if a.Labels[k] != v {
@@ -281,47 +282,26 @@ func (r *Reconciler) patchLabels(ctx context.Context, a *v1beta1.Agent) error {
 }
 
 func (r *Reconciler) patchStatus(ctx context.Context, a *v1beta1.Agent, f *facts) error {
-	now := metav1.NewTime(r.Now())
-	st := a.Status.DeepCopy()
-	// The installation as it will be written.
-	view := &v1beta1.Agent{ObjectMeta: a.ObjectMeta, Spec: a.Spec, Status: v1beta1.AgentStatus{Progress: st.Progress}}
-	forgetting := lifecycle.Forgotten(view)
-	if forgetting {
-		// Unbound after its installation failed: the host still runs
-		// discovery, so the installation is forgotten; what it may have
-		// written before it failed makes it owe a sanitization.
-		lifecycle.ForgetInstallation(st, "its installation failed and it was released from its cluster")
-		view.Status.Progress = st.Progress
-	}
 	o := lifecycle.Observed{Connected: f.connected, Silence: r.silence(f), Inventoried: inventoried(f)}
 	vs := validate(f)
 	_, o.PendingIDs, o.Failing = summary(vs)
 	o.FailingMessages = failingMessages(vs)
-	d := lifecycle.Derive(view, o)
-	if !d.FrozenValidations || len(st.ValidationsInfo) == 0 {
-		st.ValidationsInfo = vs
-	}
-	for _, c := range d.Conditions {
-		st.Conditions = conditions.Set(st.Conditions, c, now)
-	}
-	st.Role = d.Role
-	st.DebugInfo.State, st.DebugInfo.StateInfo = d.State, d.StateInfo
-
-	if equality.Semantic.DeepEqual(st, &a.Status) {
+	next := a.DeepCopy()
+	forgot := lifecycle.Settle(next, o, vs, r.Now())
+	if equality.Semantic.DeepEqual(next.Status, a.Status) {
 		return nil
 	}
-	before := a.Status.DeepCopy()
-	patch := client.MergeFrom(a.DeepCopy())
-	if forgetting {
+	patch := client.MergeFrom(a)
+	if forgot {
 		// Forgetting writes the sanitization owed: from a stale cache it
 		// could undo one already under way, so it must be of the latest.
-		patch = client.MergeFromWithOptions(a.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		patch = client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})
 	}
-	a.Status = *st
-	if err := r.Client.Status().Patch(ctx, a, patch); err != nil {
+	if err := r.Client.Status().Patch(ctx, next, patch); err != nil {
 		return fmt.Errorf("patch Agent status: %w", err)
 	}
-	r.recordTransitions(a, before, st)
+	r.recordTransitions(next, a, next)
+	*a = *next
 	return nil
 }
 
@@ -347,9 +327,9 @@ func (r *Reconciler) silence(f *facts) string {
 
 // recordTransitions emits events when approval, connectivity or validations
 // change.
-func (r *Reconciler) recordTransitions(a *v1beta1.Agent, before, after *v1beta1.AgentStatus) {
-	was := func(t v1beta1.ConditionType) *v1beta1.Condition { return conditions.Find(before.Conditions, t) }
-	now := func(t v1beta1.ConditionType) *v1beta1.Condition { return conditions.Find(after.Conditions, t) }
+func (r *Reconciler) recordTransitions(a, before, after *v1beta1.Agent) {
+	was := func(t v1beta1.ConditionType) *v1beta1.Condition { return conditions.Find(before.Status.Conditions, t) }
+	now := func(t v1beta1.ConditionType) *v1beta1.Condition { return conditions.Find(after.Status.Conditions, t) }
 	if b, n := was(v1beta1.RequirementsMetCondition), now(v1beta1.RequirementsMetCondition); n != nil {
 		if (b == nil || b.Reason == v1beta1.AgentIsNotApprovedReason) && n.Reason != v1beta1.AgentIsNotApprovedReason {
 			r.Events.Eventf(a, nil, corev1.EventTypeNormal, "Approved", "Approve", "the agent was approved")

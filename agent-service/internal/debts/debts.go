@@ -63,7 +63,7 @@ func AgentMarks(a *v1beta1.Agent) []string {
 	if agentwire.ValidUUID(a.Name) {
 		marks = append(marks, Mark("uuid", strings.ToLower(a.Name)))
 	}
-	inv := &a.Status.Inventory
+	inv := a.Status.Inventory
 	if agentwire.ValidSerial(inv.SystemVendor.SerialNumber) {
 		marks = append(marks, Mark("serial", strings.TrimSpace(inv.SystemVendor.SerialNumber)))
 	}

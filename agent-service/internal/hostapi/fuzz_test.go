@@ -33,7 +33,7 @@ func FuzzInventory(f *testing.F) {
 			return
 		}
 		if validInventory(&inv) == nil {
-			_ = sameInventory(&inv, &v1beta1.HostInventory{})
+			_ = sameInventory(inv, v1beta1.HostInventory{})
 		}
 	})
 }

@@ -24,7 +24,6 @@ import (
 	"github.com/agentboot/agentboot/agent-service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
-	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/sanitize"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -113,9 +112,6 @@ func (s *Server) mayWrite(a *v1beta1.Agent) bool {
 	return !ok || v.(*limiter).TokensAt(s.o.Now()) >= 1
 }
 
-// maxSourceAddresses is how many source addresses an Agent keeps.
-const maxSourceAddresses = 8
-
 // noteSource records an address the host connected from, when it is new:
 // kubelet serving certificates are approved only for addresses the host
 // was seen using (see the nodepool worker).
@@ -128,12 +124,8 @@ func (s *Server) noteSource(ctx context.Context, a *v1beta1.Agent, ip string) er
 		s.budget.spend(a.Status.Registration.InfraEnvUID, size(a), s.o.Now()) > 0 {
 		return nil // known, a host changing address on every request, or no budget now (a later request records it)
 	}
-	seen = append(slices.Clone(seen), ip)
-	if len(seen) > maxSourceAddresses {
-		seen = seen[len(seen)-maxSourceAddresses:]
-	}
 	patch := client.MergeFrom(a.DeepCopy())
-	a.Status.Registration.SourceAddresses = seen
+	lifecycle.SeenFrom(a, ip)
 	writes.WithLabelValues("agent-status").Inc()
 	return s.o.Client.Status().Patch(ctx, a, patch)
 }
@@ -160,11 +152,9 @@ func (s *Server) dispute(ctx context.Context, a *v1beta1.Agent) error {
 	if wait := s.budget.spend(rec.InfraEnvUID, 2*size(a), s.o.Now()); wait > 0 {
 		return fmt.Errorf("the write budget is spent for %s; the next heartbeat marks the dispute", wait.Round(time.Second))
 	}
-	if rec.Disputed == "" {
-		rec.Disputed = msg
+	if lifecycle.Dispute(a, msg) {
 		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "IdentityConflict", "Register", "%s", msg)
 	}
-	rec.Contested = ""
 	writes.WithLabelValues("agent-status").Inc()
 	return s.o.Client.Status().Patch(ctx, a, patch)
 }
@@ -208,7 +198,7 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 		s.o.Log.Info("kept the hostname of a bound host", "agent", a.Namespace+"/"+a.Name, "reported", inv.Hostname, "kept", a.Status.Inventory.Hostname)
 		inv.Hostname = a.Status.Inventory.Hostname
 	}
-	if sameInventory(&a.Status.Inventory, &inv) && lifecycle.InventoryOfThisSession(a) {
+	if sameInventory(a.Status.Inventory, inv) && lifecycle.InventoryOfThisSession(a) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
@@ -217,7 +207,7 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 		return
 	}
 	patch := client.MergeFrom(a.DeepCopy())
-	a.Status.Inventory = inv
+	lifecycle.RecordInventory(a, inv)
 	// Stored, then the Agent controller's validations of it: two writes.
 	if wait := s.budget.spend(string(ref.InfraEnv.UID), 2*size(a), s.o.Now()); wait > 0 {
 		overBudget(w, wait)
@@ -297,8 +287,7 @@ func matchedWhat(kind string) string {
 }
 
 // sameInventory compares all but the report time.
-func sameInventory(a, b *v1beta1.HostInventory) bool {
-	x, y := *a, *b
+func sameInventory(x, y v1beta1.HostInventory) bool {
 	x.ReportTime, y.ReportTime = nil, nil
 	return equality.Semantic.DeepEqual(x, y)
 }
@@ -383,21 +372,17 @@ func (s *Server) storeNTP(ctx context.Context, a *v1beta1.Agent, srcs []agentwir
 		}
 		want = append(want, v1beta1.HostNTPSource{SourceName: n.SourceName, SourceState: n.SourceState})
 	}
-	if len(want) == 0 && len(a.Status.NTPSources) == 0 || equality.Semantic.DeepEqual(want, a.Status.NTPSources) {
-		return nil
+	next := a.DeepCopy()
+	if !lifecycle.RecordNTPSources(next, want) || !s.allowWrite(a) {
+		return nil // unchanged, or informational: a later heartbeat stores it
 	}
-	if !s.allowWrite(a) {
-		return nil // informational: a later heartbeat stores it
-	}
-	patch := client.MergeFrom(a.DeepCopy())
-	before := a.Status.NTPSources
-	a.Status.NTPSources = want
 	// Stored, then the Agent controller's validations of it (ntp-synced):
 	// informational, so over budget it waits for a later heartbeat.
-	if s.budget.spend(lifecycle.Registration(a).InfraEnvUID, 2*size(a), s.o.Now()) > 0 {
-		a.Status.NTPSources = before
+	if s.budget.spend(lifecycle.Registration(a).InfraEnvUID, 2*size(next), s.o.Now()) > 0 {
 		return nil
 	}
+	patch := client.MergeFrom(a.DeepCopy())
+	*a = *next
 	writes.WithLabelValues("agent-status").Inc()
 	return s.o.Client.Status().Patch(ctx, a, patch)
 }
@@ -500,9 +485,9 @@ func (s *Server) progress(w http.ResponseWriter, r *http.Request, ref *AgentRef)
 		return
 	}
 	// Any stage by name here; which of them a host may report is the
-	// steps' to say (installprogress.HostStages).
+	// steps' to say (lifecycle.HostStages).
 	st := v1beta1.HostStage(p.Stage)
-	known := p.Stage == agentwire.StageSanitizing || st == v1beta1.StageFailed || installprogress.Index(st) >= 0
+	known := p.Stage == agentwire.StageSanitizing || st == v1beta1.StageFailed || lifecycle.StageIndex(st) >= 0
 	if !known || p.Percentage < 0 || p.Percentage > 100 || len(p.Info) > 1024 {
 		writeError(w, http.StatusBadRequest, "BadProgress", "stage %q, percentage %d: want a known stage and 0-100", p.Stage, p.Percentage)
 		return

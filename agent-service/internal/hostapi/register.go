@@ -4,12 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -26,7 +23,6 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
-	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -418,13 +414,12 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	// The patch names the Agent's UID: if it was deleted and created
 	// anew meanwhile, the apiserver refuses it rather than give this
 	// record to another Agent.
+	// (The patch is taken from a copy without the UID, so it carries it.)
+	base := agent.DeepCopy()
+	base.UID = ""
 	secret := s.beginSession(agent, ie, req, digest, from, bootedBy)
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": agent.UID}, "status": map[string]any{"registration": agent.Status.Registration}})
-	if err != nil {
-		return nil, "", kindNone, err
-	}
 	writes.WithLabelValues("agent-status").Inc()
-	if err := s.o.Client.Status().Patch(ctx, agent, client.RawPatch(types.MergePatchType, body)); err != nil {
+	if err := s.o.Client.Status().Patch(ctx, agent, client.MergeFrom(base)); err != nil {
 		if derr := s.o.Client.Delete(ctx, agent, client.Preconditions{UID: &agent.UID}); derr != nil && !apierrors.IsNotFound(derr) {
 			s.o.Log.Error(derr, "delete an Agent whose registration record could not be written", "agent", agent.Namespace+"/"+agent.Name)
 		}
@@ -474,7 +469,7 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 		}
 		if rec.Contested == "" && s.budget.spend(rec.InfraEnvUID, 2*size(a), s.o.Now()) == 0 {
 			patch := client.MergeFrom(a.DeepCopy())
-			a.Status.Registration.Contested = s.o.Now().UTC().Format(time.RFC3339) + " from " + from
+			lifecycle.Contest(a, s.o.Now().UTC().Format(time.RFC3339)+" from "+from)
 			writes.WithLabelValues("agent-status").Inc()
 			if err := s.o.Client.Status().Patch(ctx, a, patch); err != nil {
 				return nil, "", kindNone, err
@@ -531,19 +526,12 @@ const recordGrace = 30 * time.Second
 // registration's answer carries.
 func (s *Server) beginSession(a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) string {
 	secret := newSecret()
-	rec := lifecycle.Registration(a)
-	rec.InfraEnv, rec.InfraEnvUID = ie.Name, string(ie.UID)
-	rec.Identity, rec.MACAddresses = digest, hosts.MACs(req.Identity.MACAddresses)
-	rec.Session = hosts.SessionID(secret)
-	rec.SessionStarted = s.o.Now().UTC().Format(time.RFC3339Nano)
-	rec.BootedBy, rec.Contested = bootedBy, ""
-	if ip := sourceIP(from); ip != "" && !slices.Contains(rec.SourceAddresses, ip) {
-		rec.SourceAddresses = append(rec.SourceAddresses, ip)
-		if len(rec.SourceAddresses) > maxSourceAddresses {
-			rec.SourceAddresses = rec.SourceAddresses[len(rec.SourceAddresses)-maxSourceAddresses:]
-		}
-	}
-	a.Status.Registration = &rec
+	lifecycle.BeginSession(a, lifecycle.Session{
+		InfraEnv: ie.Name, InfraEnvUID: string(ie.UID),
+		Identity: digest, MACs: hosts.MACs(req.Identity.MACAddresses),
+		ID: hosts.SessionID(secret), Started: s.o.Now(),
+		BootedBy: bootedBy, From: sourceIP(from),
+	})
 	return secret
 }
 
@@ -554,8 +542,11 @@ func (s *Server) bootedBy(ctx context.Context, key signing.Key, ns string, p *ag
 	if p == nil {
 		return "", ""
 	}
+	// From the apiserver, not the cache: a registration with a proof
+	// comes once per boot, and the nonce its BMC controller wrote a moment
+	// ago may not be in the cache yet.
 	var bmh metal3.BareMetalHost
-	if err := s.o.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: p.BareMetalHost}, &bmh); err != nil {
+	if err := s.o.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: p.BareMetalHost}, &bmh); err != nil {
 		return "", fmt.Sprintf("BareMetalHost %s/%s: %v", ns, p.BareMetalHost, err)
 	}
 	nonce, err := key.CheckBootProof(p.Proof, ns, bmh.Name, string(bmh.UID), s.o.Now())
@@ -604,8 +595,8 @@ func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
 	if err := s.o.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), a); err != nil {
 		return err
 	}
-	p := &a.Status.Progress
-	if !lifecycle.Started(a) || lifecycle.Bound(a) && installprogress.Finished(p) {
+	p := a.Status.Progress
+	if !lifecycle.Started(a) || lifecycle.Bound(a) && lifecycle.Finished(p.CurrentStage) {
 		return nil
 	}
 	before := a.DeepCopy()
@@ -614,10 +605,10 @@ func (s *Server) rebooted(ctx context.Context, cached *v1beta1.Agent) error {
 		// began installing and then registered again, has lost its
 		// installation.
 		why := "the host restarted into the discovery image during the installation, at " + string(p.CurrentStage)
-		if installprogress.Index(p.CurrentStage) >= installprogress.Index(v1beta1.StageRebooting) {
+		if lifecycle.StageIndex(p.CurrentStage) >= lifecycle.StageIndex(v1beta1.StageRebooting) {
 			why = "the host booted the discovery image again instead of its installed disk; check its boot order"
 		}
-		_ = installprogress.Fail(p, why, s.o.Now())
+		_ = lifecycle.FailInstallation(a, why, s.o.Now())
 		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, v1beta1.InstallationFailedReason, "Register", "%s", why)
 		writes.WithLabelValues("agent-status").Inc()
 		return s.o.Client.Status().Patch(ctx, a, client.MergeFrom(before))

@@ -41,12 +41,11 @@ const (
 // disks it names are recorded, so that the report must cover exactly those.
 func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire.Step, error) {
 	ds := a.Status.DiskSanitization
-	session := lifecycle.Registration(a).SessionStarted
 	// An attempt that failed in this boot is not tried again in it. One
 	// shown Running in this boot is handed again: the agent runs steps
 	// between heartbeats, so a host asking for instructions is not running
 	// it any more (its result was lost, or its agent restarted).
-	if ds.Session == session && ds.State == v1beta1.SanitizationFailed {
+	if !lifecycle.SanitizationToHand(a) {
 		return nil, nil
 	}
 	// The disks are those of an inventory from this boot: one from an
@@ -67,16 +66,10 @@ func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire
 	}
 	if len(held) > 0 {
 		msg := fmt.Sprintf("waiting: %s; see the %s annotation of its BareMetalHost", strings.Join(held, "; "), sanitize.KeepAnnotation)
-		if ds.Message != msg || ds.State == v1beta1.SanitizationRunning {
-			// An attempt shown running in this boot is over (the host
-			// asks for instructions): Pending again, so that the
-			// BareMetalHost controller may record the new list.
-			held := a.DeepCopy()
-			hds := held.Status.DiskSanitization
-			hds.Message = msg
-			if hds.State == v1beta1.SanitizationRunning {
-				hds.State, hds.Session = v1beta1.SanitizationPending, ""
-			}
+		// An attempt shown running in this boot is over (the host asks for
+		// instructions): Pending again, so that the BareMetalHost
+		// controller may record the new list.
+		if held := a.DeepCopy(); lifecycle.HoldSanitization(held, msg) {
 			err := s.Client.Status().Patch(ctx, held, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{}))
 			switch {
 			case apierrors.IsConflict(err):
@@ -89,13 +82,8 @@ func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire
 		return nil, nil
 	}
 	claimed := a.DeepCopy()
-	now := metav1.NewTime(s.Now())
-	cds := claimed.Status.DiskSanitization
-	cds.State, cds.Session, cds.StartTime, cds.CompletionTime = v1beta1.SanitizationRunning, session, &now, nil
-	cds.Message = fmt.Sprintf("erasing %d disks (%s)", len(disks), strings.Join(disks, ", "))
-	cds.Level, cds.Disks = "", nil
-	for _, d := range disks {
-		cds.Disks = append(cds.Disks, v1beta1.DiskSanitizationRecord{Disk: d, Kept: slices.Contains(keep, d)})
+	if err := lifecycle.ClaimSanitization(claimed, disks, keep, s.Now()); err != nil {
+		return nil, err
 	}
 	if err := s.Client.Status().Patch(ctx, claimed, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
@@ -219,24 +207,17 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 		if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), &cur); err != nil {
 			return err
 		}
-		ds := cur.Status.DiskSanitization
-		if !lifecycle.SanitizationOwed(&cur) || ds.State != v1beta1.SanitizationRunning || ds.Session != lifecycle.Registration(&cur).SessionStarted {
+		if !lifecycle.SanitizationRunning(&cur) {
 			return errNotRunning
 		}
+		ds := cur.Status.DiskSanitization
 		records, problems := judge(ds, cur.Status.Inventory.Disks, r)
+		now := s.Now()
 		next := cur.DeepCopy()
-		nds := next.Status.DiskSanitization
-		now := metav1.NewTime(s.Now())
-		nds.CompletionTime = &now
-		nds.Disks = records
-		if len(problems) > 0 {
-			nds.State = v1beta1.SanitizationFailed
-			nds.Message = clip.Text(strings.Join(problems, "; ")+". The host tries again the next time it boots the discovery image (power-cycle it; its BareMetalHost's BMC can)", 2048)
-		} else {
-			nds.Required, nds.State, nds.Level = "", v1beta1.SanitizationDone, ds.Required
-			nds.Message = summary(records, now.Sub(ds.StartTime.Time))
+		if err := lifecycle.FinishSanitization(next, lifecycle.Evidence{Records: records, Problems: problems, Summary: summary(records, now.Sub(ds.StartTime.Time))}, now); err != nil {
+			return err
 		}
-		done = nds
+		done = next.Status.DiskSanitization
 		return s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(&cur, client.MergeFromWithOptimisticLock{}))
 	})
 	if err != nil {
@@ -422,15 +403,12 @@ func (s *Steps) sanitizeProgress(ctx context.Context, a *v1beta1.Agent, p agentw
 		if err := s.APIReader.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
 			return err
 		}
-		ds := cur.Status.DiskSanitization
-		if !lifecycle.SanitizationOwed(cur) || ds.State != v1beta1.SanitizationRunning {
+		next := cur.DeepCopy()
+		if changed, err := lifecycle.SanitizationProgress(next, msg); err != nil {
 			return errNotRunning
-		}
-		if ds.Message == msg {
+		} else if !changed {
 			return nil
 		}
-		next := cur.DeepCopy()
-		next.Status.DiskSanitization.Message = msg
 		return s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
 	})
 }

@@ -28,7 +28,6 @@ import (
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/handover"
-	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/sanitize"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -109,17 +108,9 @@ func (s *Steps) Next(ctx context.Context, ref *hostapi.AgentRef) ([]agentwire.St
 		}
 	}
 	claimed := a.DeepCopy()
-	installprogress.Start(&claimed.Status.Progress, fmt.Sprintf("installing to %s (%s) from %s", disk.Path, disk.ID, step.ImageURL), s.Now())
-	claimed.Status.InstallationDiskID = disk.ID
-	if claimed.Status.DiskSanitization == nil {
-		claimed.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{}
-	}
-	claimed.Status.DiskSanitization.OnRelease = onRelease
-	// The Node name the config just built gives the host: what the
+	// With the Node name the config just built gives the host: what the
 	// nodepool worker looks for, whatever spec.hostname says later.
-	rec := lifecycle.Registration(claimed)
-	rec.NodeName = a.Hostname()
-	claimed.Status.Registration = &rec
+	lifecycle.StartInstallation(claimed, lifecycle.Installation{Disk: disk, ImageURL: step.ImageURL, OnRelease: onRelease}, s.Now())
 	if err := s.Client.Status().Patch(ctx, claimed, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
 			return nil, nil // changed meanwhile: the next heartbeat looks again
@@ -167,11 +158,10 @@ func reason(err error) string {
 
 // block records why the installation cannot start, once per reason.
 func (s *Steps) block(ctx context.Context, a *v1beta1.Agent, why, reason string) error {
-	if a.Status.Progress.ProgressInfo == why {
+	patch := client.MergeFrom(a.DeepCopy())
+	if !lifecycle.WaitInstallation(a, why) {
 		return nil
 	}
-	patch := client.MergeFrom(a.DeepCopy())
-	a.Status.Progress.ProgressInfo = why
 	if err := s.Client.Status().Patch(ctx, a, patch); err != nil {
 		return fmt.Errorf("record why the installation waits: %w", err)
 	}
@@ -289,11 +279,11 @@ func (s *Steps) Result(ctx context.Context, ref *hostapi.AgentRef, step string, 
 	if reason == "" {
 		reason = fmt.Sprintf("the install step exited with %d", r.ExitCode)
 	}
-	_, err := s.update(ctx, ref.Agent, func(p *v1beta1.HostProgressInfo) error {
-		if p.CurrentStage == v1beta1.StageFailed {
+	_, err := s.update(ctx, ref.Agent, func(next *v1beta1.Agent) error {
+		if next.Status.Progress.CurrentStage == v1beta1.StageFailed {
 			return nil
 		}
-		return installprogress.Fail(p, reason, s.Now())
+		return lifecycle.FailInstallation(next, reason, s.Now())
 	})
 	return err
 }
@@ -329,11 +319,11 @@ func (s *Steps) Progress(ctx context.Context, ref *hostapi.AgentRef, p agentwire
 		return s.sanitizeProgress(ctx, ref.Agent, p)
 	}
 	stage := v1beta1.HostStage(p.Stage)
-	if stage != v1beta1.StageFailed && !slices.Contains(installprogress.HostStages, stage) {
+	if stage != v1beta1.StageFailed && !slices.Contains(lifecycle.HostStages, stage) {
 		return fmt.Errorf("stage %q is not one a host reports", p.Stage)
 	}
-	a, err := s.update(ctx, ref.Agent, func(pr *v1beta1.HostProgressInfo) error {
-		return installprogress.Advance(pr, stage, int64(p.Percentage), p.Info, s.Now())
+	a, err := s.update(ctx, ref.Agent, func(next *v1beta1.Agent) error {
+		return lifecycle.Advance(next, stage, int64(p.Percentage), p.Info, s.Now())
 	})
 	if err == nil {
 		// Before the host is answered (and reboots): the image service
@@ -355,7 +345,7 @@ func (s *Steps) Progress(ctx context.Context, ref *hostapi.AgentRef, p agentwire
 // It reads the Agent from the apiserver, not the cache: a host reports its
 // first stage right after its step was claimed, before the cache may have
 // the claim.
-func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1beta1.HostProgressInfo) error) (*v1beta1.Agent, error) {
+func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1beta1.Agent) error) (*v1beta1.Agent, error) {
 	cur := &v1beta1.Agent{}
 	var next *v1beta1.Agent
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -366,10 +356,10 @@ func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1bet
 			return errors.New("the host was released from its cluster: its installation is void")
 		}
 		next = cur.DeepCopy()
-		if err := change(&next.Status.Progress); err != nil {
+		if err := change(next); err != nil {
 			return err
 		}
-		if equalProgress(&cur.Status.Progress, &next.Status.Progress) {
+		if equalProgress(cur.Status.Progress, next.Status.Progress) {
 			return nil
 		}
 		return s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
@@ -380,7 +370,7 @@ func (s *Steps) update(ctx context.Context, a *v1beta1.Agent, change func(*v1bet
 	return next, nil
 }
 
-func equalProgress(a, b *v1beta1.HostProgressInfo) bool {
+func equalProgress(a, b v1beta1.HostProgressInfo) bool {
 	return a.CurrentStage == b.CurrentStage && a.ProgressInfo == b.ProgressInfo && a.InstallationPercentage == b.InstallationPercentage &&
 		a.StageUpdateTime.Equal(b.StageUpdateTime)
 }

@@ -2,8 +2,8 @@ package baremetalhost
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -52,21 +52,12 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 		keep = nil
 	}
 	next := a.DeepCopy()
-	ds := next.Status.DiskSanitization
-	if ds == nil {
-		ds = &v1beta1.AgentDiskSanitization{}
-		next.Status.DiskSanitization = ds
-	}
 	// An attempt shown running in an earlier boot (power was cut) is
 	// over: the next claim uses the list as it is now.
-	running := ds.State == v1beta1.SanitizationRunning && ds.Session == lifecycle.Registration(a).SessionStarted
-	changed := false
-	if !slices.Equal(ds.Keep, keep) {
-		if running {
-			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "KeepDeferred", "Sanitize", "Agent %s is erasing its disks with the disks to keep it was given; the new list applies to its next sanitization", a.Name)
-		} else {
-			ds.Keep, changed = keep, true
-		}
+	running := lifecycle.SanitizationRunning(a)
+	changed, err := lifecycle.KeepDisks(next, keep)
+	if errors.Is(err, lifecycle.ErrSanitizing) {
+		r.Events.Eventf(host, nil, corev1.EventTypeWarning, "KeepDeferred", "Sanitize", "Agent %s is erasing its disks with the disks to keep it was given; the new list applies to its next sanitization", a.Name)
 	}
 	req, hasReq := host.Annotations[SanitizeRequestAnnotation]
 	recorded := false
@@ -83,9 +74,7 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 			// the request waits for the one that booted its ISO.
 			r.Events.Eventf(host, nil, corev1.EventTypeWarning, "DiskSanitizationRequestWaits", "Sanitize", "not recorded on Agent %s: %v", a.Name, bootEvidence(host, a))
 		default:
-			ds.Required = sanitize.Stronger(ds.Required, string(level))
-			ds.Reason = fmt.Sprintf("requested by an administrator on BareMetalHost %s", host.Name)
-			ds.State, ds.Message, ds.Session, ds.StartTime, ds.CompletionTime = v1beta1.SanitizationPending, "", "", nil, nil
+			lifecycle.OweSanitization(&next.Status, string(level), fmt.Sprintf("requested by an administrator on BareMetalHost %s", host.Name))
 			changed, recorded = true, true
 		}
 	}
@@ -102,7 +91,7 @@ func (r *Reconciler) diskRequests(ctx context.Context, host *metal3.BareMetalHos
 	if !recorded {
 		return nil
 	}
-	r.Events.Eventf(host, nil, corev1.EventTypeNormal, "DiskSanitizationRequested", "Sanitize", "Agent %s owes a sanitization of its disks at level %s before it can be bound again", a.Name, ds.Required)
+	r.Events.Eventf(host, nil, corev1.EventTypeNormal, "DiskSanitizationRequested", "Sanitize", "Agent %s owes a sanitization of its disks at level %s before it can be bound again", a.Name, a.Status.DiskSanitization.Required)
 	// With the resourceVersion read: a request changed meanwhile (a
 	// stronger level) is a conflict, and recorded at the next pass, not
 	// removed unseen.

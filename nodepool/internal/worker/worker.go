@@ -30,7 +30,6 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/binding"
-	"github.com/agentboot/agentboot/internal/installprogress"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
@@ -113,12 +112,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !lifecycle.Bound(a) || !a.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
 	}
-	p := &a.Status.Progress
+	p := a.Status.Progress
 	now := r.Now()
 	switch {
-	case p.CurrentStage == "" || installprogress.Finished(p):
+	case p.CurrentStage == "" || lifecycle.Finished(p.CurrentStage):
 		return ctrl.Result{}, nil
-	case installprogress.Index(p.CurrentStage) < installprogress.Index(v1beta1.StageRebooting):
+	case lifecycle.StageIndex(p.CurrentStage) < lifecycle.StageIndex(v1beta1.StageRebooting):
 		// The host is writing its disk and reports as it goes.
 		last := updated(p)
 		if now.Sub(last) >= r.Timeouts.Install {
@@ -131,7 +130,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 // join looks for the host in the hosted cluster.
 func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, error) {
-	p := &a.Status.Progress
+	p := a.Status.Progress
 	now := r.Now()
 	started := now
 	if p.StageStartTime != nil {
@@ -240,8 +239,7 @@ func (r *Reconciler) wait(ctx context.Context, a *v1beta1.Agent, err error) (ctr
 // advance writes a stage with optimistic locking: the host's own reports
 // may land at the same time.
 func (r *Reconciler) advance(ctx context.Context, a *v1beta1.Agent, stage v1beta1.HostStage, info string) error {
-	next := a.DeepCopy()
-	p := &next.Status.Progress
+	p := a.Status.Progress
 	if stage == p.CurrentStage && info == p.ProgressInfo {
 		return nil
 	}
@@ -249,12 +247,9 @@ func (r *Reconciler) advance(ctx context.Context, a *v1beta1.Agent, stage v1beta
 	if stage == v1beta1.StageDone {
 		pct = 100
 	}
-	if stage == p.CurrentStage {
-		// Same stage, new detail: the stage's start stays.
-		p.ProgressInfo = info
-		t := metav1.NewTime(r.Now())
-		p.StageUpdateTime = &t
-	} else if err := installprogress.Advance(p, stage, pct, info, r.Now()); err != nil {
+	// The same stage again keeps its start and takes the new detail.
+	next := a.DeepCopy()
+	if err := lifecycle.Advance(next, stage, pct, info, r.Now()); err != nil {
 		return err
 	}
 	err := r.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{}))
@@ -273,7 +268,7 @@ func (r *Reconciler) fail(ctx context.Context, a *v1beta1.Agent, why string) (ct
 }
 
 // updated is when the host last reported.
-func updated(p *v1beta1.HostProgressInfo) time.Time {
+func updated(p v1beta1.HostProgressInfo) time.Time {
 	switch {
 	case p.StageUpdateTime != nil:
 		return p.StageUpdateTime.Time
