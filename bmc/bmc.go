@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/agentboot/agentboot/bmc/internal/baremetalhost"
@@ -43,6 +45,12 @@ type Config struct {
 	Keys signing.Source
 	// Networks, when set, are the only networks BMC addresses may be in.
 	Networks []netip.Prefix
+	// Clock measures the power and media windows (the real clock; tests
+	// may give one they step).
+	Clock clock.PassiveClock
+	// Passes, when set, is told of each finished reconcile pass of a host
+	// and what it returned: tests wait on passes instead of sleeping.
+	Passes func(host types.NamespacedName, res ctrl.Result, err error)
 }
 
 // SetupWithManager adds the BareMetalHost controller to mgr (it runs on
@@ -67,5 +75,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		BackoffCap:           cfg.BackoffCap,
 		Keys:                 cfg.Keys,
 		Networks:             cfg.Networks,
+		Clock:                cfg.Clock,
+		Passes:               cfg.Passes,
 	}).SetupWithManager(mgr)
 }

@@ -27,11 +27,13 @@ import (
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/bmc"
+	"github.com/agentboot/agentboot/bmc/internal/baremetalhost"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/test/bmcsim"
 	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // Its stacks take turns on one control plane.
@@ -50,17 +52,31 @@ var fast = bmc.Config{
 
 type env struct {
 	*stack.Stack
-	t  *testing.T
-	ns string
-	ie *v1beta1.InfraEnv
+	t      *testing.T
+	ns     string
+	ie     *v1beta1.InfraEnv
+	passes *testenv.Passes
 }
 
 func start(t *testing.T) *env {
-	s := stack.Start(t, stack.Options{BMC: fast, ISOOverHTTP: true})
-	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "bmc", "lab", nil)}
+	return startWith(t, fast, true)
+}
+
+func startWith(t *testing.T, cfg bmc.Config, isoOverHTTP bool) *env {
+	passes := testenv.NewPasses()
+	cfg.Passes = passes.Observe
+	s := stack.Start(t, stack.Options{BMC: cfg, ISOOverHTTP: isoOverHTTP})
+	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "bmc", "lab", nil), passes: passes}
 	e.ns = e.ie.Namespace
 	e.secret("bmc-secret", "admin", password)
 	return e
+}
+
+// settle waits until the controller has looked at h again since now (two
+// passes): what did not happen by then is not going to happen on its own.
+func (e *env) settle(t testing.TB, h *metal3.BareMetalHost) {
+	t.Helper()
+	e.passes.Settle(t, client.ObjectKeyFromObject(h))
 }
 
 func (e *env) secret(name, user, pass string) {
@@ -108,15 +124,21 @@ func (e *env) requireProof(h *metal3.BareMetalHost, media string) {
 // wait polls the host until ok holds, and fails with its last status.
 func (e *env) wait(h *metal3.BareMetalHost, what string, ok func(*metal3.BareMetalHost) bool) *metal3.BareMetalHost {
 	e.t.Helper()
+	return e.waitT(e.t, h, what, ok)
+}
+
+// waitT is wait reporting to t (a subtest's).
+func (e *env) waitT(t testing.TB, h *metal3.BareMetalHost, what string, ok func(*metal3.BareMetalHost) bool) *metal3.BareMetalHost {
+	t.Helper()
 	got := &metal3.BareMetalHost{}
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); <-tick.C {
 		if err := e.Client.Get(context.Background(), client.ObjectKeyFromObject(h), got); err == nil && ok(got) {
 			return got
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
-	e.t.Fatalf("BareMetalHost %s never %s; status: %+v", h.Name, what, got.Status)
+	t.Fatalf("BareMetalHost %s never %s; status: %+v", h.Name, what, got.Status)
 	return nil
 }
 
@@ -201,7 +223,7 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 	impostor = e.RegisterBooted(t, e.ie, 1, forged)
 	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: impostor.NS, Name: impostor.ID}, &unproven))
 	require.Empty(t, lifecycle.Registration(&unproven).BootedBy)
-	time.Sleep(time.Second)
+	e.settle(t, h)
 	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: impostor.NS, Name: impostor.ID}, &unproven))
 	require.False(t, unproven.Spec.Approved)
 	require.NoError(t, e.Client.Delete(ctx, &unproven))
@@ -303,7 +325,7 @@ func TestPowerLossInDiscoveryBootsDiscoveryAgain(t *testing.T) {
 	got.Spec.Online = false
 	require.NoError(t, e.Client.Update(context.Background(), got))
 	e.wait(h, "powered off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn })
-	time.Sleep(2 * fast.Resync)
+	e.settle(t, h)
 	require.False(t, m.On(), "powered on against online: false")
 	require.Len(t, m.Boots(), 2)
 	got = e.wait(h, "read", func(*metal3.BareMetalHost) bool { return true })
@@ -359,7 +381,7 @@ func TestDiskAnnotations(t *testing.T) {
 	agent.Spec.ClusterDeploymentName = &v1beta1.ClusterReference{Name: "vcluster2", Namespace: "clusters-vcluster2"}
 	require.NoError(t, e.Client.Patch(ctx, agent, patch))
 	annotate("agentboot.io/sanitize-disks", "metadata")
-	time.Sleep(3 * fast.Resync)
+	e.settle(t, h)
 	require.NoError(t, e.Client.Get(ctx, key, agent))
 	require.Empty(t, agent.Status.DiskSanitization.Required, "a bound host is not asked to wipe its disks")
 	_, pending := hostAnnotation("agentboot.io/sanitize-disks")
@@ -513,24 +535,35 @@ func TestBadInput(t *testing.T) {
 	since := make([]time.Time, len(cases))
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := e.wait(hosts[i], "reporting "+tc.name, errorContains(tc.errType, tc.want))
+			got := e.waitT(t, hosts[i], "reporting "+tc.name, errorContains(tc.errType, tc.want))
 			require.NotContains(t, got.Status.ErrorMessage, password)
 			require.NotContains(t, got.Status.ErrorMessage, "not-the-password")
 			require.Equal(t, metal3.StateRegistering, got.Status.Provisioning.State)
 			before[i], since[i] = got.Status.ErrorCount, time.Now()
 		})
 	}
-	time.Sleep(4 * time.Second)
 	for i, tc := range cases {
 		t.Run("backoff-"+tc.name, func(t *testing.T) {
+			t.Parallel() // each waits for its host's passes, seconds apart
 			require.False(t, since[i].IsZero(), "%s never reported its error", tc.name)
-			// Retried with backoff, not in a hot loop: with a 200ms base
-			// and a 2s cap, at most a handful of attempts in the seconds
-			// since (2 a second allows for the first, quick ones).
-			got := e.wait(hosts[i], "still failing", errorContains(tc.errType, tc.want))
-			window := time.Since(since[i])
-			require.LessOrEqual(t, got.Status.ErrorCount-before[i], 2*int(window.Seconds()+0.5), "retries: %d in %s", got.Status.ErrorCount-before[i], window)
-			require.Greater(t, got.Status.ErrorCount, 0)
+			// Retried with backoff, not in a hot loop: each failed pass
+			// asks to be looked at again no sooner than the backoff (a
+			// 200ms base, doubling per error to a 2s cap, ±20%), and no
+			// pass is retried at once through an error.
+			passes := e.passes.Await(t, e.passes.Mark(client.ObjectKeyFromObject(hosts[i])), 3)
+			got := e.waitT(t, hosts[i], "still failing", errorContains(tc.errType, tc.want))
+			attempts := 0
+			for _, p := range passes {
+				require.NoError(t, p.Err)
+				if p.Result.RequeueAfter == baremetalhost.CacheLagRequeue {
+					continue // the cache had not caught up: no BMC was asked
+				}
+				attempts++
+				floor := min(fast.BackoffBase<<min(before[i], 10), fast.BackoffCap) * 8 / 10
+				require.GreaterOrEqual(t, p.Result.RequeueAfter, floor, "a failed pass retried sooner than its backoff")
+			}
+			require.Positive(t, attempts)
+			require.Greater(t, got.Status.ErrorCount, before[i], "still trying")
 			requireEvent(t, e, hosts[i].Name, tc.want)
 		})
 	}
@@ -568,7 +601,7 @@ func TestDetachedAndPaused(t *testing.T) {
 	e.wait(h, "detached", func(h *metal3.BareMetalHost) bool {
 		return h.Status.OperationalStatus == metal3.OperationalStatusDetached
 	})
-	time.Sleep(time.Second)
+	e.settle(t, h)
 	require.False(t, m.On(), "a detached host was powered on")
 }
 
@@ -696,10 +729,7 @@ func peakRSS(t *testing.T) int64 {
 func TestBMCNetworksRefuseOtherAddresses(t *testing.T) {
 	cfg := fast
 	cfg.Networks = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}
-	s := stack.Start(t, stack.Options{BMC: cfg})
-	e := &env{Stack: s, t: t, ie: s.CreateInfraEnv(t, "bmc", "lab", nil)}
-	e.ns = e.ie.Namespace
-	e.secret("bmc-secret", "admin", password)
+	e := startWith(t, cfg, false)
 	var requests atomic.Int64
 	sim := &bmcsim.Redfish{User: "admin", Password: password, Machine: &bmcsim.MemMachine{}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -710,6 +740,6 @@ func TestBMCNetworksRefuseOtherAddresses(t *testing.T) {
 	h := e.host("elsewhere", "redfish-virtualmedia+"+srv.URL+"/redfish/v1/Systems/1", 60)
 	got := e.wait(h, "refused", errorContains(metal3.RegistrationError, "is outside the BMC networks this agentboot may reach (--bmc-networks=198.18.0.0/15)"))
 	require.LessOrEqual(t, len(got.Status.ErrorMessage), 600)
-	time.Sleep(time.Second)
+	e.settle(t, h)
 	require.Zero(t, requests.Load(), "nothing was sent to the BMC address")
 }

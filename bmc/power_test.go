@@ -18,6 +18,7 @@ import (
 
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/test/bmcsim"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // hardware is a BMC whose power takes time as a real server's does (scaled
@@ -122,7 +123,30 @@ func leaveInfraEnv(t *testing.T, e *env, h *metal3.BareMetalHost) {
 func retryConflict(f func() error) error { return retry.RetryOnConflict(retry.DefaultRetry, f) }
 
 func TestPowerLikeHardware(t *testing.T) {
-	e := start(t)
+	// The grace periods are long, as in production, on a clock the test
+	// steps past them once it checked that nothing was done before.
+	clock := &testenv.SteppedClock{}
+	powerCfg := fast
+	powerCfg.SoftPowerOffTimeout, powerCfg.EjectOnDeleteTimeout, powerCfg.Clock = 10*time.Minute, 10*time.Minute, clock
+	e := startWith(t, powerCfg, true)
+
+	// First: its window begins at the apiserver's deletionTimestamp, which
+	// knows nothing of the steps later subtests take.
+	t.Run("deletion with the BMC gone lets go after a while, saying so", func(t *testing.T) {
+		sim, _, hostport := redfish(t)
+		h := e.host("gone", "redfish-virtualmedia+http://"+hostport, 76)
+		e.wait(h, "provisioned", state(metal3.StateProvisioned))
+		sim.SetFaults(bmcsim.Faults{Unreachable: true})
+		require.NoError(t, e.Client.Delete(context.Background(), h))
+		// Tried, and held, until the timeout is over.
+		e.passes.Await(t, e.passes.Mark(client.ObjectKeyFromObject(h)), 3)
+		require.NoError(t, e.Client.Get(context.Background(), client.ObjectKeyFromObject(h), &metal3.BareMetalHost{}), "let go before the eject timeout")
+		clock.Step(powerCfg.EjectOnDeleteTimeout)
+		waitGone(t, e, h)
+		ev := waitEvent(t, e, h.Name, "MediaNotEjected", "may still hold the discovery ISO")
+		require.Equal(t, corev1.EventTypeWarning, ev.Type)
+		require.NotEmpty(t, sim.Image())
+	})
 
 	t.Run("one request per state, graceful power-off", func(t *testing.T) {
 		sim, m, hostport := redfish(t)
@@ -146,7 +170,7 @@ func TestPowerLikeHardware(t *testing.T) {
 		// Back on; still one request.
 		setOnline(t, e, h, true)
 		e.wait(h, "powered on", func(h *metal3.BareMetalHost) bool { return h.Status.PoweredOn })
-		time.Sleep(2 * time.Second)
+		e.settle(t, h)
 		require.Equal(t, 2, count(sim.Events(), "request On"), "%q", sim.Events())
 	})
 
@@ -158,13 +182,16 @@ func TestPowerLikeHardware(t *testing.T) {
 		hung.HungOS = true
 		sim.SetTiming(hung)
 		neverFailed(t, e, h)
-		asked := time.Now()
 		setOnline(t, e, h, false)
-		ev := waitEvent(t, e, h.Name, "PowerOffForced", "the OS did not shut down within 5s")
+		waitEvents(t, sim.Events, "request GracefulShutdown")
+		e.settle(t, h)
+		require.Zero(t, count(sim.Events(), "request ForceOff"), "forced before the grace period ended: %q", sim.Events())
+		require.True(t, m.On())
+		clock.Step(powerCfg.SoftPowerOffTimeout)
+		ev := waitEvent(t, e, h.Name, "PowerOffForced", "the OS did not shut down within 10m0s")
 		require.Equal(t, corev1.EventTypeWarning, ev.Type)
 		e.wait(h, "powered off", func(h *metal3.BareMetalHost) bool { return !h.Status.PoweredOn })
 		require.False(t, m.On())
-		require.GreaterOrEqual(t, time.Since(asked), fast.SoftPowerOffTimeout, "forced before the grace period ended")
 		evs := sim.Events()
 		require.Equal(t, 1, count(evs, "request GracefulShutdown"), "%q", evs)
 		require.Equal(t, 1, count(evs, "request ForceOff"), "%q", evs)
@@ -236,6 +263,8 @@ func TestPowerLikeHardware(t *testing.T) {
 		setOnline(t, e, h, false)
 		// Asked gracefully, forced after the grace period, forced again
 		// after each power timeout: then a specific error, never silence.
+		waitEvents(t, sim.Events, "ignored GracefulShutdown")
+		clock.Step(powerCfg.SoftPowerOffTimeout)
 		got := e.wait(h, "reporting the ignored requests", errorContains(metal3.PowerManagementError, "the BMC accepted 3 requests to power off over 9s but still reports on"))
 		require.True(t, got.Status.PoweredOn)
 		require.True(t, m.On())
@@ -265,7 +294,7 @@ func TestPowerLikeHardware(t *testing.T) {
 		setOnline(t, e, h, false)
 		waitEvents(t, sim.Events, "request GracefulShutdown")
 		setOnline(t, e, h, true)
-		time.Sleep(500 * time.Millisecond)
+		e.settle(t, h) // it has seen online: true while the shutdown is held
 		sim.HoldTransitions(false)
 		waitEvents(t, sim.Events, "power off", "request On", "refused On", "request On", "power on default")
 		e.wait(h, "on again", func(h *metal3.BareMetalHost) bool { return h.Status.PoweredOn })
@@ -323,20 +352,6 @@ func TestPowerLikeHardware(t *testing.T) {
 		require.NotEmpty(t, events(t, e, h.Name, "MediaEjected"))
 	})
 
-	t.Run("deletion with the BMC gone lets go after a while, saying so", func(t *testing.T) {
-		sim, _, hostport := redfish(t)
-		h := e.host("gone", "redfish-virtualmedia+http://"+hostport, 76)
-		e.wait(h, "provisioned", state(metal3.StateProvisioned))
-		sim.SetFaults(bmcsim.Faults{Unreachable: true})
-		asked := time.Now()
-		require.NoError(t, e.Client.Delete(context.Background(), h))
-		waitGone(t, e, h)
-		// deletionTimestamp has whole seconds.
-		require.GreaterOrEqual(t, time.Since(asked), fast.EjectOnDeleteTimeout-time.Second)
-		ev := waitEvent(t, e, h.Name, "MediaNotEjected", "may still hold the discovery ISO")
-		require.Equal(t, corev1.EventTypeWarning, ev.Type)
-		require.NotEmpty(t, sim.Image())
-	})
 }
 
 func waitGone(t *testing.T, e *env, h *metal3.BareMetalHost) {

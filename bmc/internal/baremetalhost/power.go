@@ -102,7 +102,7 @@ func (h *hostRun) enforcePower(ctx context.Context) step {
 	mem := h.r.memoryOf(h.host)
 	p := mem.power
 	if h.power.Settled() && h.power.IsOn() == want {
-		if p != nil && p.on != want && !p.sent.IsZero() && time.Since(p.sent) < p.window(h.r) {
+		if p != nil && p.on != want && !p.sent.IsZero() && h.r.Clock.Since(p.sent) < p.window(h.r) {
 			// spec.online flipped back while the other state's request is
 			// under way (an OS shutting down reports on): watch it land,
 			// then undo it, rather than wait for the next resync.
@@ -119,13 +119,13 @@ func (h *hostRun) enforcePower(ctx context.Context) step {
 		if !h.power.Settled() && (h.power == driver.PoweringOn) == want {
 			// Already on its way (asked by someone else, or before a
 			// restart of this controller): wait for it.
-			p.sent, p.requests = time.Now(), 1
+			p.sent, p.requests = h.r.Clock.Now(), 1
 		}
 		mem.power = p
 	}
 	repeat := false
 	if !p.sent.IsZero() {
-		waited := time.Since(p.sent)
+		waited := h.r.Clock.Since(p.sent)
 		switch {
 		case p.soft && waited < h.r.SoftPowerOffTimeout:
 			return h.r.pollPower(p) // the OS is shutting down
@@ -169,9 +169,9 @@ func (h *hostRun) sendPower(ctx context.Context, mem *memory, p *powerChange, re
 	if errors.Is(err, driver.ErrBusy) {
 		// Nothing was done: ask again once the transition is over.
 		if p.busySince.IsZero() {
-			p.busySince = time.Now()
+			p.busySince = h.r.Clock.Now()
 		}
-		if time.Since(p.busySince) > h.r.PowerTimeout {
+		if h.r.Clock.Since(p.busySince) > h.r.PowerTimeout {
 			mem.power = nil
 			return failed(metal3.PowerManagementError, fmt.Errorf("the BMC refused to power %s for %s: %w", onOff(want), h.r.PowerTimeout, err))
 		}
@@ -183,9 +183,9 @@ func (h *hostRun) sendPower(ctx context.Context, mem *memory, p *powerChange, re
 	}
 	if repeat {
 		h.r.Events.Eventf(h.host, nil, corev1.EventTypeNormal, "PowerRequestRepeated", "Power",
-			"the BMC accepted a request to power %s %s ago but still reported %s; asked again", onOff(want), time.Since(p.sent).Round(time.Second), h.power)
+			"the BMC accepted a request to power %s %s ago but still reported %s; asked again", onOff(want), h.r.Clock.Since(p.sent).Round(time.Second), h.power)
 	}
-	p.sent, p.soft, p.busySince, p.polls = time.Now(), soft, time.Time{}, 0
+	p.sent, p.soft, p.busySince, p.polls = h.r.Clock.Now(), soft, time.Time{}, 0
 	p.requests++
 	return h.r.pollPower(p)
 }

@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -64,6 +65,10 @@ const (
 	ejectedAnnotation = "agentboot.io/media-ejected"
 )
 
+// CacheLagRequeue is how soon a host is looked at again when the cache
+// does not have this controller's last write of it yet.
+const CacheLagRequeue = 100 * time.Millisecond
+
 // Dialer opens a BMC session; driver.Open in production.
 type Dialer func(ctx context.Context, a address.Address, c driver.Credentials, o driver.Options) (driver.BMC, error)
 
@@ -99,6 +104,12 @@ type Reconciler struct {
 	Networks []netip.Prefix
 	// Resolve looks names up (net.DefaultResolver in production).
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	// Clock tells the time the power and media windows are measured in
+	// (the real clock unless a test sets one).
+	Clock clock.PassiveClock
+	// Passes, when set, is told of each finished pass: tests wait on
+	// passes, not on the wall clock.
+	Passes func(host types.NamespacedName, res ctrl.Result, err error)
 
 	bmcLocks keyedMutex
 	mu       sync.Mutex
@@ -132,6 +143,9 @@ func (r *Reconciler) defaults() {
 	}
 	if r.Dial == nil {
 		r.Dial = driver.Open
+	}
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
 	}
 	r.hosts = map[types.NamespacedName]*memory{}
 }
@@ -183,7 +197,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 // Reconcile drives one BareMetalHost.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
+	if r.Passes != nil {
+		defer func() { r.Passes(req.NamespacedName, res, err) }()
+	}
+	return r.pass(ctx, req)
+}
+
+// pass is one look at a host: fetch, finalizer, the Agent it booted and
+// its disk requests, then the handler of its state, and one status write.
+func (r *Reconciler) pass(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	host := &metal3.BareMetalHost{}
 	if err := r.Client.Get(ctx, req.NamespacedName, host); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -197,7 +220,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if r.stale(host) {
 		// This pass wrote the host a moment ago and the cache has not
 		// caught up: acting on the old state would repeat BMC requests.
-		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+		return ctrl.Result{RequeueAfter: CacheLagRequeue}, nil
 	}
 	if !host.DeletionTimestamp.IsZero() {
 		return r.delete(ctx, host)
@@ -414,7 +437,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, host *metal3.BareMetalHost
 	if equality.Semantic.DeepEqual(before, st) {
 		return nil
 	}
-	now := metav1.Now()
+	now := metav1.NewTime(r.Clock.Now())
 	st.LastUpdated = &now
 	return r.update(host, func() error { return r.Client.Status().Update(ctx, host) })
 }

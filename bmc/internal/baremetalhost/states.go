@@ -121,7 +121,7 @@ func (h *hostRun) provision(ctx context.Context) (res step) {
 	}
 	mem := h.r.memoryOf(h.host)
 	b := mem.boot
-	if b == nil || b.iso != iso || !b.sent.IsZero() && time.Since(b.sent) > h.r.PowerTimeout {
+	if b == nil || b.iso != iso || !b.sent.IsZero() && h.r.Clock.Since(b.sent) > h.r.PowerTimeout {
 		// A new boot: the first, one for another ISO, or one whose
 		// power-on went in long ago (the host left and came back).
 		b = &bootAttempt{iso: iso}
@@ -173,7 +173,7 @@ func (h *hostRun) provision(ctx context.Context) (res step) {
 		}
 		// Sent once; the next passes read the power state back rather
 		// than send it again while the BMC still reports the old state.
-		b.sent = time.Now()
+		b.sent = h.r.Clock.Now()
 		mem.power = &powerChange{on: true, sent: b.sent, requests: 1}
 	}
 	if err := h.r.markDiscoveryBoot(ctx, h.host, b.sent, b.nonce); err != nil {
@@ -195,9 +195,9 @@ func (h *hostRun) provision(ctx context.Context) (res step) {
 // error once that lasts longer than PowerTimeout.
 func (h *hostRun) bootBusy(b *bootAttempt, why error) step {
 	if b.busySince.IsZero() {
-		b.busySince = time.Now()
+		b.busySince = h.r.Clock.Now()
 	}
-	if waited := time.Since(b.busySince); waited > h.r.PowerTimeout {
+	if waited := h.r.Clock.Since(b.busySince); waited > h.r.PowerTimeout {
 		b.busySince = time.Time{}
 		return failed(metal3.PowerManagementError, fmt.Errorf("could not boot the host into discovery for %s: %w", waited.Round(time.Second), why))
 	}
@@ -313,7 +313,7 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
 	case booted != "" && iso != "" && h.host.Spec.Online && h.power.Settled() && !h.power.IsOn() && mem.power == nil &&
-		(h.wasOn || !mem.offSince.IsZero()) && time.Since(mem.powerLost) > 5*h.r.PowerTimeout:
+		(h.wasOn || !mem.offSince.IsZero()) && h.r.Clock.Since(mem.powerLost) > 5*h.r.PowerTimeout:
 		// Reported on by the last pass, now off with no power change of
 		// ours under way, while it should be running discovery: it lost
 		// power (a cut, a button). Powering it on would boot its default
@@ -325,13 +325,13 @@ func (h *hostRun) provisioned(ctx context.Context) step {
 		// which the Agent in the cache may not show yet): look again,
 		// holding the power-on meanwhile.
 		if mem.offSince.IsZero() {
-			mem.offSince = time.Now()
+			mem.offSince = h.r.Clock.Now()
 		}
-		if time.Since(mem.offSince) < h.r.PowerTimeout {
+		if h.r.Clock.Since(mem.offSince) < h.r.PowerTimeout {
 			return poll(h.r.PowerPoll)
 		}
 		h.r.Events.Eventf(h.host, nil, corev1.EventTypeWarning, "PowerLost", "BootDiscovery", "the host was found powered off while running discovery; booting the discovery image again")
-		mem.offSince, mem.powerLost = time.Time{}, time.Now()
+		mem.offSince, mem.powerLost = time.Time{}, h.r.Clock.Now()
 		h.setState(metal3.StateProvisioning)
 		return h.provision(ctx)
 	}
@@ -440,7 +440,7 @@ func (r *Reconciler) ejectForDelete(ctx context.Context, host *metal3.BareMetalH
 		}
 		return r.markEjected(ctx, host, "true")
 	}
-	if time.Since(host.DeletionTimestamp.Time) < r.EjectOnDeleteTimeout {
+	if r.Clock.Since(host.DeletionTimestamp.Time) < r.EjectOnDeleteTimeout {
 		return res
 	}
 	// Marked first, so that a power-off that follows does not try again
@@ -503,7 +503,7 @@ func (r *Reconciler) withBootProof(iso string, host *metal3.BareMetalHost, nonce
 	if err != nil {
 		return "", err
 	}
-	proof := key.BootProof(host.Namespace, host.Name, string(host.UID), nonce, time.Now().Add(BootProofLifetime))
+	proof := key.BootProof(host.Namespace, host.Name, string(host.UID), nonce, r.Clock.Now().Add(BootProofLifetime))
 	if proof == "" {
 		return "", fmt.Errorf("no key to sign the boot proof of the inserted ISO with")
 	}
