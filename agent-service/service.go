@@ -18,8 +18,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/agentboot/agentboot/agent-service/internal/agentstatus"
 	"github.com/agentboot/agentboot/agent-service/internal/debts"
@@ -72,6 +74,9 @@ type Config struct {
 	LeaseRenewInterval time.Duration
 	DisconnectAfter    time.Duration
 	Log                logr.Logger
+	// ControllerPasses, when set, is told of each finished pass of the
+	// Agent controller: tests wait on passes, not on the wall clock.
+	ControllerPasses func(agent types.NamespacedName, res reconcile.Result, err error)
 }
 
 // EraseDebtLabel marks the ConfigMaps in agentboot's namespace that record
@@ -193,6 +198,7 @@ func setupController(mgr manager.Manager, cfg Config) error {
 		Requirements:    agentstatus.Requirements{MinCPUCores: cfg.MinCPUCores, MinMemoryBytes: cfg.MinMemoryBytes, MinDiskSizeBytes: cfg.MinDiskSizeBytes},
 		DisconnectAfter: cfg.DisconnectAfter,
 		Now:             time.Now,
+		Passes:          cfg.ControllerPasses,
 	}).SetupWithManager(mgr)
 }
 

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -72,6 +73,10 @@ type Config struct {
 	Keys         signing.Source
 	Namespace    string
 	Log          logr.Logger
+	// WorkerPasses, when set, is told of each finished pass of the
+	// controller that follows bound hosts: tests wait on passes, not on
+	// the wall clock.
+	WorkerPasses func(agent types.NamespacedName, res ctrl.Result, err error)
 }
 
 // SetupWithManager adds the worker controller, which follows bound hosts
@@ -103,6 +108,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		NoCSRApproval: cfg.NoCSRApproval,
 		BehindNAT:     cfg.AgentAPIBehindNAT,
 		ClockSkew:     cfg.CSRClockSkew,
+		Passes:        cfg.WorkerPasses,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -56,6 +56,8 @@ type env struct {
 	ie       *v1beta1.InfraEnv
 	hosted   *hosted.Cluster
 	cluster  *capiagent.Cluster
+	// workerPasses are the worker controller's passes over bound Agents.
+	workerPasses *testenv.Passes
 }
 
 // csrClockSkew is shorter than the default (10 s) so that a test can
@@ -67,7 +69,11 @@ const csrClockSkew = 2 * time.Second
 // provider) cluster-api-provider-agent around it.
 func start(t *testing.T, provider bool) *env {
 	// The manager runs with the RBAC deploy/ gives it.
-	return startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond, HandoverRefresh: 500 * time.Millisecond, CSRClockSkew: csrClockSkew}, Identities: stack.Deployed}), provider)
+	passes := testenv.NewPasses()
+	e := startOn(t, stack.Start(t, stack.Options{NodePool: nodepool.Config{RetryAfter: time.Second, Poll: 300 * time.Millisecond, HandoverRefresh: 500 * time.Millisecond,
+		CSRClockSkew: csrClockSkew, WorkerPasses: passes.Observe}, Identities: stack.Deployed}), provider)
+	e.workerPasses = passes
+	return e
 }
 
 // startOn is start on a running stack.
@@ -115,7 +121,9 @@ func (e *env) agent(h *stack.Host) *v1beta1.Agent {
 func (e *env) waitAgent(h *stack.Host, what string, ok func(a *v1beta1.Agent) bool) *v1beta1.Agent {
 	e.t.Helper()
 	deadline := time.Now().Add(wait)
-	for {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for ; ; <-tick.C {
 		a := e.agent(h)
 		if ok(a) {
 			return a
@@ -123,12 +131,12 @@ func (e *env) waitAgent(h *stack.Host, what string, ok func(a *v1beta1.Agent) bo
 		if time.Now().After(deadline) {
 			e.t.Fatalf("Agent %s: never %s; progress %+v, conditions %+v, state %q", h.ID, what, a.Status.Progress, a.Status.Conditions, a.Status.DebugInfo.State)
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
 // heartbeat heartbeats once, no faster than the agent API lets one host
-// (2 a second).
+// (2 a second): pacing, as a real agent's poll is, not waiting for
+// anything.
 func (e *env) heartbeat(h *stack.Host) agentwire.Instructions {
 	e.t.Helper()
 	time.Sleep(500 * time.Millisecond)
@@ -319,7 +327,7 @@ func TestCAPIAgentInstallsAndReleases(t *testing.T) {
 			condition(a, v1beta1.BoundCondition).Reason == v1beta1.UnbindingReason
 	})
 	e.getAgents("scaled to 1, unbinding")
-	time.Sleep(6 * time.Second) // the provider polls every 5 s: it would release too early now
+	e.cluster.AgentMachinePasses.Settle(t, client.ObjectKeyFromObject(gone)) // it would release too early now
 	require.NotNil(t, np.AgentMachine(machines[1].GetName()), "the pre-terminate hook holds while the host reboots into discovery")
 	hGone.Reregister(t, e.ie, nGone)
 	// Back in discovery it owes a sanitization of its disks: not bindable
@@ -508,7 +516,7 @@ func TestTenantCannotReachAnotherCluster(t *testing.T) {
 	kl := &hosted.Kubelet{T: t, C: e.hosted, Name: "host-7"}
 	kl.CSR("mallory", hosted.ClientSigner, hosted.Bootstrapper, "host-7", nil, nil, hosted.ClientUsages...)
 	requireAgentEvent(t, e, mallory, "BindingRefused", "no AgentMachine in namespace "+e.cluster.CP)
-	time.Sleep(2 * time.Second) // several worker visits (every 300 ms)
+	e.workerPasses.Settle(t, client.ObjectKey{Namespace: mallory.NS, Name: mallory.ID})
 	require.False(t, kl.Approved("mallory"), "a CSR for a host whose binding does not hold is never approved")
 
 	// The victim's own host is untouched by all this.

@@ -69,6 +69,10 @@ type Cluster struct {
 	// CP is the control-plane namespace, InfraID the Cluster's name.
 	CP, InfraID string
 	HC          *hypershift.HostedCluster
+	// AgentMachinePasses records the provider's finished passes over each
+	// AgentMachine: a test that shows the provider did not do something
+	// waits for its passes (Settle), not for its 5 s poll on the clock.
+	AgentMachinePasses *testenv.Passes
 	// AgentUpdates records each Agent the provider wrote, as written.
 	mu           sync.Mutex
 	agentUpdates []Agent
@@ -200,7 +204,8 @@ func (c *Cluster) StartProvider() {
 	})
 	require.NoError(t, err)
 	require.NoError(t, mgr.Add(agents))
-	p := &provider{c: mgr.GetClient(), agents: agents.GetClient(), agentsNS: c.Opts.AgentNamespace, onAgentUpdate: func(a *Agent) {
+	c.AgentMachinePasses = testenv.NewPasses()
+	p := &provider{c: mgr.GetClient(), agents: agents.GetClient(), agentsNS: c.Opts.AgentNamespace, passes: c.AgentMachinePasses, onAgentUpdate: func(a *Agent) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.agentUpdates = append(c.agentUpdates, *a.DeepCopyObject().(*Agent))

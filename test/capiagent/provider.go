@@ -30,6 +30,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // Kinds, labels and names of the contract.
@@ -76,6 +78,8 @@ type provider struct {
 	agentsNS string
 	// Updates counts the provider's writes to Agents, for tests.
 	onAgentUpdate func(a *Agent)
+	// passes records its AgentMachine passes, for tests.
+	passes *testenv.Passes
 }
 
 // setup adds the provider's AgentCluster and AgentMachine controllers to
@@ -89,7 +93,11 @@ func (p *provider) setup(mgr ctrl.Manager, agentCluster cluster.Cluster) error {
 	return ctrl.NewControllerManagedBy(mgr).Named("agentmachine").For(newObj(AgentMachineGVK)).
 		Watches(newObj(MachineGVK), handler.EnqueueRequestsFromMapFunc(p.machineToAgentMachine)).
 		WatchesRawSource(source.Kind(agentCluster.GetCache(), client.Object(&Agent{}), handler.EnqueueRequestsFromMapFunc(p.agentToAgentMachine))).
-		Complete(reconcile.Func(p.reconcileAgentMachine))
+		Complete(reconcile.Func(func(ctx context.Context, req reconcile.Request) (res reconcile.Result, err error) {
+			res, err = p.reconcileAgentMachine(ctx, req)
+			p.passes.Observe(req.NamespacedName, res, err)
+			return res, err
+		}))
 }
 
 // reconcileAgentCluster creates the ClusterDeployment and

@@ -34,9 +34,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	agentservice "github.com/agentboot/agentboot/agent-service"
 	"github.com/agentboot/agentboot/bmc"
@@ -80,6 +82,9 @@ type Options struct {
 	AgentPollInterval       time.Duration
 	AgentLeaseRenewInterval time.Duration
 	AgentDisconnectAfter    time.Duration
+	// AgentControllerPasses is told of each finished pass of the Agent
+	// controller (testenv.Passes.Observe).
+	AgentControllerPasses func(agent types.NamespacedName, res reconcile.Result, err error)
 	// MaxAgentsPerInfraEnv caps each InfraEnv's Agents (default: the
 	// service's).
 	MaxAgentsPerInfraEnv int
@@ -356,6 +361,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 			PollInterval: opts.AgentPollInterval, LeaseRenewInterval: opts.AgentLeaseRenewInterval, DisconnectAfter: opts.AgentDisconnectAfter,
 			MaxAgentsPerInfraEnv: opts.MaxAgentsPerInfraEnv, MaxUnapprovedPerInfraEnv: opts.MaxUnapprovedPerInfraEnv,
 			WriteBudgetPerInfraEnv: opts.WriteBudgetPerInfraEnv, WriteBudgetPerProcess: opts.WriteBudgetPerProcess,
+			ControllerPasses: opts.AgentControllerPasses,
 		},
 		InfraEnvPullSecretRecheck: time.Second,
 		BMC:                       opts.BMC,

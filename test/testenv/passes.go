@@ -53,6 +53,13 @@ func (p *Passes) Mark(key types.NamespacedName) Mark {
 	return Mark{key: key, from: len(p.seen[key])}
 }
 
+// Since is how many passes of the object finished since m.
+func (p *Passes) Since(m Mark) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.seen[m.key]) - m.from
+}
+
 // Await waits for n more passes of the object since m and returns them.
 // Mark before the change; two passes after it include one that began
 // after it. It fails the test after a minute.

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -44,6 +45,9 @@ type Reconciler struct {
 	// DisconnectAfter is how long a silent host stays connected.
 	DisconnectAfter time.Duration
 	Now             func() time.Time
+	// Passes, when set, is told of each finished pass: tests wait on
+	// passes, not on the wall clock.
+	Passes func(agent types.NamespacedName, res reconcile.Result, err error)
 }
 
 // SetupWithManager watches Agents (and their neighbours by hostname), their
@@ -119,7 +123,14 @@ func (r *Reconciler) sameHostnameHandler() handler.EventHandler {
 }
 
 // Reconcile observes and writes labels and status once each, when changed.
-func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res reconcile.Result, err error) {
+	if r.Passes != nil {
+		defer func() { r.Passes(req.NamespacedName, res, err) }()
+	}
+	return r.pass(ctx, req)
+}
+
+func (r *Reconciler) pass(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var a v1beta1.Agent
 	if err := r.Client.Get(ctx, req.NamespacedName, &a); err != nil {
 		if apierrors.IsNotFound(err) {

@@ -1,6 +1,7 @@
 package baremetalhost
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,7 +22,9 @@ func TestKeyedMutex(t *testing.T) {
 			if n := inside.Add(1); n != 1 {
 				t.Errorf("%d holders of one address at once", n)
 			}
-			time.Sleep(time.Millisecond)
+			for range 100 {
+				runtime.Gosched() // let the others try to get in
+			}
 			inside.Add(-1)
 			unlock()
 		}()
