@@ -77,6 +77,9 @@ type Config struct {
 	// ControllerPasses, when set, is told of each finished pass of the
 	// Agent controller: tests wait on passes, not on the wall clock.
 	ControllerPasses func(agent types.NamespacedName, res reconcile.Result, err error)
+	// DiskBootPasses, likewise, of the controller that keeps the records
+	// of which hosts boot from their disks.
+	DiskBootPasses func(agent types.NamespacedName, res reconcile.Result, err error)
 }
 
 // EraseDebtLabel marks the ConfigMaps in agentboot's namespace that record
@@ -187,7 +190,7 @@ func SetupWithManager(mgr manager.Manager, cfg Config) error {
 func setupController(mgr manager.Manager, cfg Config) error {
 	// What the image service may know of installed hosts, without
 	// reading Agents.
-	if err := (&diskboot.Reconciler{Client: mgr.GetClient(), Namespace: cfg.Namespace}).SetupWithManager(mgr); err != nil {
+	if err := (&diskboot.Reconciler{Client: mgr.GetClient(), Namespace: cfg.Namespace, Passes: cfg.DiskBootPasses}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return (&agentstatus.Reconciler{

@@ -485,7 +485,8 @@ func TestISOOverHTTPAndMinimal(t *testing.T) {
 }
 
 func TestBootOrderControl(t *testing.T) {
-	s := stack.Start(t, stack.Options{})
+	diskBoot := testenv.NewPasses()
+	s := stack.Start(t, stack.Options{DiskBootPasses: diskBoot.Observe})
 	ctx := context.Background()
 	ie := setup(t, s, func(ie *v1beta1.InfraEnv) { ie.Spec.IPXEScriptType = v1beta1.BootOrderControl })
 	script := get(t, s, ie.Status.BootArtifacts.IpxeScriptURL, nil)
@@ -514,7 +515,7 @@ func TestBootOrderControl(t *testing.T) {
 		// host registered through is what counts, not the label.
 		a.Status.Registration = &v1beta1.AgentRegistration{InfraEnv: ie.Name, InfraEnvUID: string(ie.UID)}
 	})
-	time.Sleep(500 * time.Millisecond)
+	diskBoot.Settle(t, client.ObjectKeyFromObject(agent))
 	require.Contains(t, string(get(t, s, withMAC, nil).body), "initrd --name initrd", "still installing")
 	setStatus(func(a *v1beta1.Agent) { a.Status.Progress.CurrentStage = v1beta1.StageRebooting })
 	require.Eventually(t, func() bool { return strings.Contains(string(get(t, s, withMAC, nil).body), "\nexit\n") }, 10*time.Second, 100*time.Millisecond,

@@ -36,7 +36,9 @@ func serving(url string) bool {
 
 func waitServing(t *testing.T, url string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !serving(url); time.Sleep(10 * time.Millisecond) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(10 * time.Second); !serving(url); <-tick.C {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s never answered", url)
 		}
@@ -113,8 +115,9 @@ func TestRunStopsAllWhenOneFails(t *testing.T) {
 	} {
 		a, urlA := httpTask(t, "a")
 		failing := Task{Name: "dhcp", Serve: func() error {
-			for deadline := time.Now().Add(10 * time.Second); !serving(urlA) && time.Now().Before(deadline); {
-				time.Sleep(10 * time.Millisecond)
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for deadline := time.Now().Add(10 * time.Second); !serving(urlA) && time.Now().Before(deadline); <-tick.C {
 			}
 			return tc.serve()
 		}, Stop: func(context.Context) {}}

@@ -73,7 +73,9 @@ func appliedDiscoveryIgnitionFor(arch string) []string {
 func waitAgent(t *testing.T, v *vm.VM, ns, what string, ok func(*v1beta1.Agent) bool) v1beta1.Agent {
 	t.Helper()
 	var list v1beta1.AgentList
-	for deadline := time.Now().Add(bootTimeout); time.Now().Before(deadline); time.Sleep(time.Second) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for deadline := time.Now().Add(bootTimeout); time.Now().Before(deadline); <-tick.C {
 		if s.Client.List(context.Background(), &list, client.InNamespace(ns)) == nil && len(list.Items) == 1 && ok(&list.Items[0]) {
 			return list.Items[0]
 		}

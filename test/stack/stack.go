@@ -85,6 +85,9 @@ type Options struct {
 	// AgentControllerPasses is told of each finished pass of the Agent
 	// controller (testenv.Passes.Observe).
 	AgentControllerPasses func(agent types.NamespacedName, res reconcile.Result, err error)
+	// DiskBootPasses is told of each finished pass of the controller that
+	// keeps the disk-boot records.
+	DiskBootPasses func(agent types.NamespacedName, res reconcile.Result, err error)
 	// MaxAgentsPerInfraEnv caps each InfraEnv's Agents (default: the
 	// service's).
 	MaxAgentsPerInfraEnv int
@@ -361,7 +364,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 			PollInterval: opts.AgentPollInterval, LeaseRenewInterval: opts.AgentLeaseRenewInterval, DisconnectAfter: opts.AgentDisconnectAfter,
 			MaxAgentsPerInfraEnv: opts.MaxAgentsPerInfraEnv, MaxUnapprovedPerInfraEnv: opts.MaxUnapprovedPerInfraEnv,
 			WriteBudgetPerInfraEnv: opts.WriteBudgetPerInfraEnv, WriteBudgetPerProcess: opts.WriteBudgetPerProcess,
-			ControllerPasses: opts.AgentControllerPasses,
+			ControllerPasses: opts.AgentControllerPasses, DiskBootPasses: opts.DiskBootPasses,
 		},
 		InfraEnvPullSecretRecheck: time.Second,
 		BMC:                       opts.BMC,
