@@ -13,6 +13,16 @@ const (
 	ProgressPath     = "/api/v1/namespaces/{namespace}/agents/{id}/progress"
 )
 
+// The worker minimums a host must meet unless its InfraEnv's
+// hostRequirements say otherwise: the service validates against them (its
+// --min-* flags default to them) and tells the agent the disk minimum, by
+// which the agent marks disks eligible.
+const (
+	DefaultMinCPUCores      = 2
+	DefaultMinMemoryBytes   = 8 << 30
+	DefaultMinDiskSizeBytes = 100_000_000_000 // 100 GB
+)
+
 // DefaultPollInterval is how often a host asks for instructions (its
 // heartbeat) unless the service says otherwise (InstructionsResponse's
 // PollSeconds; the service's --agent-poll-interval).

@@ -134,6 +134,10 @@ func mac(key []byte, parts ...string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
+// TokenForm is the form of every Token: an HMAC-SHA256, base64url without
+// padding. Servers refuse anything else before they look further.
+var TokenForm = regexp.MustCompile(`^[A-Za-z0-9_-]{43}$`)
+
 // Verify checks token in constant time.
 func (k Key) Verify(token, purpose, uid, version string) bool {
 	if token == "" || uid == "" {

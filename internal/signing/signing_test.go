@@ -18,6 +18,7 @@ func TestTokens(t *testing.T) {
 	require.NoError(t, err)
 	tok := k.Token(PurposeImage, "uid-1", "v1")
 	require.True(t, k.Verify(tok, PurposeImage, "uid-1", "v1"))
+	require.Regexp(t, TokenForm, tok, "servers check a token's form by TokenForm")
 	for name, check := range map[string]bool{
 		"other uid (recreated object)": k.Verify(tok, PurposeImage, "uid-2", "v1"),
 		"other version (stale)":        k.Verify(tok, PurposeImage, "uid-1", "v2"),

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
@@ -20,8 +21,8 @@ type Requirements struct {
 	CPUVirtualization bool
 }
 
-// DefaultRequirements are the worker minimums: 2 cores, 8 GiB, 100 GB.
-var DefaultRequirements = Requirements{MinCPUCores: 2, MinMemoryBytes: 8 << 30, MinDiskSizeBytes: 100_000_000_000}
+// DefaultRequirements are the worker minimums.
+var DefaultRequirements = Requirements{MinCPUCores: agentwire.DefaultMinCPUCores, MinMemoryBytes: agentwire.DefaultMinMemoryBytes, MinDiskSizeBytes: agentwire.DefaultMinDiskSizeBytes}
 
 // For applies an InfraEnv's hostRequirements to the defaults.
 func (r Requirements) For(ie *v1beta1.InfraEnv) Requirements {

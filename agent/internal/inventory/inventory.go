@@ -36,9 +36,6 @@ type Options struct {
 	Now func() time.Time
 }
 
-// DefaultMinDiskSizeBytes is 100 GB, the worker minimum.
-const DefaultMinDiskSizeBytes = 100_000_000_000
-
 func (o Options) path(p string) string { return filepath.Join(o.Root, p) }
 
 func init() {
@@ -63,7 +60,7 @@ func Collect(ctx context.Context, o Options) (*agentwire.Inventory, error) {
 		o.Root = "/"
 	}
 	if o.MinDiskSizeBytes == 0 {
-		o.MinDiskSizeBytes = DefaultMinDiskSizeBytes
+		o.MinDiskSizeBytes = agentwire.DefaultMinDiskSizeBytes
 	}
 	if o.Now == nil {
 		o.Now = time.Now

@@ -284,7 +284,6 @@ func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter 
 
 var (
 	versionPattern = regexp.MustCompile(`^[0-9a-f]{16}$`)
-	tokenPattern   = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
 	artifactPart   = regexp.MustCompile(`^[A-Za-z0-9._+-]{1,128}$`)
 )
 
@@ -338,7 +337,7 @@ func parseImageRequest(r *http.Request) (imageRequest, error) {
 	if req.token == "" {
 		return req, errUnauthorized
 	}
-	if !tokenPattern.MatchString(req.token) {
+	if !signing.TokenForm.MatchString(req.token) {
 		return req, errUnauthorized
 	}
 	if _, ok := q["mac"]; ok && !agentwire.MACForm.MatchString(req.mac) {
