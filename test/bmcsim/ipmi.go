@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/agentboot/agentboot/test/testenv"
 )
 
@@ -90,7 +92,7 @@ func StartIPMI(t testing.TB, o IPMIOptions) *IPMI {
 		t.Fatal(err)
 	}
 	b := &IPMI{o: o, dir: dir, logPath: filepath.Join(dir, "ipmi_sim.log")}
-	b.ch = &chassis{m: o.Machine, timing: o.Timing, note: func(ev string) {
+	b.ch = &chassis{m: o.Machine, timing: o.Timing, clock: clock.RealClock{}, note: func(ev string) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		b.events = append(b.events, ev)

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // Span is a range of durations; each transition draws one uniformly.
@@ -71,6 +73,13 @@ const (
 // ErrBusy is a request refused because a transition is in progress.
 var ErrBusy = errors.New("a power transition is in progress")
 
+// Clock is the time simulated hardware keeps (k8s.io/utils/clock's
+// RealClock, or a test's testenv.ManualClock).
+type Clock interface {
+	Now() time.Time
+	AfterFunc(d time.Duration, f func()) clock.Timer
+}
+
 // chassis is the power of a Machine with a Timing: what a BMC requests
 // and what it reports. Both simulators drive their Machine through one.
 type chassis struct {
@@ -82,7 +91,8 @@ type chassis struct {
 	// until is when it does.
 	target   string
 	until    time.Time
-	timer    *time.Timer
+	timer    clock.Timer
+	clock    Clock
 	shutdown bool // the transition is the OS shutting down first
 	boot     func() (dev, cdrom string)
 	// held keeps transitions from ending; due is set when one would have.
@@ -216,13 +226,13 @@ func (c *chassis) begin(target string, d time.Duration, shutdown bool) {
 	c.target, c.shutdown, c.until, c.due = target, shutdown, time.Time{}, false
 	switch {
 	case d < 0:
-		c.until = time.Now().Add(100 * 365 * 24 * time.Hour)
+		c.until = c.clock.Now().Add(100 * 365 * 24 * time.Hour)
 	case d > 0:
-		c.until = time.Now().Add(d)
-		c.timer = time.AfterFunc(d, func() {
+		c.until = c.clock.Now().Add(d)
+		c.timer = c.clock.AfterFunc(d, func() {
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			if c.target == target && !c.until.After(time.Now()) {
+			if c.target == target && !c.until.After(c.clock.Now()) {
 				if c.held {
 					c.due = true
 					return

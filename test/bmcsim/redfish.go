@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // Faults make the Redfish service misbehave like BMCs do in the field.
@@ -51,6 +53,10 @@ type Redfish struct {
 	// caused it is handled and before its answer is sent, so that a test
 	// can inject a fault at a precise moment. It must not block for long.
 	Hook func(event string)
+	// Clock is the time the hardware keeps: how long its transitions,
+	// sessions and refusal windows last (the real clock when nil; a test
+	// of the simulator's own timing steps a testenv.ManualClock).
+	Clock Clock
 
 	chassisOnce sync.Once
 	ch          *chassis
@@ -119,13 +125,20 @@ func (r *Redfish) PowerState() string { return r.power().state() }
 // Close stops a power transition in progress.
 func (r *Redfish) Close() { r.power().close() }
 
+func (r *Redfish) clock() Clock {
+	if r.Clock == nil {
+		return clock.RealClock{}
+	}
+	return r.Clock
+}
+
 func (r *Redfish) power() *chassis {
 	r.chassisOnce.Do(func() {
-		r.ch = &chassis{m: r.Machine, note: func(ev string) {
+		r.ch = &chassis{m: r.Machine, clock: r.clock(), note: func(ev string) {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			if ev == "power off" {
-				r.offAt = time.Now()
+				r.offAt = r.clock().Now()
 			}
 			r.event("%s", ev)
 		}}
@@ -281,13 +294,13 @@ func (r *Redfish) authorized(req *http.Request) bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		last, ok := r.sessions[tok]
-		if ok && r.quirks.SessionTimeout > 0 && time.Since(last) > r.quirks.SessionTimeout {
+		if ok && r.quirks.SessionTimeout > 0 && r.clock().Now().Sub(last) > r.quirks.SessionTimeout {
 			delete(r.sessions, tok)
 			r.event("session expired")
 			return false
 		}
 		if ok {
-			r.sessions[tok] = time.Now()
+			r.sessions[tok] = r.clock().Now()
 		}
 		return ok
 	}
@@ -317,7 +330,7 @@ func (r *Redfish) login(w http.ResponseWriter, req *http.Request) {
 	if r.sessions == nil {
 		r.sessions = map[string]time.Time{}
 	}
-	r.sessions[tok] = time.Now()
+	r.sessions[tok] = r.clock().Now()
 	r.mu.Unlock()
 	loc := "/redfish/v1/SessionService/Sessions/" + tok
 	w.Header().Set("X-Auth-Token", tok)
@@ -422,7 +435,7 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	conflict := r.quirks.IDRACPowerOnConflict > 0 && !r.offAt.IsZero() && time.Since(r.offAt) < r.quirks.IDRACPowerOnConflict
+	conflict := r.quirks.IDRACPowerOnConflict > 0 && !r.offAt.IsZero() && r.clock().Now().Sub(r.offAt) < r.quirks.IDRACPowerOnConflict
 	r.mu.Unlock()
 	switch body.ResetType {
 	case "On":

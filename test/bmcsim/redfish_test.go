@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // The simulator is the yardstick the controller is measured with: these
@@ -34,30 +36,29 @@ func do(t *testing.T, srv *httptest.Server, method, path, body string, auth func
 
 func basic(req *http.Request) { req.SetBasicAuth("admin", "pw") }
 
-func sim(t *testing.T) (*Redfish, *MemMachine, *httptest.Server) {
+// sim is a Redfish service whose hardware keeps the test's time: the test
+// steps the clock and checks the state at each step.
+func sim(t *testing.T) (*Redfish, *MemMachine, *httptest.Server, *testenv.ManualClock) {
 	m := &MemMachine{}
-	r := &Redfish{User: "admin", Password: "pw", Machine: m}
+	c := testenv.NewManualClock()
+	r := &Redfish{User: "admin", Password: "pw", Machine: m, Clock: c}
 	srv := httptest.NewServer(r)
 	t.Cleanup(srv.Close)
 	t.Cleanup(r.Close)
-	return r, m, srv
+	return r, m, srv, c
 }
 
 const reset = "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"
 
-func waitState(t *testing.T, r *Redfish, want string, within time.Duration) {
+func requireState(t *testing.T, r *Redfish, want, when string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for r.PowerState() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("power state %s after %s, want %s", r.PowerState(), within, want)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if got := r.PowerState(); got != want {
+		t.Fatalf("%s: power state %s, want %s", when, got, want)
 	}
 }
 
 func TestTransitionsTakeTime(t *testing.T) {
-	r, m, srv := sim(t)
+	r, m, srv, clock := sim(t)
 	span := Span{Min: 300 * time.Millisecond, Max: 300 * time.Millisecond}
 	r.SetTiming(Timing{PowerOn: span, PowerOff: span, Shutdown: span, Transitional: true, Conflict: true})
 	r.HoldTransitions(true)
@@ -71,29 +72,38 @@ func TestTransitionsTakeTime(t *testing.T) {
 		t.Fatalf("ForceOff during power-on: %d, want 409", got)
 	}
 	r.HoldTransitions(false)
-	waitState(t, r, On, 5*time.Second)
+	clock.Step(299 * time.Millisecond)
+	requireState(t, r, PoweringOn, "299ms into a 300ms power-on")
+	clock.Step(time.Millisecond)
+	requireState(t, r, On, "after 300ms")
 	// Graceful: the OS takes its time, then the platform.
-	start := time.Now()
 	if got := do(t, srv, "POST", reset, `{"ResetType":"GracefulShutdown"}`, basic); got != http.StatusNoContent {
 		t.Fatalf("GracefulShutdown: %d", got)
 	}
-	waitState(t, r, Off, 10*time.Second)
-	if took := time.Since(start); took < 550*time.Millisecond {
-		t.Fatalf("graceful shutdown took %s, want shutdown + power-off (600ms)", took)
+	// The OS shutting down is the host on, as the BMC reports it.
+	clock.Step(599 * time.Millisecond)
+	requireState(t, r, On, "599ms into shutdown (300ms) and power-off (300ms)")
+	if !m.On() {
+		t.Fatal("the platform went off before the OS shut down and the platform powered off")
+	}
+	clock.Step(time.Millisecond)
+	requireState(t, r, Off, "after 600ms")
+	if m.On() {
+		t.Fatal("reported Off, machine on")
 	}
 }
 
 func TestHungOSAndEarlyOff(t *testing.T) {
-	r, m, srv := sim(t)
+	r, m, srv, clock := sim(t)
 	m.PowerOn("", "")
 	r.SetTiming(Timing{HungOS: true})
 	do(t, srv, "POST", reset, `{"ResetType":"GracefulShutdown"}`, basic)
-	time.Sleep(200 * time.Millisecond)
+	clock.Step(24 * time.Hour)
 	if r.PowerState() != On || !m.On() {
 		t.Fatal("a hung OS shut down")
 	}
 	do(t, srv, "POST", reset, `{"ResetType":"ForceOff"}`, basic)
-	waitState(t, r, Off, time.Second)
+	requireState(t, r, Off, "forced off")
 
 	// EarlyOff: Off at once, a power-on in the window dropped.
 	m.PowerOn("", "")
@@ -105,19 +115,18 @@ func TestHungOSAndEarlyOff(t *testing.T) {
 	}
 	do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic)
 	r.HoldTransitions(false)
-	for deadline := time.Now().Add(10 * time.Second); m.On(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the platform never finished shutting down")
-		}
+	clock.Step(300 * time.Millisecond)
+	if m.On() {
+		t.Fatal("the platform never finished shutting down")
 	}
-	time.Sleep(100 * time.Millisecond)
+	clock.Step(24 * time.Hour)
 	if m.On() {
 		t.Fatal("a power-on in the early-off window was not dropped")
 	}
 }
 
 func TestSessionsExpire(t *testing.T) {
-	r, _, srv := sim(t)
+	r, _, srv, clock := sim(t)
 	r.SetQuirks(Quirks{SessionTimeout: 2 * time.Second})
 	req, _ := http.NewRequest("POST", srv.URL+"/redfish/v1/SessionService/Sessions", bytes.NewBufferString(`{"UserName":"admin","Password":"pw"}`))
 	resp, err := srv.Client().Do(req)
@@ -130,7 +139,14 @@ func TestSessionsExpire(t *testing.T) {
 	if got := do(t, srv, "GET", "/redfish/v1/Systems/1", "", withToken); got != http.StatusOK {
 		t.Fatalf("fresh session: %d", got)
 	}
-	time.Sleep(2500 * time.Millisecond)
+	// Idle for less than the timeout, twice: each use renews it.
+	for range 2 {
+		clock.Step(1900 * time.Millisecond)
+		if got := do(t, srv, "GET", "/redfish/v1/Systems/1", "", withToken); got != http.StatusOK {
+			t.Fatalf("session used within its idle timeout: %d", got)
+		}
+	}
+	clock.Step(2001 * time.Millisecond)
 	if got := do(t, srv, "GET", "/redfish/v1/Systems/1", "", withToken); got != http.StatusUnauthorized {
 		t.Fatalf("expired session: %d, want 401", got)
 	}
@@ -140,7 +156,7 @@ func TestSessionsExpire(t *testing.T) {
 }
 
 func TestVendorQuirks(t *testing.T) {
-	r, m, srv := sim(t)
+	r, m, srv, clock := sim(t)
 	const cd = "/redfish/v1/Managers/1/VirtualMedia/Cd/Actions/VirtualMedia."
 	if got := do(t, srv, "POST", cd+"InsertMedia", `{"Image":"http://x/a.iso"}`, basic); got != http.StatusNoContent {
 		t.Fatalf("insert: %d", got)
@@ -171,7 +187,11 @@ func TestVendorQuirks(t *testing.T) {
 	if got := do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic); got != http.StatusConflict {
 		t.Fatalf("iDRAC power-on right after power-off: %d, want 409", got)
 	}
-	time.Sleep(2100 * time.Millisecond)
+	clock.Step(1900 * time.Millisecond)
+	if got := do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic); got != http.StatusConflict {
+		t.Fatalf("iDRAC power-on 1.9s after power-off: %d, want 409", got)
+	}
+	clock.Step(200 * time.Millisecond)
 	if got := do(t, srv, "POST", reset, `{"ResetType":"On"}`, basic); got != http.StatusNoContent || !m.On() {
 		t.Fatalf("iDRAC power-on after the window: %d, on %v", got, m.On())
 	}
