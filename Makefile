@@ -24,6 +24,23 @@ build: ## bin/agentboot (server components), bin/agent and bin/agent-arm64 (stat
 	CGO_ENABLED=0 GOARCH=amd64 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agent ./cmd/agent
 	CGO_ENABLED=0 GOARCH=arm64 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agent-arm64 ./cmd/agent
 
+.PHONY: image-binaries
+image-binaries: build ## what the image holds besides the agents: bin/agentboot-linux-amd64 and bin/agentboot-linux-arm64
+	CGO_ENABLED=0 GOARCH=amd64 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agentboot-linux-amd64 ./cmd/agentboot
+	CGO_ENABLED=0 GOARCH=arm64 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/agentboot-linux-arm64 ./cmd/agentboot
+
+.PHONY: image
+image: image-binaries ## dist/image: the OCI image (linux/amd64, linux/arm64), dist/image.oci.tar and SBOMs, no Docker needed; points deploy/ at its digest
+	go run ./hack/image -bin $(BIN) -cache $(AGENTBOOT_CACHE)/debs -out dist/image -version $(VERSION) -epoch $$(git log -1 --format=%ct)
+
+.PHONY: image-debs
+image-debs: ## the Debian packages hack/image/debian.lock pins, downloaded once into $(AGENTBOOT_CACHE)/debs
+	go run ./hack/image -fetch -cache $(AGENTBOOT_CACHE)/debs
+
+.PHONY: image-lock
+image-lock: ## pin anew the Debian packages the image takes xorriso, ipmitool and CA certificates from (hack/image/debian.lock)
+	go run ./hack/image -lock-anew -cache $(AGENTBOOT_CACHE)/debs
+
 .PHONY: pxe-grub
 pxe-grub: ## bin/pxe/grubnetaa64.efi: agentboot's netboot GRUB for arm64 UEFI PXE clients (agentboot pxe --arm64-binary), from Debian's grub-efi-arm64-bin
 	go run ./test/devimage/build --pxe-grub $(BIN)/pxe/grubnetaa64.efi --cache $(AGENTBOOT_CACHE)
@@ -73,7 +90,7 @@ SLOW_TESTS := ./test/boot ./bmc ./nodepool ./agent-service ./image-service ./cmd
 # What the tests need, built after the prerequisites are checked.
 .PHONY: test-deps
 test-deps: prereqs
-	@$(MAKE) --no-print-directory testbin tools dev-image build vm-accel
+	@$(MAKE) --no-print-directory testbin tools dev-image image-debs build vm-accel
 
 # KVM only on positive evidence (a guest under qemu's KVM reached the dev
 # kernel), else TCG; the answer is kept per machine boot, qemu, /dev/kvm and

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"archive/tar"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeBin is a bin/ whose agentboot and agents are a small Go program
+// (with build information, as the real ones): the image's own layer,
+// without building the service for two architectures.
+func fakeBin(t *testing.T) string {
+	dir := t.TempDir()
+	hello := filepath.Join(dir, "hello")
+	build := exec.Command("go", "build", "-trimpath", "-o", hello, "./testdata/hello")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	data, err := os.ReadFile(hello)
+	require.NoError(t, err)
+	for _, name := range []string{"agentboot-linux-amd64", "agentboot-linux-arm64", "agent", "agent-arm64"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o755))
+	}
+	return dir
+}
+
+func options(t *testing.T, bin string, epoch int64) buildOptions {
+	cache := defaultCache()
+	return buildOptions{out: filepath.Join(t.TempDir(), "image"), bin: bin, lock: "debian.lock", cache: cache,
+		version: "v0.0.0-test", epoch: time.Unix(epoch, 0).UTC(), apt: apt{dir: filepath.Join(cache, "apt")}}
+}
+
+// The same inputs give the same digest (and the same archive, byte for
+// byte); another commit time gives another.
+func TestReproducible(t *testing.T) {
+	bin := fakeBin(t)
+	a, b, c := options(t, bin, 1_790_000_000), options(t, bin, 1_790_000_000), options(t, bin, 1_790_000_001)
+	da, err := build(a)
+	require.NoError(t, err, "the pinned packages come from make image-debs")
+	db, err := build(b)
+	require.NoError(t, err)
+	require.Equal(t, da, db)
+	ra, err := os.ReadFile(a.out + ".oci.tar")
+	require.NoError(t, err)
+	rb, err := os.ReadFile(b.out + ".oci.tar")
+	require.NoError(t, err)
+	require.Equal(t, ra, rb, "the oci-archives differ")
+	dc, err := build(c)
+	require.NoError(t, err)
+	require.NotEqual(t, da, dc, "the commit time is in the image")
+	sbom, err := os.ReadFile(filepath.Join(filepath.Dir(a.out), "sbom-linux-amd64.cdx.json"))
+	require.NoError(t, err)
+	for _, want := range []string{`"bomFormat": "CycloneDX"`, "pkg:deb/debian/xorriso@", "pkg:deb/debian/libc6@", "pkg:golang/github.com/agentboot/agentboot@v0.0.0-test"} {
+		require.Contains(t, string(sbom), want, "the SBOM")
+	}
+}
+
+// The image's file system, unpacked, runs its C tools as the image's user
+// in a root of its own: every library they need is in it, readable by
+// that user. (The VM lab runs the whole service from the image.)
+func TestToolsRunInTheImage(t *testing.T) {
+	o := options(t, fakeBin(t), 1_790_000_000)
+	_, err := build(o)
+	require.NoError(t, err)
+	p, err := layout.FromPath(o.out)
+	require.NoError(t, err)
+	idx, err := p.ImageIndex()
+	require.NoError(t, err)
+	im, err := idx.IndexManifest()
+	require.NoError(t, err)
+	inner, err := idx.ImageIndex(im.Manifests[0].Digest)
+	require.NoError(t, err)
+	var img v1.Image
+	inm, err := inner.IndexManifest()
+	require.NoError(t, err)
+	for _, m := range inm.Manifests {
+		if m.Platform.Architecture == "amd64" {
+			img, err = inner.Image(m.Digest)
+			require.NoError(t, err)
+		}
+	}
+	require.NotNil(t, img, "no linux/amd64 image in the index")
+	cf, err := img.ConfigFile()
+	require.NoError(t, err)
+	require.Equal(t, "65532:65532", cf.Config.User)
+	require.Contains(t, cf.Config.Volumes, cacheDir)
+	require.Equal(t, []string{"/usr/local/bin/agentboot"}, cf.Config.Entrypoint)
+
+	root := t.TempDir()
+	unpack(t, mutate.Extract(img), root)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"/usr/bin/xorriso", "-version"}, "xorriso 1.5"},
+		{[]string{"/usr/bin/ipmitool", "-V"}, "ipmitool version 1.8"},
+	} {
+		cmd := exec.Command(tc.args[0], tc.args[1:]...)
+		cmd.Dir = "/"
+		cmd.Env = cf.Config.Env
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Chroot:      root,
+			Cloneflags:  syscall.CLONE_NEWUSER,
+			UidMappings: []syscall.SysProcIDMap{{ContainerID: uid, HostID: os.Getuid(), Size: 1}},
+			GidMappings: []syscall.SysProcIDMap{{ContainerID: uid, HostID: os.Getgid(), Size: 1}},
+			Credential:  &syscall.Credential{Uid: uid, Gid: uid},
+		}
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s in the image: %s", tc.args[0], out)
+		require.Contains(t, string(out), tc.want)
+	}
+	bundle, err := os.ReadFile(filepath.Join(root, "etc/ssl/certs/ca-certificates.crt"))
+	require.NoError(t, err)
+	require.Greater(t, strings.Count(string(bundle), "BEGIN CERTIFICATE"), 100)
+}
+
+// unpack writes a flattened image's tar stream under root.
+func unpack(t *testing.T, rc io.ReadCloser, root string) {
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		require.NoError(t, err)
+		p := filepath.Join(root, filepath.Clean("/"+h.Name))
+		switch h.Typeflag {
+		case tar.TypeDir:
+			require.NoError(t, os.MkdirAll(p, 0o755))
+		case tar.TypeSymlink:
+			require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+			require.NoError(t, os.Symlink(h.Linkname, p))
+		case tar.TypeLink:
+			require.NoError(t, os.Link(filepath.Join(root, filepath.Clean("/"+h.Linkname)), p))
+		case tar.TypeReg:
+			require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+			f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode)&0o7777)
+			require.NoError(t, err)
+			_, err = io.Copy(f, tr)
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+		}
+	}
+}
