@@ -76,7 +76,8 @@ func register(t *testing.T, ie *v1beta1.InfraEnv, n int) *host {
 	require.NoError(t, err)
 	resp, err := c.Register(context.Background(), cfg.InfraEnv, cfg.RegistrationToken, agentwire.RegisterRequest{
 		InfraEnvUID: cfg.InfraEnv.UID, HostID: stack.HostID(n),
-		Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(n)}},
+		Identity:     agentwire.HostIdentity{MACAddresses: []string{stack.MAC(n)}},
+		AgentVersion: "v0.1.0-3-gabc1234",
 	})
 	require.NoError(t, err)
 	require.Equal(t, stack.HostID(n), resp.HostID)
@@ -162,6 +163,7 @@ func TestRegisterReportApprove(t *testing.T) {
 	require.False(t, a.Spec.Approved)
 	require.Equal(t, v1beta1.AgentRoleAutoAssign, a.Spec.Role)
 	require.Equal(t, ie.UID, a.OwnerReferences[0].UID)
+	require.Equal(t, "v0.1.0-3-gabc1234", lifecycle.Registration(a).AgentVersion, "the agent's version, as it reported it")
 
 	require.NoError(t, h.c.PutInventory(ctx, h.ns, h.id, stack.FakeInventory("worker-1", stack.MAC(1))))
 	h.beat(t)
@@ -425,6 +427,7 @@ func TestBadRequests(t *testing.T) {
 		"another session's token":       {"POST", "/api/v1/namespaces/" + h.ns + "/agents/" + h.id + "/instructions", otherSession, []byte(`{}`), 401, "Unauthorized"},
 		"malformed registration":        {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"hostID":`), 400, "BadRequest"},
 		"unknown registration field":    {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"hostID":"x","evil":1}`), 400, "BadRequest"},
+		"agent version not a version":   {"POST", regPath, h.cfg.RegistrationToken, mustJSON(agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: stack.HostID(98), AgentVersion: "v1 <script>", Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(98)}}}), 400, "BadRequest"},
 		"host ID not a UUID":            {"POST", regPath, h.cfg.RegistrationToken, []byte(`{"infraEnvUID":"` + string(ie.UID) + `","hostID":"../etc","identity":{"macAddresses":[]}}`), 400, "BadRequest"},
 		"ID of another host":            {"POST", regPath, h.cfg.RegistrationToken, mustJSON(agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: h.id, Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(99)}}}), 409, agentwire.CodeHostIDConflict},
 		"inventory with no token":       {"PUT", invPath(h.id), "", goodInv, 401, "Unauthorized"},

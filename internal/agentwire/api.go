@@ -1,6 +1,9 @@
 package agentwire
 
-import "time"
+import (
+	"regexp"
+	"time"
+)
 
 // Paths of the agent API (HTTPS). Versioned: a breaking change adds /v2.
 const (
@@ -46,7 +49,8 @@ type RegisterRequest struct {
 	HostID string `json:"hostID"`
 	// Identity is what the host ID was derived from.
 	Identity HostIdentity `json:"identity"`
-	// AgentVersion of the agent binary.
+	// AgentVersion of the agent binary (AgentVersionForm; "" from agents
+	// that report none).
 	AgentVersion string `json:"agentVersion,omitempty"`
 	// BootProof, when the host booted an ISO its BareMetalHost's BMC
 	// inserted, is the proof that ISO carried (BootProofPath).
@@ -56,6 +60,11 @@ type RegisterRequest struct {
 	// host is heard from is refused with a SessionRefused event.
 	Session string `json:"session,omitempty"`
 }
+
+// AgentVersionForm is what an agent's reported version may look like: a
+// release (v0.2.0), git describe's output (v0.2.0-3-gabc1234-dirty) or a
+// development build's (dev).
+var AgentVersionForm = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+~-]{0,63}$`)
 
 // BootProofPath is where a discovery ISO inserted for one BareMetalHost
 // holds its BootProof.

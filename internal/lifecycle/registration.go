@@ -34,6 +34,8 @@ type Session struct {
 	BootedBy string
 	// From is the address the registration came from, or "".
 	From string
+	// AgentVersion is what the host's agent reported of itself.
+	AgentVersion string
 }
 
 // BeginSession records a new session in the Agent's registration record.
@@ -47,6 +49,7 @@ func BeginSession(a *v1beta1.Agent, s Session) {
 	rec.Session = s.ID
 	rec.SessionStarted = s.Started.UTC().Format(time.RFC3339Nano)
 	rec.BootedBy, rec.Contested = s.BootedBy, ""
+	rec.AgentVersion = s.AgentVersion
 	rec.SourceAddresses = withSource(rec.SourceAddresses, s.From)
 	a.Status.Registration = &rec
 }

@@ -23,6 +23,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/clip"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -264,7 +265,10 @@ func validRegistration(req agentwire.RegisterRequest) error {
 	if p := req.BootProof; p != nil && (len(p.BareMetalHost) == 0 || len(p.BareMetalHost) > 253 || len(p.Proof) == 0 || len(p.Proof) > 128) {
 		return fmt.Errorf("bootProof needs a bareMetalHost name (at most 253 bytes) and a proof (at most 128)")
 	}
-	if len(req.AgentVersion) > 128 || len(req.Identity.SerialNumber) > 256 || len(req.Identity.SystemUUID) > 64 {
+	if req.AgentVersion != "" && !agentwire.AgentVersionForm.MatchString(req.AgentVersion) {
+		return fmt.Errorf("agentVersion %q is not a version (at most 64 letters, digits and ._+~-)", clip.Text(req.AgentVersion, 80))
+	}
+	if len(req.Identity.SerialNumber) > 256 || len(req.Identity.SystemUUID) > 64 {
 		return fmt.Errorf("identity fields too long")
 	}
 	return nil
@@ -530,7 +534,7 @@ func (s *Server) beginSession(a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentw
 		InfraEnv: ie.Name, InfraEnvUID: string(ie.UID),
 		Identity: digest, MACs: hosts.MACs(req.Identity.MACAddresses),
 		ID: hosts.SessionID(secret), Started: s.o.Now(),
-		BootedBy: bootedBy, From: sourceIP(from),
+		BootedBy: bootedBy, From: sourceIP(from), AgentVersion: req.AgentVersion,
 	})
 	return secret
 }

@@ -561,6 +561,12 @@ type AgentRegistration struct {
 	// agentboot looks for, whatever spec.hostname says later.
 	// +optional
 	NodeName string `json:"nodeName,omitempty"`
+	// AgentVersion is the version the host's agent reported when its
+	// current session began ("" for an agent that reports none); which
+	// agent versions a service accepts is docs/releases.md's promise.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	AgentVersion string `json:"agentVersion,omitempty"`
 }
 
 // Disk sanitization states.
