@@ -85,7 +85,7 @@ DEV_ARGS = $(if $(FRESH),--fresh) $(if $(ADVERTISE_ADDRESS),--advertise-address=
 # The slowest test packages, longest first: go test starts packages in the
 # order it is given them, and one started last (test/boot came last in
 # ./...'s order) ran alone for minutes at the end of the suite.
-SLOW_TESTS := ./test/boot ./bmc ./nodepool ./agent-service ./image-service ./cmd/agentboot ./deploy ./infraenv-controller ./agent-service/internal/steps
+SLOW_TESTS := ./test/boot ./bmc ./hack/image ./nodepool ./agent-service ./image-service ./cmd/agentboot ./deploy ./infraenv-controller ./agent-service/internal/steps
 
 # What the tests need, built after the prerequisites are checked.
 .PHONY: test-deps

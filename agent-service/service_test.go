@@ -363,7 +363,8 @@ func TestHeartbeatsWriteRarely(t *testing.T) {
 	slow := time.NewTicker(500 * time.Millisecond)
 	defer slow.Stop()
 	settled := passes.Mark(client.ObjectKey{Namespace: h.ns, Name: h.id})
-	for passes.Since(settled) < 2 {
+	for deadline := time.Now().Add(time.Minute); passes.Since(settled) < 2; {
+		require.True(t, time.Now().Before(deadline), "the Agent controller made %d passes in a minute of heartbeats", passes.Since(settled))
 		beat(slow)
 	}
 	before := h.agent(t)

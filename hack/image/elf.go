@@ -33,8 +33,12 @@ func closure(t tree, arch string, binaries ...string) ([]string, error) {
 			}
 			if e.typeflag != '2' { // not a symlink
 				if e.typeflag == '1' { // a hard link: its target is the file
+					target, ok := t[e.link]
+					if !ok {
+						return p, nil, fmt.Errorf("%s is a hard link to %s, which none of the pinned packages has", p, e.link)
+					}
 					keep[e.link] = true
-					return e.link, t[e.link], nil
+					return e.link, target, nil
 				}
 				return p, e, nil
 			}

@@ -85,5 +85,5 @@ func (l layer) v1Layer(epoch time.Time) (v1.Layer, error) {
 		return nil, err
 	}
 	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil },
-		tarball.WithMediaType(types.OCILayer), tarball.WithCompressionLevel(9), tarball.WithCompressedCaching)
+		tarball.WithMediaType(types.OCILayer), tarball.WithCompressionLevel(6), tarball.WithCompressedCaching)
 }

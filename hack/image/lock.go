@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 )
@@ -20,6 +21,12 @@ func lockAnew(lock, cache string, a apt) error {
 		return err
 	}
 	defer os.RemoveAll(dl)
+	// apt-cache names the machine's own architecture's packages without
+	// a qualifier.
+	native, err := exec.Command("dpkg", "--print-architecture").Output()
+	if err != nil {
+		return fmt.Errorf("dpkg --print-architecture: %w", err)
+	}
 	var pinned []pkg
 	for _, arch := range strings.Split(platforms, ",") {
 		var roots []string
@@ -34,7 +41,7 @@ func lockAnew(lock, cache string, a apt) error {
 		want := map[string]bool{}
 		for _, line := range strings.Split(string(out), "\n") {
 			name, qual, _ := strings.Cut(strings.TrimSpace(line), ":")
-			if line == "" || line[0] == ' ' || strings.HasPrefix(line, "<") || qual != arch && !(qual == "" && arch == "amd64") {
+			if line == "" || line[0] == ' ' || strings.HasPrefix(line, "<") || qual != arch && !(qual == "" && arch == strings.TrimSpace(string(native))) {
 				continue
 			}
 			if (strings.HasPrefix(name, "lib") || name == "zlib1g" || name+":"+arch == roots[0] || name+":"+arch == roots[1]) &&
@@ -50,7 +57,7 @@ func lockAnew(lock, cache string, a apt) error {
 		for n := range want {
 			args = append(args, n)
 		}
-		if arch == "amd64" {
+		if arch == "amd64" { // once: it is for all architectures
 			args = append(args, "ca-certificates")
 		}
 		if _, err := a.run("apt-get", archDir, args...); err != nil {

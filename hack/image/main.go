@@ -172,6 +172,11 @@ func platformImage(o buildOptions, pkgs []pkg, arch string) (v1.Image, []pkg, er
 	usedBy := map[string]bool{"ca-certificates": true}
 	for _, p := range need {
 		e := t[p]
+		if e.typeflag == '1' {
+			// A hard link is written as a copy: in path order it may
+			// come before the file it links to.
+			e = t[e.link]
+		}
 		toolLayer[p] = file{mode: e.mode, typeflag: e.typeflag, link: e.link, data: e.data}
 		usedBy[e.pkg] = true
 	}

@@ -38,7 +38,7 @@ func (c *ManualClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 func (c *ManualClock) AfterFunc(d time.Duration, f func()) clock.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t := &manualTimer{c: c, at: c.now.Add(d), f: f}
+	t := &manualTimer{c: c, at: c.now.Add(max(d, 0)), f: f}
 	c.pending = append(c.pending, t)
 	return t
 }
@@ -91,7 +91,7 @@ func (t *manualTimer) Reset(d time.Duration) bool {
 	was := t.Stop()
 	t.c.mu.Lock()
 	defer t.c.mu.Unlock()
-	t.at = t.c.now.Add(d)
+	t.at = t.c.now.Add(max(d, 0))
 	t.c.pending = append(t.c.pending, t)
 	return was
 }

@@ -83,8 +83,11 @@ func (p *Passes) Await(t testing.TB, m Mark, n int) []Pass {
 	}
 }
 
-// Settle waits for two more passes of key than now: whatever changed
-// before it was looked at by a pass that began after it.
+// Settle waits for two more passes of key than now, the second of which
+// began after the call: whatever the controller's cache held at that
+// moment was looked at. (A write the test made a moment ago may not have
+// reached the cache yet; where the controller shows that it saw it, wait
+// for that instead.)
 func (p *Passes) Settle(t testing.TB, key types.NamespacedName) {
 	t.Helper()
 	p.Await(t, p.Mark(key), 2)

@@ -104,8 +104,10 @@ type Reconciler struct {
 	Networks []netip.Prefix
 	// Resolve looks names up (net.DefaultResolver in production).
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
-	// Clock tells the time the power and media windows are measured in
-	// (the real clock unless a test sets one).
+	// Clock tells the time the controller's own power and media windows
+	// are measured in (the real clock unless a test sets one). Times it
+	// writes for others to compare with theirs (status, annotations, boot
+	// proofs) are the wall clock's.
 	Clock clock.PassiveClock
 	// Passes, when set, is told of each finished pass: tests wait on
 	// passes, not on the wall clock.
@@ -198,15 +200,23 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // Reconcile drives one BareMetalHost.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
+	looked := false
 	if r.Passes != nil {
-		defer func() { r.Passes(req.NamespacedName, res, err) }()
+		// A pass that only found the cache behind its own last write
+		// looked at nothing: it is not told.
+		defer func() {
+			if looked || err != nil {
+				r.Passes(req.NamespacedName, res, err)
+			}
+		}()
 	}
-	return r.pass(ctx, req)
+	return r.pass(ctx, req, &looked)
 }
 
 // pass is one look at a host: fetch, finalizer, the Agent it booted and
 // its disk requests, then the handler of its state, and one status write.
-func (r *Reconciler) pass(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) pass(ctx context.Context, req ctrl.Request, looked *bool) (ctrl.Result, error) {
+	*looked = true
 	host := &metal3.BareMetalHost{}
 	if err := r.Client.Get(ctx, req.NamespacedName, host); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -220,6 +230,7 @@ func (r *Reconciler) pass(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	if r.stale(host) {
 		// This pass wrote the host a moment ago and the cache has not
 		// caught up: acting on the old state would repeat BMC requests.
+		*looked = false
 		return ctrl.Result{RequeueAfter: CacheLagRequeue}, nil
 	}
 	if !host.DeletionTimestamp.IsZero() {
@@ -437,7 +448,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, host *metal3.BareMetalHost
 	if equality.Semantic.DeepEqual(before, st) {
 		return nil
 	}
-	now := metav1.NewTime(r.Clock.Now())
+	now := metav1.Now() // written for others to read: the wall clock
 	st.LastUpdated = &now
 	return r.update(host, func() error { return r.Client.Status().Update(ctx, host) })
 }

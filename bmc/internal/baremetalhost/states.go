@@ -176,7 +176,7 @@ func (h *hostRun) provision(ctx context.Context) (res step) {
 		b.sent = h.r.Clock.Now()
 		mem.power = &powerChange{on: true, sent: b.sent, requests: 1}
 	}
-	if err := h.r.markDiscoveryBoot(ctx, h.host, b.sent, b.nonce); err != nil {
+	if err := h.r.markDiscoveryBoot(ctx, h.host, time.Now(), b.nonce); err != nil {
 		return failed(metal3.ProvisioningError, err)
 	}
 	// mem.boot stays until a pass finds the host provisioned with this
@@ -503,7 +503,7 @@ func (r *Reconciler) withBootProof(iso string, host *metal3.BareMetalHost, nonce
 	if err != nil {
 		return "", err
 	}
-	proof := key.BootProof(host.Namespace, host.Name, string(host.UID), nonce, r.Clock.Now().Add(BootProofLifetime))
+	proof := key.BootProof(host.Namespace, host.Name, string(host.UID), nonce, time.Now().Add(BootProofLifetime))
 	if proof == "" {
 		return "", fmt.Errorf("no key to sign the boot proof of the inserted ISO with")
 	}
