@@ -415,21 +415,58 @@ func (s *Server) ensureAgent(ctx context.Context, ie *v1beta1.InfraEnv, req agen
 	// The record goes in the status, a second write: an Agent whose record
 	// could not be written is deleted again, so that no Agent is left that
 	// nobody can continue (the host registers again and is created anew).
-	// The patch names the Agent's UID: if it was deleted and created
-	// anew meanwhile, the apiserver refuses it rather than give this
-	// record to another Agent.
-	// (The patch is taken from a copy without the UID, so it carries it.)
-	base := agent.DeepCopy()
-	base.UID = ""
-	secret := s.beginSession(agent, ie, req, digest, from, bootedBy)
-	writes.WithLabelValues("agent-status").Inc()
-	if err := s.o.Client.Status().Patch(ctx, agent, client.MergeFrom(base)); err != nil {
+	secret, sess := s.newSession(ie, req, digest, from, bootedBy)
+	written, err := writeRecord(ctx, s.o.Client, s.o.APIReader, agent, sess, nil)
+	if err != nil {
 		if derr := s.o.Client.Delete(ctx, agent, client.Preconditions{UID: &agent.UID}); derr != nil && !apierrors.IsNotFound(derr) {
 			s.o.Log.Error(derr, "delete an Agent whose registration record could not be written", "agent", agent.Namespace+"/"+agent.Name)
 		}
 		return nil, "", kindNone, err
 	}
-	return agent, secret, kindCreated, nil
+	return written, secret, kindCreated, nil
+}
+
+// writeRecord writes a new session's registration record onto the Agent a
+// as it was read, and onto no other: the write carries the resourceVersion
+// a was read at. On a conflict the Agent is read again and, if it is the
+// same Agent (its UID) and still may take the session (recheck, when
+// given), written again: another writer (the Agent controller adding its
+// finalizer) changed it meanwhile. An Agent deleted, or deleted and created
+// anew, meanwhile is errDeleting, never given the record. (A UID in a
+// status patch would not do this: the apiserver takes only the status from
+// a status patch of a custom resource.)
+func writeRecord(ctx context.Context, c client.Client, r client.Reader, a *v1beta1.Agent, sess lifecycle.Session, recheck func(*v1beta1.Agent) error) (*v1beta1.Agent, error) {
+	cur := a
+	for attempt := 0; ; attempt++ {
+		next := cur.DeepCopy()
+		lifecycle.BeginSession(next, sess)
+		writes.WithLabelValues("agent-status").Inc()
+		err := c.Status().Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
+		switch {
+		case err == nil:
+			return next, nil
+		case apierrors.IsNotFound(err):
+			return nil, errDeleting
+		case !apierrors.IsConflict(err) || attempt == 4:
+			return nil, err
+		}
+		fresh := &v1beta1.Agent{}
+		if err := r.Get(ctx, client.ObjectKeyFromObject(a), fresh); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, errDeleting
+			}
+			return nil, err
+		}
+		if fresh.UID != a.UID || !fresh.DeletionTimestamp.IsZero() {
+			return nil, errDeleting
+		}
+		if recheck != nil {
+			if err := recheck(fresh); err != nil {
+				return nil, err
+			}
+		}
+		cur = fresh
+	}
 }
 
 // resume begins a new session of an existing Agent, under the identity
@@ -505,38 +542,41 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 			return nil, "", kindNone, err
 		}
 	}
-	patch := client.MergeFrom(a.DeepCopy())
-	secret := s.beginSession(a, ie, req, digest, from, bootedBy)
-	writes.WithLabelValues("agent-status").Inc()
-	if err := s.o.Client.Status().Patch(ctx, a, patch); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, "", kindNone, errDeleting
+	secret, sess := s.newSession(ie, req, digest, from, bootedBy)
+	written, err := writeRecord(ctx, s.o.Client, s.o.APIReader, a, sess, func(fresh *v1beta1.Agent) error {
+		// Changed meanwhile: still this host's, and still not bound.
+		if lifecycle.Registration(fresh).Identity != digest {
+			return errConflict
 		}
+		if lifecycle.Bound(fresh) {
+			return errInDoubt
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, "", kindNone, err
 	}
-	return a, secret, kindNewSession, nil
+	return written, secret, kindNewSession, nil
 }
 
 // recordGrace is how long after its creation an Agent without a record is
 // taken to be one whose record is being written.
 const recordGrace = 30 * time.Second
 
-// beginSession records a new session in a's registration record (to be
-// written by the caller): the InfraEnv it registered through, what the host
-// said it is, the session's ID, when it began, and the BareMetalHost whose
-// virtual media it proved it booted from, if any. What outlives a session
-// stays: the addresses the host was seen from, a dispute, the Node name of
-// its installation. It returns the session's secret, which only the
+// newSession is a new session for an Agent's registration record
+// (lifecycle.BeginSession, written by writeRecord): the InfraEnv it
+// registered through, what the host said it is, the session's ID, when it
+// began, and the BareMetalHost whose virtual media it proved it booted
+// from, if any. It returns the session's secret too, which only the
 // registration's answer carries.
-func (s *Server) beginSession(a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) string {
+func (s *Server) newSession(ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (string, lifecycle.Session) {
 	secret := newSecret()
-	lifecycle.BeginSession(a, lifecycle.Session{
+	return secret, lifecycle.Session{
 		InfraEnv: ie.Name, InfraEnvUID: string(ie.UID),
 		Identity: digest, MACs: hosts.MACs(req.Identity.MACAddresses),
 		ID: hosts.SessionID(secret), Started: s.o.Now(),
 		BootedBy: bootedBy, From: sourceIP(from), AgentVersion: req.AgentVersion,
-	})
-	return secret
+	}
 }
 
 // bootedBy checks a registration's boot proof and returns the UID of the
