@@ -69,8 +69,8 @@ func (s *Steps) sanitizeStep(ctx context.Context, a *v1beta1.Agent) ([]agentwire
 		// An attempt shown running in this boot is over (the host asks for
 		// instructions): Pending again, so that the BareMetalHost
 		// controller may record the new list.
-		if held := a.DeepCopy(); lifecycle.HoldSanitization(held, msg) {
-			err := s.Client.Status().Patch(ctx, held, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{}))
+		if next := a.DeepCopy(); lifecycle.HoldSanitization(next, msg) {
+			err := s.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{}))
 			switch {
 			case apierrors.IsConflict(err):
 				return nil, nil
@@ -213,8 +213,12 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 		ds := cur.Status.DiskSanitization
 		records, problems := judge(ds, cur.Status.Inventory.Disks, r)
 		now := s.Now()
+		var took time.Duration
+		if ds.StartTime != nil { // always, but for a status written by hand
+			took = now.Sub(ds.StartTime.Time)
+		}
 		next := cur.DeepCopy()
-		if err := lifecycle.FinishSanitization(next, lifecycle.Evidence{Records: records, Problems: problems, Summary: summary(records, now.Sub(ds.StartTime.Time))}, now); err != nil {
+		if err := lifecycle.FinishSanitization(next, lifecycle.Evidence{Records: records, Problems: problems, Summary: summary(records, took)}, now); err != nil {
 			return err
 		}
 		done = next.Status.DiskSanitization
