@@ -147,6 +147,15 @@ func stateWrites(fset *token.FileSet, info *types.Info, self string, f *ast.File
 		if fn := callee(info, call); fn != nil && fn.Pkg() != nil && fn.Pkg().Path() == "sigs.k8s.io/controller-runtime/pkg/client" && fn.Name() == "RawPatch" {
 			report(call, "a raw patch (it may write the Agent's status unseen)")
 		}
+		// A clientset's or dynamic client's write of a status subresource
+		// names it as its last argument.
+		if n := len(call.Args); n > 0 {
+			if lit, ok := call.Args[n-1].(*ast.BasicLit); ok && lit.Kind == token.STRING && lit.Value == `"status"` {
+				if fn := callee(info, call); fn != nil && (fn.Name() == "Patch" || fn.Name() == "Update" || fn.Name() == "UpdateStatus") {
+					report(call, "a write of a status subresource by name (it may write the Agent's status unseen)")
+				}
+			}
+		}
 		return true
 	})
 	ast.Inspect(f, func(n ast.Node) bool {
@@ -337,6 +346,10 @@ func f(a *v1beta1.Agent) {
 	_ = v1beta1.AgentRegistration{}
 	_ = &v1beta1.Agent{Status: v1beta1.AgentStatus{}}
 	_ = client.RawPatch("", nil)
+	var dyn interface {
+		Patch(name string, data []byte, subresources ...string) error
+	}
+	_ = dyn.Patch("x", nil, "status")
 	lifecycle.OweSanitization(&a.Status, "erase", "why")
 	_ = a.Status.DeepCopy()
 	b := a.Status.Progress
@@ -360,6 +373,7 @@ func checkFixture(t *testing.T, fset *token.FileSet, imp types.Importer, self st
 	}
 	want := []string{
 		"  fixture.go:17:6: a raw patch (it may write the Agent's status unseen)",
+		"  fixture.go:21:6: a write of a status subresource by name (it may write the Agent's status unseen)",
 		"  fixture.go:10:2: assigns HostProgressInfo.CurrentStage",
 		"  fixture.go:11:2: assigns AgentStatus.Conditions",
 		"  fixture.go:12:8: takes the address of Agent.Status",
@@ -368,7 +382,7 @@ func checkFixture(t *testing.T, fset *token.FileSet, imp types.Importer, self st
 		"  fixture.go:15:6: builds a AgentRegistration",
 		"  fixture.go:16:21: builds an Agent with a status",
 		"  fixture.go:16:29: builds a AgentStatus",
-		"  fixture.go:26:2: assigns AgentDiskSanitization.Keep",
+		"  fixture.go:30:2: assigns AgentDiskSanitization.Keep",
 	}
 	if diff := cmp.Diff(want, stateWrites(fset, info, self, f)); diff != "" {
 		t.Errorf("what the check finds in the fixture (-want +got):\n%s", diff)
