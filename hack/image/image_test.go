@@ -1,9 +1,6 @@
 package main
 
 import (
-	"archive/tar"
-	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,8 +11,10 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
+
 	"github.com/stretchr/testify/require"
+
+	"github.com/agentboot/agentboot/test/container"
 )
 
 // fakeBin is a bin/ whose agentboot and agents are a small Go program
@@ -95,7 +94,7 @@ func TestImage(t *testing.T) {
 	require.Equal(t, []string{"/usr/local/bin/agentboot"}, cf.Config.Entrypoint)
 
 	root := t.TempDir()
-	unpack(t, mutate.Extract(img), root)
+	require.NoError(t, container.Unpack(img, root))
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -120,34 +119,4 @@ func TestImage(t *testing.T) {
 	bundle, err := os.ReadFile(filepath.Join(root, "etc/ssl/certs/ca-certificates.crt"))
 	require.NoError(t, err)
 	require.Greater(t, strings.Count(string(bundle), "BEGIN CERTIFICATE"), 100)
-}
-
-// unpack writes a flattened image's tar stream under root.
-func unpack(t *testing.T, rc io.ReadCloser, root string) {
-	defer rc.Close()
-	tr := tar.NewReader(rc)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		require.NoError(t, err)
-		p := filepath.Join(root, filepath.Clean("/"+h.Name))
-		switch h.Typeflag {
-		case tar.TypeDir:
-			require.NoError(t, os.MkdirAll(p, 0o755))
-		case tar.TypeSymlink:
-			require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-			require.NoError(t, os.Symlink(h.Linkname, p))
-		case tar.TypeLink:
-			require.NoError(t, os.Link(filepath.Join(root, filepath.Clean("/"+h.Linkname)), p))
-		case tar.TypeReg:
-			require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-			f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode)&0o7777)
-			require.NoError(t, err)
-			_, err = io.Copy(f, tr)
-			require.NoError(t, err)
-			require.NoError(t, f.Close())
-		}
-	}
 }
