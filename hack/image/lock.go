@@ -66,6 +66,7 @@ func lockAnew(lock, cache string, a apt) error {
 		debs, _ := filepath.Glob(filepath.Join(archDir, "*.deb"))
 		t := tree{}
 		byName := map[string]pkg{}
+		debOf := map[string]string{}
 		for _, deb := range debs {
 			base := strings.TrimSuffix(filepath.Base(deb), ".deb")
 			parts := strings.Split(base, "_")
@@ -77,11 +78,8 @@ func lockAnew(lock, cache string, a apt) error {
 				return err
 			}
 			p := pkg{Name: parts[0], Version: strings.ReplaceAll(parts[1], "%3a", ":"), Arch: parts[2], SHA256: sum}
-			byName[p.Name] = p
-			if err := t.unpack(deb, p.Name); err != nil {
-				return err
-			}
-			if err := os.Rename(deb, filepath.Join(cache, p.file())); err != nil {
+			byName[p.Name], debOf[p.Name] = p, deb
+			if err := t.read(deb, p.Name); err != nil {
 				return err
 			}
 		}
@@ -100,8 +98,12 @@ func lockAnew(lock, cache string, a apt) error {
 		for _, p := range need {
 			used[t[p].pkg] = true
 		}
+		// Only what is pinned is kept in the cache.
 		for name := range used {
 			pinned = append(pinned, byName[name])
+			if err := os.Rename(debOf[name], filepath.Join(cache, byName[name].file())); err != nil {
+				return err
+			}
 		}
 	}
 	return writeLock(lock, pinned)
