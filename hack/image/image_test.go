@@ -37,7 +37,7 @@ func fakeBin(t *testing.T) string {
 
 func options(t *testing.T, bin string, epoch int64) buildOptions {
 	cache := defaultCache()
-	return buildOptions{out: filepath.Join(t.TempDir(), "image"), bin: bin, lock: "debian.lock", cache: cache,
+	return buildOptions{out: filepath.Join(t.TempDir(), "image"), bin: bin, lock: testLock("debian.lock", cache), cache: cache,
 		version: "v0.0.0-test", epoch: time.Unix(epoch, 0).UTC(), apt: apt{dir: filepath.Join(cache, "apt")}}
 }
 

@@ -62,10 +62,7 @@ func main() {
 	case *relock:
 		err = lockAnew(*lock, *cache, a)
 	case *fetchOnly:
-		var pkgs []pkg
-		if pkgs, err = readLock(*lock); err == nil {
-			err = fetch(pkgs, *cache, a)
-		}
+		err = fetchForTests(*lock, *cache, a)
 	default:
 		var digest v1.Hash
 		digest, err = build(buildOptions{out: *out, bin: *bin, lock: *lock, cache: *cache, version: *version, epoch: time.Unix(*epoch, 0).UTC(), apt: a})
@@ -80,6 +77,37 @@ func main() {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
+}
+
+// fallbackLock is where -fetch pins the mirror's current packages when a
+// version the lock pins is gone from it (Debian's mirrors keep the current
+// version only): the tests build from it then, so that a point release of
+// Debian does not fail make test; make image still refuses until make
+// image-lock pins anew.
+const fallbackLock = "fallback.lock"
+
+func fetchForTests(lock, cache string, a apt) error {
+	pkgs, err := readLock(lock)
+	if err != nil {
+		return err
+	}
+	ferr := fetch(pkgs, cache, a)
+	if ferr == nil {
+		_ = os.Remove(filepath.Join(cache, fallbackLock))
+		return nil
+	}
+	fmt.Fprintf(os.Stderr, "image: %v\nimage: the tests build from the mirror's current packages instead (%s); make image needs make image-lock\n", ferr, filepath.Join(cache, fallbackLock))
+	return lockAnew(filepath.Join(cache, fallbackLock), cache, a)
+}
+
+// testLock is the lock the tests build from: the project's, or the
+// fallback -fetch pinned when the project's packages could not be had.
+func testLock(lock, cache string) string {
+	fb := filepath.Join(cache, fallbackLock)
+	if _, err := os.Stat(fb); err == nil {
+		return fb
+	}
+	return lock
 }
 
 func defaultCache() string {
