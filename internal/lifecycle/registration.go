@@ -106,21 +106,18 @@ func Dispute(a *v1beta1.Agent, msg string) bool {
 }
 
 // RecordInventory stores the host's inventory as reported (its report
-// time set by the caller) and says whether it changed anything.
-func RecordInventory(a *v1beta1.Agent, inv v1beta1.HostInventory) bool {
-	if equality.Semantic.DeepEqual(a.Status.Inventory, inv) {
-		return false
-	}
+// time set by the caller, who decided it is worth a write).
+func RecordInventory(a *v1beta1.Agent, inv v1beta1.HostInventory) {
 	a.Status.Inventory = inv
-	return true
 }
 
-// RecordNTPSources stores the host's time sources and says whether they
-// changed.
-func RecordNTPSources(a *v1beta1.Agent, sources []v1beta1.HostNTPSource) bool {
-	if len(sources) == 0 && len(a.Status.NTPSources) == 0 || equality.Semantic.DeepEqual(sources, a.Status.NTPSources) {
-		return false
-	}
+// SameNTPSources reports whether the Agent records these time sources
+// already (none and an empty list are the same).
+func SameNTPSources(a *v1beta1.Agent, sources []v1beta1.HostNTPSource) bool {
+	return len(sources) == 0 && len(a.Status.NTPSources) == 0 || equality.Semantic.DeepEqual(sources, a.Status.NTPSources)
+}
+
+// RecordNTPSources stores the host's time sources.
+func RecordNTPSources(a *v1beta1.Agent, sources []v1beta1.HostNTPSource) {
 	a.Status.NTPSources = sources
-	return true
 }

@@ -372,17 +372,17 @@ func (s *Server) storeNTP(ctx context.Context, a *v1beta1.Agent, srcs []agentwir
 		}
 		want = append(want, v1beta1.HostNTPSource{SourceName: n.SourceName, SourceState: n.SourceState})
 	}
-	next := a.DeepCopy()
-	if !lifecycle.RecordNTPSources(next, want) || !s.allowWrite(a) {
+	// Compared before anything is copied: this is every heartbeat.
+	if lifecycle.SameNTPSources(a, want) || !s.allowWrite(a) {
 		return nil // unchanged, or informational: a later heartbeat stores it
 	}
 	// Stored, then the Agent controller's validations of it (ntp-synced):
 	// informational, so over budget it waits for a later heartbeat.
-	if s.budget.spend(lifecycle.Registration(a).InfraEnvUID, 2*size(next), s.o.Now()) > 0 {
+	if s.budget.spend(lifecycle.Registration(a).InfraEnvUID, 2*size(a), s.o.Now()) > 0 {
 		return nil
 	}
 	patch := client.MergeFrom(a.DeepCopy())
-	*a = *next
+	lifecycle.RecordNTPSources(a, want)
 	writes.WithLabelValues("agent-status").Inc()
 	return s.o.Client.Status().Patch(ctx, a, patch)
 }
