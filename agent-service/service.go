@@ -18,10 +18,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/agentboot/agentboot/agent-service/internal/agentstatus"
 	"github.com/agentboot/agentboot/agent-service/internal/debts"
@@ -32,6 +30,7 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/eventnote"
+	"github.com/agentboot/agentboot/internal/observe"
 	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -76,10 +75,10 @@ type Config struct {
 	Log                logr.Logger
 	// ControllerPasses, when set, is told of each finished pass of the
 	// Agent controller: tests wait on passes, not on the wall clock.
-	ControllerPasses func(agent types.NamespacedName, res reconcile.Result, err error)
+	ControllerPasses observe.Hook
 	// DiskBootPasses, likewise, of the controller that keeps the records
 	// of which hosts boot from their disks.
-	DiskBootPasses func(agent types.NamespacedName, res reconcile.Result, err error)
+	DiskBootPasses observe.Hook
 }
 
 // EraseDebtLabel marks the ConfigMaps in agentboot's namespace that record

@@ -4,13 +4,13 @@ import (
 	"net/netip"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/agentboot/agentboot/bmc/internal/baremetalhost"
 	"github.com/agentboot/agentboot/bmc/internal/driver"
 	"github.com/agentboot/agentboot/internal/eventnote"
+	"github.com/agentboot/agentboot/internal/observe"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 
@@ -50,7 +50,7 @@ type Config struct {
 	Clock clock.PassiveClock
 	// Passes, when set, is told of each finished reconcile pass of a host
 	// and what it returned: tests wait on passes instead of sleeping.
-	Passes func(host types.NamespacedName, res ctrl.Result, err error)
+	Passes observe.Hook
 }
 
 // SetupWithManager adds the BareMetalHost controller to mgr (it runs on

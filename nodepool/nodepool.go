@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -20,6 +19,7 @@ import (
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/handover"
+	"github.com/agentboot/agentboot/internal/observe"
 	"github.com/agentboot/agentboot/internal/sanitize"
 	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/nodepool/internal/prepare"
@@ -76,7 +76,7 @@ type Config struct {
 	// WorkerPasses, when set, is told of each finished pass of the
 	// controller that follows bound hosts: tests wait on passes, not on
 	// the wall clock.
-	WorkerPasses func(agent types.NamespacedName, res ctrl.Result, err error)
+	WorkerPasses observe.Hook
 }
 
 // SetupWithManager adds the worker controller, which follows bound hosts

@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/agentboot/agentboot/internal/agentrecord"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/macindex"
+	"github.com/agentboot/agentboot/internal/observe"
 )
 
 // Label marks the records (value "true").
@@ -128,7 +128,7 @@ type Reconciler struct {
 	Namespace string
 	// Passes, when set, is told of each finished pass over an Agent:
 	// tests wait on passes, not on the wall clock.
-	Passes func(agent types.NamespacedName, res ctrl.Result, err error)
+	Passes observe.Hook
 }
 
 // SetupWithManager follows Agents and the records.
@@ -139,18 +139,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return agentrecord.Watch(ctrl.NewControllerManagedBy(mgr).
 		Named("disk-boot").
 		For(&v1beta1.Agent{}), r.Namespace, Label).
-		Complete(r)
+		Complete(observe.Passes(r, r.Passes))
 }
 
 // Reconcile makes one Agent's record current.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
-	if r.Passes != nil {
-		defer func() { r.Passes(req.NamespacedName, res, err) }()
-	}
-	return r.pass(ctx, req)
-}
-
-func (r *Reconciler) pass(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var want *corev1.ConfigMap
 	a := &v1beta1.Agent{}
 	switch err := r.Client.Get(ctx, req.NamespacedName, a); {

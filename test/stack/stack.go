@@ -34,17 +34,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	agentservice "github.com/agentboot/agentboot/agent-service"
 	"github.com/agentboot/agentboot/bmc"
 	"github.com/agentboot/agentboot/cmd/agentboot/app"
 	imageservice "github.com/agentboot/agentboot/image-service"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/observe"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/nodepool"
@@ -84,10 +83,10 @@ type Options struct {
 	AgentDisconnectAfter    time.Duration
 	// AgentControllerPasses is told of each finished pass of the Agent
 	// controller (testenv.Passes.Observe).
-	AgentControllerPasses func(agent types.NamespacedName, res reconcile.Result, err error)
+	AgentControllerPasses observe.Hook
 	// DiskBootPasses is told of each finished pass of the controller that
 	// keeps the disk-boot records.
-	DiskBootPasses func(agent types.NamespacedName, res reconcile.Result, err error)
+	DiskBootPasses observe.Hook
 	// MaxAgentsPerInfraEnv caps each InfraEnv's Agents (default: the
 	// service's).
 	MaxAgentsPerInfraEnv int

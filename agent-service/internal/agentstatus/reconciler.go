@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -30,6 +29,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/observe"
 )
 
 // Reconciler keeps Agents' status true to what their hosts report.
@@ -47,7 +47,7 @@ type Reconciler struct {
 	Now             func() time.Time
 	// Passes, when set, is told of each finished pass: tests wait on
 	// passes, not on the wall clock.
-	Passes func(agent types.NamespacedName, res reconcile.Result, err error)
+	Passes observe.Hook
 }
 
 // SetupWithManager watches Agents (and their neighbours by hostname), their
@@ -78,7 +78,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return reqs
 		})).
 		Watches(&v1beta1.Agent{}, r.sameHostnameHandler()).
-		Complete(r)
+		Complete(observe.Passes(r, r.Passes))
 }
 
 // sameHostnameHandler re-reconciles the other Agents that share a hostname
@@ -123,14 +123,7 @@ func (r *Reconciler) sameHostnameHandler() handler.EventHandler {
 }
 
 // Reconcile observes and writes labels and status once each, when changed.
-func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res reconcile.Result, err error) {
-	if r.Passes != nil {
-		defer func() { r.Passes(req.NamespacedName, res, err) }()
-	}
-	return r.pass(ctx, req)
-}
-
-func (r *Reconciler) pass(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var a v1beta1.Agent
 	if err := r.Client.Get(ctx, req.NamespacedName, &a); err != nil {
 		if apierrors.IsNotFound(err) {

@@ -42,6 +42,7 @@ import (
 	"github.com/agentboot/agentboot/bmc/internal/address"
 	"github.com/agentboot/agentboot/bmc/internal/driver"
 	"github.com/agentboot/agentboot/internal/macindex"
+	"github.com/agentboot/agentboot/internal/observe"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 
@@ -65,9 +66,9 @@ const (
 	ejectedAnnotation = "agentboot.io/media-ejected"
 )
 
-// CacheLagRequeue is how soon a host is looked at again when the cache
+// cacheLagRequeue is how soon a host is looked at again when the cache
 // does not have this controller's last write of it yet.
-const CacheLagRequeue = 100 * time.Millisecond
+const cacheLagRequeue = 100 * time.Millisecond
 
 // Dialer opens a BMC session; driver.Open in production.
 type Dialer func(ctx context.Context, a address.Address, c driver.Credentials, o driver.Options) (driver.BMC, error)
@@ -109,9 +110,9 @@ type Reconciler struct {
 	// writes for others to compare with theirs (status, annotations, boot
 	// proofs) are the wall clock's.
 	Clock clock.PassiveClock
-	// Passes, when set, is told of each finished pass: tests wait on
-	// passes, not on the wall clock.
-	Passes func(host types.NamespacedName, res ctrl.Result, err error)
+	// Passes, when set, is told of each finished pass that looked at the
+	// host: tests wait on passes, not on the wall clock.
+	Passes observe.Hook
 
 	bmcLocks keyedMutex
 	mu       sync.Mutex
@@ -195,28 +196,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1beta1.Agent{}, handler.EnqueueRequestsFromMapFunc(r.hostsForAgent)).
 		Watches(&v1beta1.InfraEnv{}, handler.EnqueueRequestsFromMapFunc(r.hostsForInfraEnv)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.MaxConcurrent}).
-		Complete(r)
+		Complete(observe.Passes(r, r.Passes))
 }
 
 // Reconcile drives one BareMetalHost.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
-	looked := false
-	if r.Passes != nil {
-		// A pass that only found the cache behind its own last write
-		// looked at nothing: it is not told.
-		defer func() {
-			if looked || err != nil {
-				r.Passes(req.NamespacedName, res, err)
-			}
-		}()
-	}
-	return r.pass(ctx, req, &looked)
-}
-
-// pass is one look at a host: fetch, finalizer, the Agent it booted and
-// its disk requests, then the handler of its state, and one status write.
-func (r *Reconciler) pass(ctx context.Context, req ctrl.Request, looked *bool) (ctrl.Result, error) {
-	*looked = true
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	host := &metal3.BareMetalHost{}
 	if err := r.Client.Get(ctx, req.NamespacedName, host); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -230,8 +214,8 @@ func (r *Reconciler) pass(ctx context.Context, req ctrl.Request, looked *bool) (
 	if r.stale(host) {
 		// This pass wrote the host a moment ago and the cache has not
 		// caught up: acting on the old state would repeat BMC requests.
-		*looked = false
-		return ctrl.Result{RequeueAfter: CacheLagRequeue}, nil
+		observe.Skip(ctx)
+		return ctrl.Result{RequeueAfter: cacheLagRequeue}, nil
 	}
 	if !host.DeletionTimestamp.IsZero() {
 		return r.delete(ctx, host)

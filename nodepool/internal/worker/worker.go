@@ -31,6 +31,7 @@ import (
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/binding"
 	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/observe"
 )
 
 // Timeouts bounds each wait of an installation.
@@ -67,7 +68,7 @@ type Reconciler struct {
 	Now       func() time.Time
 	// Passes, when set, is told of each finished pass over an Agent:
 	// tests wait on passes, not on the wall clock.
-	Passes func(agent types.NamespacedName, res ctrl.Result, err error)
+	Passes observe.Hook
 
 	clients clients
 	// refused remembers the last refusal event per CSR, so each is said
@@ -103,21 +104,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nodepool-worker").
 		For(&v1beta1.Agent{}, builder.WithPredicates(bound)).
-		Complete(r)
+		Complete(observe.Passes(r, r.Passes))
 }
 
 // Reconcile moves one bound Agent along.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
-	if r.Passes != nil {
-		defer func() { r.Passes(req.NamespacedName, res, err) }()
-	}
-	return r.pass(ctx, req)
-}
-
-// pass is one look at a bound Agent: a host writing its disk is waited for
-// (failed when silent too long), one past it is looked for in its hosted
-// cluster.
-func (r *Reconciler) pass(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	a := &v1beta1.Agent{}
 	if err := r.Client.Get(ctx, req.NamespacedName, a); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
