@@ -1,6 +1,7 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"debug/elf"
 	"fmt"
@@ -31,8 +32,8 @@ func closure(t tree, arch string, binaries ...string) ([]string, error) {
 			if !ok {
 				return p, nil, fmt.Errorf("%s is in none of the pinned packages", p)
 			}
-			if e.typeflag != '2' { // not a symlink
-				if e.typeflag == '1' { // a hard link: its target is the file
+			if e.typeflag != tar.TypeSymlink {
+				if e.typeflag == tar.TypeLink { // its target is the file
 					target, ok := t[e.link]
 					if !ok {
 						return p, nil, fmt.Errorf("%s is a hard link to %s, which none of the pinned packages has", p, e.link)

@@ -13,6 +13,7 @@
 package main
 
 import (
+	"archive/tar"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -200,7 +201,7 @@ func platformImage(o buildOptions, pkgs []pkg, arch string) (v1.Image, []pkg, er
 	usedBy := map[string]bool{"ca-certificates": true}
 	for _, p := range need {
 		e := t[p]
-		if e.typeflag == '1' {
+		if e.typeflag == tar.TypeLink {
 			// A hard link is written as a copy: in path order it may
 			// come before the file it links to.
 			e = t[e.link]
@@ -275,7 +276,7 @@ func baseLayer(t tree) (layer, error) {
 	l.file("/etc/nsswitch.conf", 0o644, []byte("hosts: files dns\n"))
 	var certs []string
 	for p, e := range t {
-		if strings.HasPrefix(p, "/usr/share/ca-certificates/mozilla/") && strings.HasSuffix(p, ".crt") && e.typeflag == '0' {
+		if strings.HasPrefix(p, "/usr/share/ca-certificates/mozilla/") && strings.HasSuffix(p, ".crt") && e.typeflag == tar.TypeReg {
 			certs = append(certs, p)
 		}
 	}
@@ -292,10 +293,9 @@ func baseLayer(t tree) (layer, error) {
 	}
 	l.file("/etc/ssl/certs/ca-certificates.crt", 0o644, bundle)
 	l.dir(tmpDir, 0o1777)
-	l[cacheDir] = file{mode: 0o755, typeflag: '5', uid: uid, gid: uid}
-	l[filepath.Dir(cacheDir)] = file{mode: 0o755, typeflag: '5'}
-	l.dir("/home/nonroot", 0o755)
-	l["/home/nonroot"] = file{mode: 0o755, typeflag: '5', uid: uid, gid: uid}
+	// The user's own: the image cache and its home.
+	l[cacheDir] = file{mode: 0o755, typeflag: tar.TypeDir, uid: uid, gid: uid}
+	l["/home/nonroot"] = file{mode: 0o755, typeflag: tar.TypeDir, uid: uid, gid: uid}
 	for _, d := range []string{"bin", "lib", "lib64", "sbin"} {
 		l.symlink("/"+d, "usr/"+d)
 	}
