@@ -66,6 +66,14 @@ func TestImage(t *testing.T) {
 		require.Contains(t, string(sbom), want, "the SBOM")
 	}
 
+	// What a user pushes it with reads it, the layout and the archive, by
+	// the version it is tagged with (README: skopeo copy --all oci:...).
+	for _, ref := range []string{"oci:" + a.out + ":v0.0.0-test", "oci-archive:" + a.out + ".oci.tar:v0.0.0-test"} {
+		out, err := exec.Command("skopeo", "inspect", "--override-os", "linux", "--override-arch", "arm64", ref).CombinedOutput()
+		require.NoError(t, err, "skopeo inspect %s (skopeo comes with make test's prerequisites): %s", ref, out)
+		require.Contains(t, string(out), `"Architecture": "arm64"`)
+	}
+
 	p, err := layout.FromPath(a.out)
 	require.NoError(t, err)
 	idx, err := p.ImageIndex()
