@@ -113,6 +113,54 @@ func TestLocalImageAndCacheReuse(t *testing.T) {
 	}
 }
 
+// A process that starts again over the cache it had (a restarted
+// container's emptyDir) checks each image against the digest recorded with
+// it: one changed in place, at the same size, is downloaded or made again,
+// never served.
+func TestCachedImageIsVerifiedAgain(t *testing.T) {
+	iso, sum := devISO(t)
+	cache := t.TempDir()
+	cfg := Config{CacheDir: cache, Images: []Entry{{Version: "1.0", CPUArchitecture: "x86_64", URL: "file://" + iso}}}
+	c := startCatalog(t, cfg)
+	k, err := c.Resolve("x86_64", "")
+	require.NoError(t, err)
+	st := waitState(t, c, k, Ready)
+	min, err := st.Image.Minimal()
+	require.NoError(t, err)
+	flip := func(p string) {
+		t.Helper()
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		require.NoError(t, err)
+		defer f.Close()
+		b := make([]byte, 1)
+		_, err = f.ReadAt(b, 40000)
+		require.NoError(t, err)
+		b[0] ^= 0xff
+		_, err = f.WriteAt(b, 40000)
+		require.NoError(t, err)
+	}
+	flip(st.Image.Path)
+	flip(min.Path)
+	digest := func(p string) string {
+		t.Helper()
+		raw, err := os.ReadFile(p)
+		require.NoError(t, err)
+		s := sha256.Sum256(raw)
+		return hex.EncodeToString(s[:])
+	}
+	require.NotEqual(t, sum, digest(st.Image.Path))
+
+	again := startCatalog(t, cfg)
+	st2 := waitState(t, again, k, Ready)
+	require.Equal(t, sum, st2.Image.SHA256)
+	require.Equal(t, sum, digest(st2.Image.Path), "the changed image was downloaded again")
+	min2, err := st2.Image.Minimal()
+	require.NoError(t, err)
+	// xorriso stamps the time it made one: a minimal ISO made again has a
+	// digest of its own, which its file must have.
+	require.Equal(t, min2.SHA256, digest(min2.Path), "the changed minimal ISO was made again")
+}
+
 func TestStreamMetadata(t *testing.T) {
 	iso, sum := devISO(t)
 	stream := filepath.Join(filepath.Dir(iso), "stream.json")

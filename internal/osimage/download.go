@@ -109,8 +109,10 @@ func (c *Catalog) fetch(ctx context.Context, d *download) (*Image, error) {
 	}
 	metaPath := filepath.Join(dir, "meta.json")
 	if meta, ok := readMeta(metaPath); ok && meta.URL == e.URL && (e.SHA256 == "" || strings.EqualFold(meta.SHA256, e.SHA256)) {
-		if img, err := open(isoPath, meta, dir); err == nil {
-			c.cfg.Log.Info(what+" ready (cached)", "version", e.Version, "arch", e.CPUArchitecture, "path", isoPath)
+		if err := verifyCached(isoPath, meta); err != nil {
+			c.cfg.Log.Info(what+" in the cache is not usable: downloading it again", "version", e.Version, "arch", e.CPUArchitecture, "path", isoPath, "reason", err.Error())
+		} else if img, err := open(isoPath, meta, dir); err == nil {
+			c.cfg.Log.Info(what+" ready (cached, sha256 verified)", "version", e.Version, "arch", e.CPUArchitecture, "path", isoPath)
 			return img, nil
 		}
 	}
@@ -345,6 +347,31 @@ type Image struct {
 	minimalErr  error
 }
 
+// verifyCached hashes a file found in the cache and compares it with the
+// digest recorded when it was written: the cache is a volume that outlives
+// the process (an emptyDir across container restarts), and a process
+// killed, a disk that failed or a hand that edited it may have left it
+// other than it was. It costs one read of the file per process start.
+func verifyCached(p string, meta cacheMeta) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return err
+	}
+	if n != meta.Size {
+		return fmt.Errorf("cached image is %d bytes, %d were recorded", n, meta.Size)
+	}
+	if sum := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(sum, meta.SHA256) {
+		return fmt.Errorf("cached image's sha256 is %s, %s was recorded", sum, meta.SHA256)
+	}
+	return nil
+}
+
 // openCached opens a cached file, checking it is as large as recorded.
 func openCached(p string, meta cacheMeta) (*os.File, error) {
 	f, err := os.Open(p)
@@ -429,7 +456,7 @@ func (i *Image) makeMinimal() (*Image, error) {
 		return nil, fmt.Errorf("%w: %v", ErrNoMinimal, err)
 	}
 	defer unlock()
-	if meta, ok := readMeta(metaPath); ok && meta.URL == i.SHA256 {
+	if meta, ok := readMeta(metaPath); ok && meta.URL == i.SHA256 && verifyCached(p, meta) == nil {
 		if img, err := openImage(p, meta, i.dir); err == nil {
 			return img, nil
 		}
