@@ -39,6 +39,11 @@ func (a *agentFlags) config() *agentservice.Config {
 	return &c
 }
 
+// files are the flags naming files an agent API reads (its certificate).
+func (a *agentFlags) files() []string {
+	return []string{"agent-api-tls-cert-file", "agent-api-tls-key-file"}
+}
+
 // apiOnly are the flags only an agent API reads.
 var apiOnly = []string{"agent-api-tls-cert-file", "agent-api-tls-key-file", "max-agents-per-infraenv",
 	"max-unapproved-agents-per-infraenv", "agent-api-write-budget-per-infraenv", "agent-api-write-budget", "agent-poll-interval"}

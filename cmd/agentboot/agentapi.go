@@ -25,7 +25,9 @@ func runAgentAPI(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, cfg, err := c.start()
+	// Its keys are not among the needs: the manager writes them, and until
+	// they are mounted the process runs unready (the "keys" check).
+	log, cfg, err := c.start(ctx, fs, needs{Files: ag.files()}, m.probeAddr)
 	if err != nil {
 		return err
 	}

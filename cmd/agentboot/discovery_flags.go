@@ -50,6 +50,11 @@ func (d *discoveryFlags) register(fs *flag.FlagSet) {
 		"else aarch64 InfraEnvs report that they have no agent")
 }
 
+// files are the flags naming files these settings read that a Deployment
+// mounts; writable the directories they write.
+func (d *discoveryFlags) files() []string    { return []string{"ca-bundle-file"} }
+func (d *discoveryFlags) writable() []string { return []string{"image-cache-dir"} }
+
 // besideExecutable is name in this executable's directory.
 func besideExecutable(name string) string {
 	exe, err := os.Executable()

@@ -86,7 +86,7 @@ func runImageService(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, cfg, err := c.start()
+	log, cfg, err := c.start(ctx, fs, needs{Files: append(d.files(), "tls-cert-file", "tls-key-file"), Writable: d.writable()}, m.probeAddr)
 	if err != nil {
 		return err
 	}

@@ -116,10 +116,16 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.logFormat, "log-format", "json", "text or json")
 }
 
-// start sets up logging and loads the cluster's configuration.
-func (c *clusterFlags) start() (logr.Logger, *rest.Config, error) {
+// start sets up logging, waits until what the flags name is there
+// (awaitSettings, answering the probes at probeAddr meanwhile) and loads
+// the cluster's configuration.
+func (c *clusterFlags) start(ctx context.Context, set *flag.FlagSet, n needs, probeAddr string) (logr.Logger, *rest.Config, error) {
 	log, err := newLogger(os.Stderr, c.logLevel, c.logFormat)
 	if err != nil {
+		return log, nil, err
+	}
+	n.Kubeconfig = &c.kubeconfig
+	if err := awaitSettings(ctx, log, probeAddr, settingsRecheck, func() []string { return n.problems(set) }); err != nil {
 		return log, nil, err
 	}
 	cfg, err := restConfig(c.kubeconfig)
@@ -158,7 +164,7 @@ func runManager(ctx context.Context, args []string) error {
 	if err := ag.checkServed(fs); err != nil {
 		return err
 	}
-	log, cfg, err := c.start()
+	log, cfg, err := c.start(ctx, fs, needs{Files: append(d.files(), ag.files()...), Writable: d.writable()}, m.probeAddr)
 	if err != nil {
 		return err
 	}
