@@ -32,10 +32,13 @@ image-binaries: build ## what the image holds besides the agents: bin/agentboot-
 # The kustomization whose agentboot image entry make image points at the
 # digest it built (empty: none; make e2e builds the image without it).
 IMAGE_PIN ?= deploy/kustomization.yaml
+# The repository the pinned entry names (its newName), where you push the
+# image; empty keeps the one it has.
+IMAGE_NAME ?=
 
 .PHONY: image
 image: image-binaries ## dist/image: the OCI image (linux/amd64, linux/arm64), dist/image.oci.tar and SBOMs, no Docker needed; points deploy/ at its digest
-	go run ./hack/image -bin $(BIN) -cache $(AGENTBOOT_CACHE)/debs -out dist/image -version $(VERSION) -epoch $$(git log -1 --format=%ct) -kustomization "$(IMAGE_PIN)"
+	go run ./hack/image -bin $(BIN) -cache $(AGENTBOOT_CACHE)/debs -out dist/image -version $(VERSION) -epoch $$(git log -1 --format=%ct) -kustomization "$(IMAGE_PIN)" -name "$(IMAGE_NAME)"
 
 .PHONY: image-debs
 image-debs: ## the Debian packages hack/image/debian.lock pins, downloaded once into $(AGENTBOOT_CACHE)/debs

@@ -128,3 +128,28 @@ func TestImage(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, strings.Count(string(bundle), "BEGIN CERTIFICATE"), 100)
 }
+
+// make image points deploy/'s one image entry at what it built: by digest,
+// and at the repository it will be pushed to when IMAGE_NAME says.
+func TestPin(t *testing.T) {
+	k := filepath.Join(t.TempDir(), "kustomization.yaml")
+	base := "resources:\n  - a.yaml\nimages:\n  - name: agentboot\n    newName: agentboot\n    newTag: latest\n"
+	require.NoError(t, os.WriteFile(k, []byte(base), 0o644))
+	d := v1.Hash{Algorithm: "sha256", Hex: strings.Repeat("ab", 32)}
+	require.NoError(t, pin(k, "", d))
+	raw, err := os.ReadFile(k)
+	require.NoError(t, err)
+	require.Equal(t, "resources:\n  - a.yaml\nimages:\n  - name: agentboot\n    newName: agentboot\n    digest: sha256:"+d.Hex+"\n", string(raw))
+
+	d2 := v1.Hash{Algorithm: "sha256", Hex: strings.Repeat("cd", 32)}
+	require.NoError(t, pin(k, "registry.example:5000/team/agentboot", d2))
+	raw, err = os.ReadFile(k)
+	require.NoError(t, err)
+	require.Equal(t, "resources:\n  - a.yaml\nimages:\n  - name: agentboot\n    newName: registry.example:5000/team/agentboot\n    digest: sha256:"+d2.Hex+"\n", string(raw))
+
+	for _, bad := range []string{"registry.example/agentboot:v1", "registry.example/agentboot@sha256:" + d.Hex, "a b"} {
+		require.ErrorContains(t, pin(k, bad, d), "is not a repository", bad)
+	}
+	require.NoError(t, os.WriteFile(k, []byte("resources: []\n"), 0o644))
+	require.ErrorContains(t, pin(k, "", d), "has no images entry")
+}

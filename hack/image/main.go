@@ -54,6 +54,7 @@ func main() {
 	version := flag.String("version", "dev", "the version the image is tagged with")
 	epoch := flag.Int64("epoch", 0, "every time in the image, in seconds since 1970 (the commit's time)")
 	kustomization := flag.String("kustomization", "deploy/kustomization.yaml", "whose image entry named agentboot is set to the built digest (empty: none)")
+	name := flag.String("name", "", "the repository the kustomization's image entry names (its newName), where the image is pushed; empty keeps the one it has")
 	relock := flag.Bool("lock-anew", false, "pin the packages the mirror has now, and build nothing")
 	fetchOnly := flag.Bool("fetch", false, "download the pinned packages into the cache (tests build offline from it), and build nothing")
 	flag.Parse()
@@ -68,7 +69,7 @@ func main() {
 		var digest v1.Hash
 		digest, err = build(buildOptions{out: *out, bin: *bin, lock: *lock, cache: *cache, version: *version, epoch: time.Unix(*epoch, 0).UTC(), apt: a})
 		if err == nil && *kustomization != "" {
-			err = pin(*kustomization, digest)
+			err = pin(*kustomization, *name, digest)
 		}
 		if err == nil {
 			fmt.Printf("image: %s@%s\n", *out, digest)
@@ -304,17 +305,27 @@ func baseLayer(t tree) (layer, error) {
 	return l, nil
 }
 
-// pin points the kustomization's image entry named agentboot at digest.
-func pin(kustomization string, digest v1.Hash) error {
+// pin points the kustomization's image entry named agentboot at digest,
+// and at the repository name when it is not empty.
+func pin(kustomization, name string, digest v1.Hash) error {
 	raw, err := os.ReadFile(kustomization)
 	if err != nil {
 		return err
 	}
-	re := regexp.MustCompile(`(?m)^(  - name: agentboot\n    newName: [^\n]+\n)(    (newTag|digest): [^\n]+\n)`)
-	if !re.Match(raw) {
+	re := regexp.MustCompile(`(?m)^(  - name: agentboot\n    newName: )([^\n]+)\n(    (newTag|digest): [^\n]+\n)`)
+	m := re.FindSubmatch(raw)
+	if m == nil {
 		return fmt.Errorf("%s has no images entry \"- name: agentboot\" with newName and newTag or digest", kustomization)
 	}
-	raw = re.ReplaceAll(raw, []byte("${1}    digest: "+digest.String()+"\n"))
+	if name == "" {
+		name = string(m[2])
+	}
+	// A registry may have a port (registry.example:5000/agentboot); the
+	// repository's last part has no tag.
+	if last := name[strings.LastIndex(name, "/")+1:]; strings.ContainsAny(name, " \n\t@") || strings.Contains(last, ":") {
+		return fmt.Errorf("-name %q is not a repository (registry.example/agentboot, without a tag or digest)", name)
+	}
+	raw = re.ReplaceAllLiteral(raw, []byte(string(m[1])+name+"\n    digest: "+digest.String()+"\n"))
 	return os.WriteFile(kustomization, raw, 0o644)
 }
 

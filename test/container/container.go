@@ -1,8 +1,9 @@
 // Package container runs a program from an unpacked OCI image the way a
 // kubelet and its runtime run a container: a mount namespace of its own
 // with the image as a read-only root, the pod's volumes mounted at their
-// paths, a private /proc and a minimal /dev, as the image's user. It is
-// the harness that checks that the image has what the manifests ask of it
+// paths, a private /proc and a minimal /dev, as the image's user; Kubelet
+// runs a Deployment's pod with it as the manifest describes it. It is the
+// harness that checks that the image has what the manifests ask of it
 // (issue 31); it needs root, so its tests run in make e2e.
 //
 // A package whose tests use it calls Init first in TestMain: the runner
@@ -41,9 +42,13 @@ type Spec struct {
 	Args, Env []string
 	// Dir is the working directory ("/" when empty).
 	Dir string
-	// UID and GID the process runs as.
+	// UID and GID the process runs as; Groups its supplementary groups
+	// (a pod's fsGroup and supplementalGroups).
 	UID, GID int
-	Mounts   []Mount
+	Groups   []int
+	// NoNewPrivs sets no_new_privs (allowPrivilegeEscalation: false).
+	NoNewPrivs bool
+	Mounts     []Mount
 	// WritableRoot leaves the root file system writable
 	// (readOnlyRootFilesystem: false).
 	WritableRoot bool
@@ -173,8 +178,13 @@ func setUp(s Spec) error {
 	if err := syscall.Chdir(dir); err != nil {
 		return fmt.Errorf("chdir %s: %w", dir, err)
 	}
-	if err := syscall.Setgroups(nil); err != nil {
+	if err := syscall.Setgroups(s.Groups); err != nil {
 		return err
+	}
+	if s.NoNewPrivs {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("no_new_privs: %w", err)
+		}
 	}
 	if err := syscall.Setresgid(s.GID, s.GID, s.GID); err != nil {
 		return err

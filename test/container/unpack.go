@@ -33,17 +33,65 @@ func Image(dir, arch string) (v1.Image, error) {
 		if err != nil {
 			return nil, err
 		}
-		in, err := inner.IndexManifest()
-		if err != nil {
-			return nil, err
-		}
-		for _, m := range in.Manifests {
-			if m.Platform != nil && m.Platform.OS == "linux" && m.Platform.Architecture == arch {
-				return inner.Image(m.Digest)
-			}
+		if img, err := platformImage(inner, arch); err == nil {
+			return img, nil
 		}
 	}
 	return nil, fmt.Errorf("%s has no linux/%s image", dir, arch)
+}
+
+// ImageByDigest is the platform's image of the index with that digest in
+// the OCI layout at dir, or the image with that digest, as a runtime pulls
+// an image referenced by digest.
+func ImageByDigest(dir string, digest v1.Hash, arch string) (v1.Image, error) {
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		return nil, err
+	}
+	top, err := p.ImageIndex()
+	if err != nil {
+		return nil, err
+	}
+	var find func(idx v1.ImageIndex) (v1.Image, error)
+	find = func(idx v1.ImageIndex) (v1.Image, error) {
+		im, err := idx.IndexManifest()
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range im.Manifests {
+			if d.MediaType.IsIndex() {
+				inner, err := idx.ImageIndex(d.Digest)
+				if err != nil {
+					return nil, err
+				}
+				if d.Digest == digest {
+					return platformImage(inner, arch)
+				}
+				if img, err := find(inner); err == nil {
+					return img, nil
+				}
+				continue
+			}
+			if d.Digest == digest {
+				return idx.Image(d.Digest)
+			}
+		}
+		return nil, fmt.Errorf("%s holds no image or index %s (make image builds it; deploy/ names it)", dir, digest)
+	}
+	return find(top)
+}
+
+func platformImage(idx v1.ImageIndex, arch string) (v1.Image, error) {
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range im.Manifests {
+		if m.Platform != nil && m.Platform.OS == "linux" && m.Platform.Architecture == arch {
+			return idx.Image(m.Digest)
+		}
+	}
+	return nil, fmt.Errorf("index has no linux/%s image", arch)
 }
 
 // Unpack writes the image's file system, its layers applied, under root:

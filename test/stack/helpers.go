@@ -12,9 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -180,63 +178,4 @@ func Deployed(env *testenv.Env) (ids Identities, err error) {
 	}
 	ids.ImageService, err = identity("agentboot-image-service")
 	return ids, err
-}
-
-// mountSecret plays the kubelet for a Secret volume: it writes the
-// Secret's keys as files in dir, as the kubelet's atomic writer does (a
-// directory of the data, swapped in whole through the ..data symlink, each
-// key a symlink into it), and again whenever the Secret changes, until ctx
-// ends. The kubelet syncs about once a minute; this does every 200ms.
-func mountSecret(ctx context.Context, c client.Reader, key client.ObjectKey, dir string, log logr.Logger) {
-	last := ""
-	for ctx.Err() == nil {
-		var s corev1.Secret
-		err := c.Get(ctx, key, &s)
-		if err == nil && s.ResourceVersion != last {
-			if err = writeVolume(dir, s.Data); err == nil {
-				last = s.ResourceVersion
-			}
-		}
-		if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
-			log.Error(err, "mount Secret", "secret", key.String(), "dir", dir)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
-func writeVolume(dir string, data map[string][]byte) error {
-	ts, err := os.MkdirTemp(dir, "..ts-")
-	if err != nil {
-		return err
-	}
-	for k, v := range data {
-		if err := os.WriteFile(filepath.Join(ts, k), v, 0o400); err != nil {
-			return err
-		}
-	}
-	old, _ := os.Readlink(filepath.Join(dir, "..data"))
-	tmp := filepath.Join(dir, "..data_tmp")
-	_ = os.Remove(tmp)
-	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
-		return err
-	}
-	for k := range data {
-		link := filepath.Join(dir, k)
-		if _, err := os.Lstat(link); err == nil {
-			continue
-		}
-		if err := os.Symlink(filepath.Join("..data", k), link); err != nil {
-			return err
-		}
-	}
-	if old != "" {
-		return os.RemoveAll(filepath.Join(dir, old))
-	}
-	return nil
 }

@@ -47,6 +47,7 @@ import (
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/nodepool"
+	"github.com/agentboot/agentboot/test/container"
 	"github.com/agentboot/agentboot/test/testenv"
 	"github.com/agentboot/agentboot/test/vm"
 )
@@ -390,7 +391,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		kubeletDone := make(chan struct{})
 		go func() {
 			defer close(kubeletDone)
-			mountSecret(kctx, env.Client, client.ObjectKey{Namespace: Namespace, Name: signing.AgentAPISecretName}, keysDir, log)
+			container.MountSecret(kctx, env.Client, client.ObjectKey{Namespace: Namespace, Name: signing.AgentAPISecretName}, keysDir, 0o400, -1, log)
 		}()
 		cleanup = append(cleanup, func() { stopKubelet(); <-kubeletDone })
 		api.AgentAPIKeysDir = keysDir
