@@ -184,6 +184,7 @@ e2e: testbin tools dev-image build pxe-grub ## the VM lab: real VMs in a network
 	@$(MAKE) --no-print-directory vm-accel
 	@$(MAKE) --no-print-directory image IMAGE_PIN=
 	go test -tags e2e -count=1 -timeout 60m $(GO_TEST_FLAGS) ./test/e2e/... ./test/container/...
+	go test -tags e2e -count=1 -timeout 20m -run '^TestUpgradeMidInstallation$$' $(GO_TEST_FLAGS) ./nodepool/
 
 # Each target runs a fixed number of inputs, about 10 s of work on 2 cores
 # (measured 2026-11-27), not for a wall-clock time: with a time, Go 1.26's fuzz

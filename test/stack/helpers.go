@@ -157,9 +157,19 @@ func Contains(sub string) func(*v1beta1.InfraEnv) bool {
 // service's ServiceAccounts, for Options.Identities: the stack then runs
 // with exactly the rights a real cluster gives it.
 func Deployed(env *testenv.Env) (ids Identities, err error) {
+	return DeployedFrom(testenv.RepoRoot() + "/deploy")(env)
+}
+
+// DeployedFrom is Deployed with another kustomize directory (another
+// release's deploy/).
+func DeployedFrom(deploy string) func(env *testenv.Env) (Identities, error) {
+	return func(env *testenv.Env) (Identities, error) { return deployedFrom(env, deploy) }
+}
+
+func deployedFrom(env *testenv.Env, deploy string) (ids Identities, err error) {
 	ctx := context.Background()
-	if out, err := env.Kubectl(ctx, "", "apply", "-k", testenv.RepoRoot()+"/deploy"); err != nil {
-		return ids, fmt.Errorf("apply deploy/: %v: %s", err, out)
+	if out, err := env.Kubectl(ctx, "", "apply", "-k", deploy); err != nil {
+		return ids, fmt.Errorf("apply %s: %v: %s", deploy, err, out)
 	}
 	identity := func(sa string) (*rest.Config, error) {
 		tok, err := env.Kubectl(ctx, "", "-n", Namespace, "create", "token", sa)

@@ -103,6 +103,12 @@ type Options struct {
 	// listeners then bind AdvertiseHost.
 	Listen func(network, addr string) (net.Listener, error)
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Binary, when set, runs the manager, the agent API and the image
+	// service as processes of this agentboot executable with the flags
+	// deploy/ gives them (Identities is then required; the options that
+	// have no flag, such as BMC and NodePool timings, are not applied);
+	// Stack.Upgrade replaces them with another executable's.
+	Binary string
 	// Identities, when set, prepares the cluster (it must create the
 	// agentboot-system namespace, and may find it made already: see Main)
 	// and returns the identities the manager, the agent API and the image
@@ -136,6 +142,7 @@ type Stack struct {
 	ImageCache string
 
 	replaceManager func() error
+	upgrade        func(binary, deploy string) error
 }
 
 // ReplaceManager stops the manager (controllers and agent API, in one
@@ -369,6 +376,32 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		InfraEnvPullSecretRecheck: time.Second,
 		BMC:                       opts.BMC,
 		NodePool:                  opts.NodePool,
+	}
+	if opts.Binary != "" {
+		if opts.Identities == nil {
+			return fail(errNoIdentities)
+		}
+		b, err := s.newBinaries(opts, ids, dir, certFile, keyFile, streams, log)
+		if err != nil {
+			return fail(err)
+		}
+		kctx, stopKubelet := context.WithCancel(ctx)
+		kubeletDone := make(chan struct{})
+		go func() { defer close(kubeletDone); b.mountKeys(kctx, env.Client) }()
+		cleanup = append(cleanup, func() { stopKubelet(); <-kubeletDone }, b.stop)
+		if err := b.start(opts.Binary); err != nil {
+			return fail(err)
+		}
+		s.replaceManager = func() error { b.stop(); return b.start(opts.Binary) }
+		s.upgrade = func(binary, deploy string) error {
+			if out, err := env.Kubectl(ctx, "", "apply", "-k", deploy); err != nil {
+				return fmt.Errorf("apply %s: %v: %s", deploy, err, out)
+			}
+			b.stop()
+			opts.Binary = binary
+			return b.start(binary)
+		}
+		return s, stop, nil
 	}
 	processes := []struct {
 		cfg *rest.Config
