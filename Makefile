@@ -65,19 +65,20 @@ tools: controller-gen ## small tools tests use (the upstream Ignition validator)
 	@bash hack/gotool.sh ignition-validate github.com/coreos/ignition/v2/validate v2.26.0
 
 .PHONY: generate
-generate: controller-gen ## deepcopy functions and CRDs from api/
+generate: controller-gen testbin ## deepcopy functions and CRDs from api/; the Helm chart's templates from deploy/
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/agentinstall/... paths=./api/metal3/... output:crd:dir=deploy/crds
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/hypershift/... output:crd:dir=test/crds
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/hive/... paths=./api/hiveext/... output:crd:dir=deploy/components/hive-crds
+	go run ./hack/chart -kubectl $(BIN)/testbin/kubectl
 
 .PHONY: verify
 verify: generate ## gofmt, go vet, and generated files up to date
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
-	go vet -tags e2e ./test/e2e/... ./test/container/...
+	go vet -tags e2e ./test/e2e/... ./test/container/... ./nodepool/
 	go vet -tags bench ./test/bench/...
-	@git diff --exit-code -- api deploy/crds deploy/components test/crds || { echo "generated files are stale: run make generate and commit"; exit 1; }
+	@git diff --exit-code -- api deploy/crds deploy/components deploy/chart test/crds || { echo "generated files are stale: run make generate and commit"; exit 1; }
 
 .PHONY: dev-image
 dev-image: ## the dev OS live ISO (from Debian packages; cached) in dist/dev-image

@@ -36,6 +36,7 @@ import (
 	"github.com/agentboot/agentboot/internal/iso9660"
 	"github.com/agentboot/agentboot/internal/liveiso"
 	"github.com/agentboot/agentboot/test/container"
+	"github.com/agentboot/agentboot/test/helmchart"
 	"github.com/agentboot/agentboot/test/netns"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/testenv"
@@ -45,20 +46,27 @@ import (
 // What a host's qemu user network reaches the load balancer's loopback at.
 const lbFromGuest = "10.0.2.2"
 
-// deployed is deploy/ rendered as a user renders it after editing
-// config.env and pointing the image entry at make image's digest.
+// deployed is what an install path (the kustomize base, the Helm chart)
+// renders, set up as a user sets it: the addresses hosts reach, the image
+// by the digest make image built.
 type deployed struct {
-	objects     []*unstructured.Unstructured
+	namespace   string
 	deployments map[string]*appsv1.Deployment
 	services    map[string]*corev1.Service
-	// dir is the edited copy of deploy/.
-	dir string
+	// apply installs it as the README says.
+	apply func(t *testing.T)
 }
 
-// render copies deploy/ and edits it as the README says: the addresses
-// hosts reach in config.env, the image by digest; then kubectl kustomize.
-func render(t *testing.T, env *testenv.Env, configEnv, digest string) deployed {
+// kustomized copies deploy/ and edits it as the README says: the
+// addresses hosts reach in config.env, the image by digest; it is applied
+// with kubectl apply -k.
+func kustomized(t *testing.T, env *testenv.Env, config map[string]string, digest string) deployed {
 	t.Helper()
+	var lines []string
+	for k, v := range config {
+		lines = append(lines, k+"="+v)
+	}
+	configEnv := strings.Join(lines, "\n") + "\n"
 	base := filepath.Join(t.TempDir(), "deploy")
 	require.NoError(t, os.CopyFS(base, os.DirFS(filepath.Join(testenv.RepoRoot(), "deploy"))))
 	require.NoError(t, os.WriteFile(filepath.Join(base, "config.env"), []byte(configEnv), 0o644))
@@ -79,8 +87,43 @@ func render(t *testing.T, env *testenv.Env, configEnv, digest string) deployed {
 
 	out, err := env.Kubectl(context.Background(), "", "kustomize", base)
 	require.NoError(t, err)
-	d := deployed{deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{}, dir: base}
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+	d := parse(t, stack.Namespace, out)
+	d.apply = func(t *testing.T) {
+		out, err := env.Kubectl(context.Background(), "", "apply", "-k", base)
+		require.NoError(t, err, out)
+	}
+	return d
+}
+
+// charted renders the Helm chart into namespace, as helm install does with
+// the values a user sets: the image's repository and digest, config.
+func charted(t *testing.T, env *testenv.Env, namespace string, config map[string]string, digest string) deployed {
+	t.Helper()
+	cfg := map[string]any{}
+	for k, v := range config {
+		cfg[k] = v
+	}
+	out, err := helmchart.Render(namespace, map[string]any{"image": map[string]any{"repository": "agentboot", "digest": digest}, "config": cfg})
+	require.NoError(t, err)
+	d := parse(t, namespace, out)
+	d.apply = func(t *testing.T) {
+		// helm install --namespace … --create-namespace, with the label
+		// the README says to add.
+		ctx := context.Background()
+		for _, args := range [][]string{{"create", "namespace", namespace}, {"label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"}} {
+			out, err := env.Kubectl(ctx, "", args...)
+			require.NoError(t, err, out)
+		}
+		out, err := env.Kubectl(ctx, out, "apply", "-f", "-")
+		require.NoError(t, err, out)
+	}
+	return d
+}
+
+// parse finds the Deployments and Services of rendered manifests.
+func parse(t *testing.T, namespace, manifests string) deployed {
+	d := deployed{namespace: namespace, deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{}}
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifests), 4096)
 	for {
 		var u unstructured.Unstructured
 		if err := dec.Decode(&u.Object); err == io.EOF {
@@ -91,7 +134,6 @@ func render(t *testing.T, env *testenv.Env, configEnv, digest string) deployed {
 		if len(u.Object) == 0 {
 			continue
 		}
-		d.objects = append(d.objects, &u)
 		switch u.GetKind() {
 		case "Deployment":
 			var dep appsv1.Deployment
@@ -127,6 +169,12 @@ func layoutDigest(t *testing.T, dir string) string {
 // restarted keeps its cache and checks it; a ConfigMap without a key
 // leaves a pod unready, saying which.
 func TestDeploymentsRunAsDescribed(t *testing.T) {
+	for _, path := range []string{"kustomize", "helm"} {
+		t.Run(path, func(t *testing.T) { runAsDescribed(t, path) })
+	}
+}
+
+func runAsDescribed(t *testing.T, path string) {
 	layoutDir := filepath.Join(testenv.RepoRoot(), "dist", "image")
 	digest := layoutDigest(t, layoutDir)
 	ctx := context.Background()
@@ -146,25 +194,31 @@ func TestDeploymentsRunAsDescribed(t *testing.T) {
 	t.Cleanup(mirror.Close)
 	const mirrorPort = 18080 // on each pod's loopback
 
-	d := render(t, env, strings.Join([]string{
-		"AGENT_API_URL=https://" + lbFromGuest + ":7443",
-		"IMAGE_SERVICE_URL=https://" + lbFromGuest + ":8443",
-		"IMAGE_SERVICE_HTTP_URL=http://" + lbFromGuest + ":8080",
-		fmt.Sprintf("OS_IMAGE_STREAM=http://127.0.0.1:%d/%s", mirrorPort, filepath.Base(devStream)),
-		"BOOT_NETWORK_NAMESPACES=",
-	}, "\n")+"\n", digest)
+	config := map[string]string{
+		"AGENT_API_URL":           "https://" + lbFromGuest + ":7443",
+		"IMAGE_SERVICE_URL":       "https://" + lbFromGuest + ":8443",
+		"IMAGE_SERVICE_HTTP_URL":  "http://" + lbFromGuest + ":8080",
+		"OS_IMAGE_STREAM":         fmt.Sprintf("http://127.0.0.1:%d/%s", mirrorPort, filepath.Base(devStream)),
+		"BOOT_NETWORK_NAMESPACES": "",
+	}
+	var d deployed
+	if path == "helm" {
+		// Another namespace than the base's: the chart takes the release's.
+		d = charted(t, env, "agentboot", config, digest)
+	} else {
+		d = kustomized(t, env, config, digest)
+	}
 	for _, name := range []string{"agentboot-manager", "agentboot-image-service", "agentboot-agent-api"} {
 		require.Contains(t, d.deployments, name)
-		require.Equal(t, "agentboot@"+digest, d.deployments[name].Spec.Template.Spec.Containers[0].Image, "deploy/ names the image by digest")
+		require.Equal(t, "agentboot@"+digest, d.deployments[name].Spec.Template.Spec.Containers[0].Image, "the manifests name the image by digest")
 	}
-	out, err := env.Kubectl(ctx, "", "apply", "-k", d.dir)
-	require.NoError(t, err, out)
+	d.apply(t)
 
 	// The README's Secret, as it says to make it.
 	tlsDir := t.TempDir()
 	_, _, caPEM, err := stack.Certificates(tlsDir, lbFromGuest)
 	require.NoError(t, err)
-	out, err = env.Kubectl(ctx, "", "-n", stack.Namespace, "create", "secret", "generic", "agentboot-tls",
+	out, err := env.Kubectl(ctx, "", "-n", d.namespace, "create", "secret", "generic", "agentboot-tls",
 		"--from-file="+filepath.Join(tlsDir, "tls.crt"), "--from-file="+filepath.Join(tlsDir, "tls.key"), "--from-file="+filepath.Join(tlsDir, "ca.crt"))
 	require.NoError(t, err, out)
 
@@ -330,8 +384,8 @@ spec:
 	broken := d.deployments["agentboot-image-service"].DeepCopy()
 	broken.Name = "agentboot-image-service-broken"
 	var cm corev1.ConfigMap
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: stack.Namespace, Name: broken.Spec.Template.Spec.Containers[0].EnvFrom[0].ConfigMapRef.Name}, &cm))
-	cm = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: stack.Namespace, Name: "agentboot-config-broken"}, Data: cm.Data}
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: d.namespace, Name: broken.Spec.Template.Spec.Containers[0].EnvFrom[0].ConfigMapRef.Name}, &cm))
+	cm = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: d.namespace, Name: "agentboot-config-broken"}, Data: cm.Data}
 	delete(cm.Data, "OS_IMAGE_STREAM")
 	require.NoError(t, env.Client.Create(ctx, &cm))
 	broken.Spec.Template.Spec.Containers[0].EnvFrom[0].ConfigMapRef.Name = cm.Name

@@ -1,0 +1,210 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/agentboot/agentboot/test/helmchart"
+	"github.com/agentboot/agentboot/test/testenv"
+)
+
+func objects(t *testing.T, stream string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	out := map[string]*unstructured.Unstructured{}
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(stream), 4096)
+	for {
+		var o map[string]any
+		if err := dec.Decode(&o); err == io.EOF {
+			return out
+		} else {
+			require.NoError(t, err)
+		}
+		if len(o) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{Object: o}
+		key := fmt.Sprintf("%s %s/%s", u.GetKind(), u.GetNamespace(), u.GetName())
+		require.NotContains(t, out, key, "twice")
+		out[key] = u
+	}
+}
+
+func keys(m map[string]*unstructured.Unstructured) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// setImages sets every container's image.
+func setImages(t *testing.T, o *unstructured.Unstructured, image string) {
+	containers, found, err := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+	require.NoError(t, err)
+	if !found {
+		return
+	}
+	for _, c := range containers {
+		c.(map[string]any)["image"] = image
+	}
+	require.NoError(t, unstructured.SetNestedSlice(o.Object, containers, "spec", "template", "spec", "containers"))
+}
+
+// The chart installs what the kustomize base installs, object for object
+// and field for field, but for what a chart does its own way: no
+// Namespace (helm install --create-namespace), a ConfigMap named without
+// a hash and a checksum annotation to roll the pods instead, CRDs kept on
+// uninstall, and Helm's managed-by label. Its values.yaml's config is
+// config.env's.
+func TestHelmChartIsTheBase(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{NoCRDs: true})
+	kustomized, err := env.Kubectl(context.Background(), "", "kustomize", filepath.Join(testenv.RepoRoot(), "deploy"))
+	require.NoError(t, err)
+	base := objects(t, kustomized)
+	chart, err := helmchart.Render("agentboot-system", nil)
+	require.NoError(t, err)
+	got := objects(t, chart)
+
+	for k, o := range base {
+		switch {
+		case o.GetKind() == "Namespace":
+			delete(base, k)
+		case o.GetKind() == "ConfigMap" && strings.HasPrefix(o.GetName(), "agentboot-config-"):
+			delete(base, k)
+			o.SetName("agentboot-config")
+			base["ConfigMap agentboot-system/agentboot-config"] = o
+		case o.GetKind() == "Deployment":
+			setImages(t, o, "IMAGE")
+			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			for _, c := range containers {
+				from, _, _ := unstructured.NestedSlice(c.(map[string]any), "envFrom")
+				for _, f := range from {
+					ref := f.(map[string]any)["configMapRef"].(map[string]any)
+					if strings.HasPrefix(ref["name"].(string), "agentboot-config-") {
+						ref["name"] = "agentboot-config"
+					}
+				}
+				if from != nil {
+					c.(map[string]any)["envFrom"] = from
+				}
+			}
+			require.NoError(t, unstructured.SetNestedSlice(o.Object, containers, "spec", "template", "spec", "containers"))
+		}
+	}
+	for _, o := range got {
+		labels := o.GetLabels()
+		require.Equal(t, "Helm", labels["app.kubernetes.io/managed-by"], "%s %s", o.GetKind(), o.GetName())
+		delete(labels, "app.kubernetes.io/managed-by")
+		o.SetLabels(labels)
+		a := o.GetAnnotations()
+		if o.GetKind() == "CustomResourceDefinition" {
+			require.Equal(t, "keep", a["helm.sh/resource-policy"], "a CRD deleted on uninstall deletes every object of its kind")
+			delete(a, "helm.sh/resource-policy")
+		}
+		if len(a) == 0 {
+			a = nil
+		}
+		o.SetAnnotations(a)
+		if o.GetKind() == "Deployment" {
+			setImages(t, o, "IMAGE")
+			ann, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "annotations")
+			if o.GetName() != "agentboot-agent-api" {
+				require.Len(t, ann["checksum/config"], 64, "%s rolls when the config changes", o.GetName())
+			}
+			unstructured.RemoveNestedField(o.Object, "spec", "template", "metadata", "annotations")
+		}
+	}
+	require.Equal(t, keys(base), keys(got))
+	for k := range base {
+		require.Equal(t, base[k].Object, got[k].Object, k)
+	}
+	require.Empty(t, helmchart.Lint("agentboot-system", nil), "helm lint")
+}
+
+// What a Helm user sets lands where it should, in the namespace they
+// install into, and a real apiserver accepts it all (schemas, RBAC, pod
+// security) with the hive CRDs too.
+func TestHelmChartValues(t *testing.T) {
+	values := map[string]any{
+		"image":        map[string]any{"repository": "registry.example:5000/team/agentboot", "digest": "sha256:" + strings.Repeat("ab", 32)},
+		"config":       map[string]any{"AGENT_API_URL": "https://203.0.113.7:7443", "OS_IMAGE_STREAM": "https://mirror.example/stream.json"},
+		"manager":      map[string]any{"replicas": 3},
+		"imageService": map[string]any{"service": map[string]any{"type": "NodePort"}},
+		"hiveCRDs":     true,
+	}
+	require.Empty(t, helmchart.Lint("infra", values), "helm lint")
+	chart, err := helmchart.Render("infra", values)
+	require.NoError(t, err)
+	got := objects(t, chart)
+
+	m := got["Deployment infra/agentboot-manager"]
+	require.NotNil(t, m, "%v", keys(got))
+	replicas, _, _ := unstructured.NestedFieldNoCopy(m.Object, "spec", "replicas")
+	require.EqualValues(t, 3, replicas)
+	containers, _, _ := unstructured.NestedSlice(m.Object, "spec", "template", "spec", "containers")
+	require.Equal(t, "registry.example:5000/team/agentboot@sha256:"+strings.Repeat("ab", 32), containers[0].(map[string]any)["image"])
+	svcType, _, _ := unstructured.NestedString(got["Service infra/agentboot-image-service"].Object, "spec", "type")
+	require.Equal(t, "NodePort", svcType)
+	cm := got["ConfigMap infra/agentboot-config"]
+	data, _, _ := unstructured.NestedStringMap(cm.Object, "data")
+	require.Equal(t, "https://203.0.113.7:7443", data["AGENT_API_URL"])
+	require.Equal(t, "https://mirror.example/stream.json", data["OS_IMAGE_STREAM"])
+	require.Equal(t, "http://agentboot.example.com:8080", data["IMAGE_SERVICE_HTTP_URL"], "the defaults of the keys not set")
+	for _, k := range []string{"ClusterRoleBinding /agentboot-manager", "ClusterRoleBinding /agentboot-agent-api"} {
+		require.Contains(t, chart, "namespace: infra")
+		subjects, _, _ := unstructured.NestedSlice(got[k].Object, "subjects")
+		require.Equal(t, "infra", subjects[0].(map[string]any)["namespace"], k)
+	}
+	require.NotContains(t, chart, "agentboot-system", "the release's namespace everywhere")
+	require.Contains(t, got, "CustomResourceDefinition /clusterdeployments.hive.openshift.io")
+
+	// Without a digest, the chart's appVersion is the tag.
+	chart, err = helmchart.Render("infra", map[string]any{"image": map[string]any{"repository": "registry.example/agentboot"}})
+	require.NoError(t, err)
+	require.Contains(t, chart, "image: registry.example/agentboot:v0.1.0")
+	require.NotContains(t, chart, "clusterdeployments.hive.openshift.io", "hive's CRDs only when asked for")
+
+	env := testenv.StartT(t, testenv.Options{NoCRDs: true})
+	ctx := context.Background()
+	_, err = env.Kubectl(ctx, "", "create", "namespace", "infra")
+	require.NoError(t, err)
+	_, err = env.Kubectl(ctx, "", "label", "namespace", "infra", "pod-security.kubernetes.io/enforce=restricted")
+	require.NoError(t, err)
+	chart, err = helmchart.Render("infra", values)
+	require.NoError(t, err)
+	out, stderr, err := env.KubectlWithStderr(ctx, chart, "apply", "--dry-run=server", "-f", "-")
+	require.NoError(t, err, stderr)
+	require.NotContains(t, stderr, "Warning", "pod security or deprecation warnings")
+	require.Equal(t, strings.Count(out, "\n"), strings.Count(out, "(server dry run)"), out)
+}
+
+// values.yaml's config has config.env's keys and defaults, so that the two
+// install paths start from the same settings.
+func TestHelmValuesAreConfigEnv(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "deploy", "config.env"))
+	require.NoError(t, err)
+	want := map[string]any{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, _ := strings.Cut(line, "=")
+		want[k] = v
+	}
+	chart, err := helmchart.Render("x", nil)
+	require.NoError(t, err)
+	data, _, _ := unstructured.NestedMap(objects(t, chart)["ConfigMap x/agentboot-config"].Object, "data")
+	require.Equal(t, want, data)
+}
