@@ -214,18 +214,8 @@ func runAsDescribed(t *testing.T, path string) {
 	}
 	d.apply(t)
 
-	// The README's Secret, as it says to make it.
-	tlsDir := t.TempDir()
-	_, _, caPEM, err := stack.Certificates(tlsDir, lbFromGuest)
-	require.NoError(t, err)
-	out, err := env.Kubectl(ctx, "", "-n", d.namespace, "create", "secret", "generic", "agentboot-tls",
-		"--from-file="+filepath.Join(tlsDir, "tls.crt"), "--from-file="+filepath.Join(tlsDir, "tls.key"), "--from-file="+filepath.Join(tlsDir, "ca.crt"))
-	require.NoError(t, err, out)
-
 	k := &container.Kubelet{Env: env, Layout: layoutDir, Arch: "amd64", Dir: t.TempDir(),
 		Forwards: map[int]string{mirrorPort: strings.TrimPrefix(mirror.URL, "http://")}}
-	// The agent API's pod waits for the keys the manager writes, as on a
-	// node (its Secret volume is not optional).
 	pods := map[string]*container.Pod{}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -237,9 +227,37 @@ func runAsDescribed(t *testing.T, path string) {
 	for _, name := range []string{"agentboot-manager", "agentboot-image-service", "agentboot-agent-api"} {
 		pods[name] = k.Start(t, d.deployments[name])
 	}
+	// Before the Secret the README makes next, each container runs,
+	// unready, naming what it lacks in its log and its readiness answer.
+	for name, want := range map[string]string{
+		"agentboot-manager":       "--ca-bundle-file /etc/agentboot/tls/ca.crt cannot be read: no such file or directory",
+		"agentboot-image-service": "--tls-cert-file /etc/agentboot/tls/tls.crt cannot be read: no such file or directory",
+		"agentboot-agent-api":     "--agent-api-tls-cert-file /etc/agentboot/tls/tls.crt cannot be read: no such file or directory",
+	} {
+		p := pods[name]
+		var code int
+		var body string
+		require.Eventually(t, func() bool {
+			var err error
+			code, body, err = p.Probe(ctx, p.Container.ReadinessProbe)
+			return err == nil
+		}, time.Minute, 100*time.Millisecond, "%s never answered its readiness probe; log:\n%s", name, p.LogTail(20))
+		require.Equal(t, http.StatusServiceUnavailable, code, name)
+		require.Contains(t, body, want, name)
+		require.Contains(t, p.Log(), want, name)
+	}
+
+	// The README's Secret, as it says to make it.
+	tlsDir := t.TempDir()
+	_, _, caPEM, err := stack.Certificates(tlsDir, lbFromGuest)
+	require.NoError(t, err)
+	out, err := env.Kubectl(ctx, "", "-n", d.namespace, "create", "secret", "generic", "agentboot-tls",
+		"--from-file="+filepath.Join(tlsDir, "tls.crt"), "--from-file="+filepath.Join(tlsDir, "tls.key"), "--from-file="+filepath.Join(tlsDir, "ca.crt"))
+	require.NoError(t, err, out)
+	created := time.Now()
 	for _, name := range []string{"agentboot-manager", "agentboot-image-service", "agentboot-agent-api"} {
-		took := pods[name].AwaitReady(t, 3*time.Minute)
-		t.Logf("%s: ready %s after its container started", name, took.Round(10*time.Millisecond))
+		pods[name].AwaitReady(t, 3*time.Minute)
+		t.Logf("%s: ready %s after the Secret was created", name, time.Since(created).Round(10*time.Millisecond))
 	}
 	for name, svc := range d.services {
 		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -175,23 +176,26 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 			if m := v.Secret.DefaultMode; m != nil {
 				mode = os.FileMode(*m)
 			}
-			var s corev1.Secret
-			if err := k.get(ctx, client.ObjectKey{Namespace: d.Namespace, Name: v.Secret.SecretName}, &s, "MountVolume.SetUp: Secret"); err != nil {
-				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
-			}
-			data := s.Data
 			if len(v.Secret.Items) > 0 {
-				data = map[string][]byte{}
-				for _, it := range v.Secret.Items {
-					b, ok := s.Data[it.Key]
-					if !ok {
-						return nil, fmt.Errorf("volume %s: Secret %s has no key %s", v.Name, s.Name, it.Key)
-					}
-					data[it.Path] = b
+				return nil, fmt.Errorf("volume %s: this kubelet mounts whole Secrets, not items", v.Name)
+			}
+			key := client.ObjectKey{Namespace: d.Namespace, Name: v.Secret.SecretName}
+			// The pod waits for a Secret that is not optional; an optional
+			// one's volume is empty until it exists. Either is kept in
+			// step with the Secret while the pod runs.
+			if v.Secret.Optional == nil || !*v.Secret.Optional {
+				if err := k.get(ctx, key, &corev1.Secret{}, "MountVolume.SetUp: Secret"); err != nil {
+					return nil, fmt.Errorf("volume %s: %w", v.Name, err)
 				}
 			}
-			if err := WriteSecretVolume(p, data, mode, fsGroup); err != nil {
-				return nil, err
+			sync, stopSync := context.WithCancel(context.Background())
+			synced := make(chan struct{})
+			go func() { defer close(synced); MountSecret(sync, k.Env.Client, key, p, mode, fsGroup, logr.Discard()) }()
+			pod.closers = append(pod.closers, func() { stopSync(); <-synced })
+			if v.Secret.Optional == nil || !*v.Secret.Optional {
+				if err := awaitFile(ctx, filepath.Join(p, "..data")); err != nil {
+					return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+				}
 			}
 		default:
 			return nil, fmt.Errorf("volume %s: this kubelet mounts emptyDir and secret volumes only", v.Name)
@@ -306,6 +310,20 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 		})
 	}
 	return pod, pod.run()
+}
+
+// awaitFile waits until p exists.
+func awaitFile(ctx context.Context, p string) error {
+	for {
+		if _, err := os.Lstat(p); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s never appeared", p)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func (k *Kubelet) wait() time.Duration {
