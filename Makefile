@@ -11,7 +11,9 @@ export AGENTBOOT_CACHE
 
 BIN            := $(CURDIR)/bin
 TESTBIN        := $(BIN)/testbin
-VERSION        ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The tree is dirty for the version when anything but the image pin make
+# image writes into deploy/kustomization.yaml differs from the commit.
+VERSION        ?= $(shell v=$$(git describe --tags --always 2>/dev/null) || { echo dev; exit; }; git diff --quiet HEAD -- . ':(exclude)deploy/kustomization.yaml' || v=$$v-dirty; echo $$v)
 CONTROLLER_GEN := $(BIN)/controller-gen
 GO_TEST_FLAGS  ?=
 
@@ -79,6 +81,7 @@ verify: generate ## gofmt, go vet, and generated files up to date
 	go vet -tags e2e ./test/e2e/... ./test/container/... ./nodepool/
 	go vet -tags bench ./test/bench/...
 	@git diff --exit-code -- api deploy/crds deploy/components deploy/chart test/crds || { echo "generated files are stale: run make generate and commit"; exit 1; }
+	@new=$$(git ls-files --others --exclude-standard -- api deploy/crds deploy/components deploy/chart test/crds); if [ -n "$$new" ]; then echo "generated files not committed:"; echo "$$new"; exit 1; fi
 
 .PHONY: dev-image
 dev-image: ## the dev OS live ISO (from Debian packages; cached) in dist/dev-image

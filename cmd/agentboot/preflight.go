@@ -48,8 +48,10 @@ func (n needs) problems(set *flag.FlagSet) []string {
 				continue // a value that holds $(NAME) literally, on purpose
 			}
 			unset[f.Name] = true
-			out = append(out, fmt.Sprintf("--%s is %q: the environment has no %s (a key missing from the ConfigMap the container's envFrom names, or an env entry missing; a restart picks up the fix)",
-				f.Name, f.Value.String(), m[1]))
+			// The value itself is not repeated: the rest of it may be a
+			// URL with credentials, and the answer goes to whoever asks.
+			out = append(out, fmt.Sprintf("--%s refers to $(%s), and the environment has no %s (a key missing from the ConfigMap the container's envFrom names, or an env entry missing; a restart picks up the fix)",
+				f.Name, m[1], m[1]))
 		}
 	})
 	value := func(name string) string {

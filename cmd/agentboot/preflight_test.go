@@ -35,7 +35,7 @@ func TestSettingsProblemsNameWhatIsMissing(t *testing.T) {
 		set.String(name, "", "")
 	}
 	require.NoError(t, set.Parse([]string{
-		"--stream=$(OS_IMAGE_STREAM_NOT_SET)",
+		"--stream=https://mirror:s3cret@example/$(OS_IMAGE_STREAM_NOT_SET)",
 		"--literal=$(AGENTBOOT_TEST_SET)", // defined: the kubelet would have expanded it; a literal on purpose
 		"--url=https://example",
 		"--ca=" + present,
@@ -46,12 +46,13 @@ func TestSettingsProblemsNameWhatIsMissing(t *testing.T) {
 	got := needs{Files: []string{"ca", "cert", "spare", "unset-file"}, Writable: []string{"cache"}, Kubeconfig: &kubeconfig}.problems(set)
 	require.Len(t, got, 5, "%q", got)
 	require.Contains(t, got[0]+got[1], `the environment has no OS_IMAGE_STREAM_NOT_SET`)
-	require.Contains(t, got[0]+got[1], `--unset-file is "$(TLS_DIR_NOT_SET)/tls.key": the environment has no TLS_DIR_NOT_SET`)
+	require.Contains(t, got[0]+got[1], `--unset-file refers to $(TLS_DIR_NOT_SET), and the environment has no TLS_DIR_NOT_SET`)
 	require.Equal(t, fmt.Sprintf("--cert %s cannot be read: no such file or directory (is the volume that holds it mounted there, and does its Secret have this key?)", filepath.Join(dir, "tls.crt")), got[2])
 	require.Equal(t, fmt.Sprintf("--cache %s is not writable: no such file or directory (mount a volume there, an emptyDir)", filepath.Join(dir, "no-volume")), got[3])
 	require.Contains(t, got[4], "no way to the cluster")
 	for _, p := range got {
 		require.NotContains(t, p, "--literal")
+		require.NotContains(t, p, "s3cret", "the value is not repeated: whoever asks /readyz reads it")
 	}
 
 	// With everything there, nothing; the write check leaves nothing.

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/stretchr/testify/require"
 
@@ -66,8 +72,25 @@ func TestImage(t *testing.T) {
 		require.Contains(t, string(sbom), want, "the SBOM")
 	}
 
-	// What a user pushes it with reads it, the layout and the archive, by
-	// the version it is tagged with (README: skopeo copy --all oci:...).
+	// The README's push, word for word, into a registry (go-containerregistry's,
+	// in this process): the registry holds the index under the digest make
+	// image pinned deploy/ to.
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(reg.Close)
+	host := strings.TrimPrefix(reg.URL, "http://")
+	out, err := exec.Command("skopeo", "copy", "--all", "--dest-tls-verify=false",
+		"oci:"+a.out, "docker://"+host+"/agentboot:v0.0.0-test").CombinedOutput()
+	require.NoError(t, err, "skopeo copy: %s", out)
+	ref, err := name.ParseReference(host + "/agentboot:v0.0.0-test")
+	require.NoError(t, err)
+	pushed, err := remote.Index(ref)
+	require.NoError(t, err)
+	pd, err := pushed.Digest()
+	require.NoError(t, err)
+	require.Equal(t, da, pd, "the registry serves the index by the digest deploy/ is pinned to")
+
+	// What a user pushes it with reads it, the layout and the archive, also
+	// by the version it is tagged with.
 	for _, ref := range []string{"oci:" + a.out + ":v0.0.0-test", "oci-archive:" + a.out + ".oci.tar:v0.0.0-test"} {
 		out, err := exec.Command("skopeo", "inspect", "--override-os", "linux", "--override-arch", "arm64", ref).CombinedOutput()
 		require.NoError(t, err, "skopeo inspect %s (skopeo comes with make test's prerequisites): %s", ref, out)

@@ -14,6 +14,7 @@ package main
 
 import (
 	"archive/tar"
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -151,6 +152,9 @@ func build(o buildOptions) (v1.Hash, error) {
 			return v1.Hash{}, err
 		}
 		sboms = append(sboms, sb)
+	}
+	if idx, err = withoutArtifactTypes(idx); err != nil {
+		return v1.Hash{}, err
 	}
 	if err := os.RemoveAll(o.out); err != nil {
 		return v1.Hash{}, err
@@ -341,3 +345,45 @@ func mustJSON(v any) []byte {
 	}
 	return b
 }
+
+// withoutArtifactTypes is idx with its descriptors' artifactType left out.
+// The field is optional (OCI 1.1) and go-containerregistry fills it in from
+// each image's config; clients that predate it (skopeo 1.9, Debian's)
+// cannot copy an index that has it without rewriting the index, which
+// changes the digest deploy/ is pinned to.
+func withoutArtifactTypes(idx v1.ImageIndex) (v1.ImageIndex, error) {
+	m, err := idx.IndexManifest()
+	if err != nil {
+		return nil, err
+	}
+	for i := range m.Manifests {
+		m.Manifests[i].ArtifactType = ""
+	}
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	digest, size, err := v1.SHA256(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	return &plainIndex{inner: idx, raw: raw, manifest: m, digest: digest, size: size}, nil
+}
+
+// plainIndex is an index whose manifest was rewritten; its images are the
+// original's.
+type plainIndex struct {
+	inner    v1.ImageIndex
+	raw      []byte
+	manifest *v1.IndexManifest
+	digest   v1.Hash
+	size     int64
+}
+
+func (p *plainIndex) RawManifest() ([]byte, error)                { return p.raw, nil }
+func (p *plainIndex) IndexManifest() (*v1.IndexManifest, error)   { return p.manifest.DeepCopy(), nil }
+func (p *plainIndex) Digest() (v1.Hash, error)                    { return p.digest, nil }
+func (p *plainIndex) Size() (int64, error)                        { return p.size, nil }
+func (p *plainIndex) MediaType() (types.MediaType, error)         { return p.inner.MediaType() }
+func (p *plainIndex) Image(h v1.Hash) (v1.Image, error)           { return p.inner.Image(h) }
+func (p *plainIndex) ImageIndex(h v1.Hash) (v1.ImageIndex, error) { return p.inner.ImageIndex(h) }

@@ -415,7 +415,7 @@ spec:
 		return err == nil
 	}, time.Minute, 200*time.Millisecond, "log:\n%s", bad.Log())
 	require.Equal(t, http.StatusServiceUnavailable, code)
-	require.Contains(t, body, `--os-image-stream is "$(OS_IMAGE_STREAM)": the environment has no OS_IMAGE_STREAM`)
+	require.Contains(t, body, `--os-image-stream refers to $(OS_IMAGE_STREAM), and the environment has no OS_IMAGE_STREAM`)
 	require.Contains(t, bad.Log(), "the environment has no OS_IMAGE_STREAM")
 	code, _, err = bad.Probe(ctx, bad.Container.LivenessProbe)
 	require.NoError(t, err)
