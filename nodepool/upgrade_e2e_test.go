@@ -69,14 +69,13 @@ func TestUpgradeMidInstallation(t *testing.T) {
 	s.Upgrade(t, current, filepath.Join(testenv.RepoRoot(), "deploy"))
 
 	for _, h := range hosts {
+		var in agentwire.Instructions
 		require.Eventually(t, func() bool {
-			in, err := h.Heartbeat()
-			if err != nil {
-				return false // the new agent API is not listening yet
-			}
-			require.Empty(t, in.Steps, "the installation is handed out once, whichever release answers")
-			return true
+			var err error
+			in, err = h.Heartbeat()
+			return err == nil // else the new agent API is not listening yet
 		}, wait, 500*time.Millisecond)
+		require.Empty(t, in.Steps, "the installation is handed out once, whichever release answers")
 		require.NoError(t, h.Progress("Writing image to disk", 60, ""))
 		require.NoError(t, h.Progress("Rebooting", 100, ""))
 		require.NoError(t, h.StepResult("install", agentwire.StepResult{Output: "installed to /dev/vda"}))

@@ -128,13 +128,16 @@ var services = map[string]string{
 	"agentboot-agent-api":     "agentAPI",
 }
 
-var leftover = regexp.MustCompile(`__[A-Z][A-Za-z_]*__`)
+var (
+	leftover      = regexp.MustCompile(`__[A-Z][A-Za-z_]*__`)
+	trafficPolicy = regexp.MustCompile(`(?m)^( *)externalTrafficPolicy: __TRAFFIC_POLICY_([A-Za-z]+)_([A-Za-z]+)__$`)
+)
 
 // placeholders become template expressions once the objects are YAML.
 var placeholders = []struct{ marker, expr string }{
 	{"__NAMESPACE__", "{{ .Release.Namespace }}"},
-	{"__IMAGE__", `{{ include "agentboot.image" . }}`},
-	{"__MANAGED_BY__", "{{ .Release.Service }}"},
+	{"__IMAGE__", `{{ include "agentboot.image" . | quote }}`},
+	{"__MANAGED_BY__", "{{ .Release.Service | quote }}"},
 	{"__CONFIG_CHECKSUM__", "{{ .Values.config | toYaml | sha256sum }}"},
 	{"data: __CONFIG_DATA__", "data:\n{{- range $key, $value := .Values.config }}\n  {{ $key }}: {{ $value | toString | quote }}\n{{- end }}"},
 }
@@ -151,7 +154,11 @@ func templates(objs []*unstructured.Unstructured) (string, error) {
 		if o.GetKind() == "Namespace" {
 			continue // helm install --namespace … --create-namespace
 		}
-		o.Object = replaceStrings(o.Object, map[string]string{baseNamespace: "__NAMESPACE__", generated: configName}).(map[string]any)
+		with := map[string]string{baseNamespace: "__NAMESPACE__"}
+		if generated != "" {
+			with[generated] = configName
+		}
+		o.Object = replaceStrings(o.Object, with).(map[string]any)
 		labels := o.GetLabels()
 		if labels == nil {
 			labels = map[string]string{}
@@ -192,6 +199,12 @@ func templates(objs []*unstructured.Unstructured) (string, error) {
 				if err := unstructured.SetNestedField(o.Object, "__SERVICE_TYPE_"+key+"__", "spec", "type"); err != nil {
 					return "", err
 				}
+				// A ClusterIP Service (behind an ingress) may not have one.
+				if p, found, _ := unstructured.NestedString(o.Object, "spec", "externalTrafficPolicy"); found {
+					if err := unstructured.SetNestedField(o.Object, "__TRAFFIC_POLICY_"+key+"_"+p+"__", "spec", "externalTrafficPolicy"); err != nil {
+						return "", err
+					}
+				}
 			}
 		}
 		raw, err := yaml.Marshal(o.Object)
@@ -205,10 +218,20 @@ func templates(objs []*unstructured.Unstructured) (string, error) {
 		text = strings.ReplaceAll(text, p.marker, p.expr)
 	}
 	for _, key := range components {
-		text = strings.ReplaceAll(text, "__REPLICAS_"+key+"__", "{{ .Values."+key+".replicas }}")
+		text = strings.ReplaceAll(text, "__REPLICAS_"+key+"__", "{{ .Values."+key+".replicas | int }}")
 	}
 	for _, key := range services {
-		text = strings.ReplaceAll(text, "__SERVICE_TYPE_"+key+"__", "{{ .Values."+key+".service.type }}")
+		text = strings.ReplaceAll(text, "__SERVICE_TYPE_"+key+"__", "{{ .Values."+key+".service.type | quote }}")
+		text = trafficPolicy.ReplaceAllStringFunc(text, func(line string) string {
+			m := trafficPolicy.FindStringSubmatch(line)
+			if m[2] != key {
+				return line
+			}
+			return m[1] + `{{- if ne .Values.` + key + `.service.type "ClusterIP" }}` + "\n" + m[1] + "externalTrafficPolicy: " + m[3] + "\n" + m[1] + "{{- end }}"
+		})
+	}
+	if strings.Contains(text, baseNamespace) {
+		return "", fmt.Errorf("the base's namespace %s is left in the templates", baseNamespace)
 	}
 	if left := leftover.FindString(text); left != "" {
 		return "", fmt.Errorf("placeholder %s was left in the templates", left)

@@ -64,8 +64,10 @@ func (c *Catalog) keep(ctx context.Context, d *download) {
 				return
 			}
 			// Minimal ISOs are made ahead of the first request for one.
-			if _, err := img.Minimal(); err != nil {
+			if min, err := img.Minimal(); err != nil {
 				c.cfg.Log.Error(err, "minimal ISOs unavailable for this image", "version", d.entry.Version, "arch", d.entry.CPUArchitecture)
+			} else {
+				c.cfg.Log.Info("minimal ISO ready", "version", d.entry.Version, "arch", d.entry.CPUArchitecture, "sha256", min.SHA256)
 			}
 			c.notify(d.entry.URL)
 			return

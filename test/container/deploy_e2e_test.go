@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -80,6 +82,7 @@ func kustomized(t *testing.T, env *testenv.Env, config map[string]string, digest
 	entry := images[0].(map[string]any)
 	require.Equal(t, "agentboot", entry["name"])
 	delete(entry, "newTag")
+	entry["newName"] = "agentboot" // whatever IMAGE_NAME pinned it to in this tree
 	entry["digest"] = digest
 	raw, err = yaml.Marshal(k)
 	require.NoError(t, err)
@@ -190,7 +193,14 @@ func runAsDescribed(t *testing.T, path string) {
 	// A site's mirror of the OS images the stream names.
 	devStream, err := testenv.DevStream()
 	require.NoError(t, err)
-	mirror := httptest.NewServer(http.FileServer(http.Dir(filepath.Dir(devStream))))
+	var mirrored atomic.Int64 // images the mirror served (the stream is read again on every start)
+	files := http.FileServer(http.Dir(filepath.Dir(devStream)))
+	mirror := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/"+filepath.Base(devStream) {
+			mirrored.Add(1)
+		}
+		files.ServeHTTP(w, r)
+	}))
 	t.Cleanup(mirror.Close)
 	const mirrorPort = 18080 // on each pod's loopback
 
@@ -214,7 +224,7 @@ func runAsDescribed(t *testing.T, path string) {
 	}
 	d.apply(t)
 
-	k := &container.Kubelet{Env: env, Layout: layoutDir, Arch: "amd64", Dir: t.TempDir(),
+	k := &container.Kubelet{Env: env, Layout: layoutDir, Arch: "amd64", Dir: t.TempDir(), Node: lb,
 		Forwards: map[int]string{mirrorPort: strings.TrimPrefix(mirror.URL, "http://")}}
 	pods := map[string]*container.Pod{}
 	t.Cleanup(func() {
@@ -263,9 +273,15 @@ func runAsDescribed(t *testing.T, path string) {
 		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 			continue
 		}
-		pod := pods[svc.Spec.Selector["app.kubernetes.io/name"]]
-		require.NotNil(t, pod, "Service %s selects no Deployment's pods", name)
-		pod.Expose(t, lb, svc)
+		// The pods whose labels the Service's selector matches.
+		var selected []*container.Pod
+		for dep, p := range pods {
+			if labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(d.deployments[dep].Spec.Template.Labels)) {
+				selected = append(selected, p)
+			}
+		}
+		require.Len(t, selected, 1, "Service %s selects one Deployment's pods", name)
+		selected[0].Expose(t, lb, svc)
 	}
 
 	// The tour, through the load balancer.
@@ -276,6 +292,7 @@ func runAsDescribed(t *testing.T, path string) {
 			_, port, _ := net.SplitHostPort(addr)
 			return lb.Dial(ctx, network, net.JoinHostPort("127.0.0.1", port))
 		}}}
+	t.Cleanup(web.CloseIdleConnections)
 	download := func(u string) string {
 		t.Helper()
 		var resp *http.Response
@@ -389,13 +406,20 @@ spec:
 	// A restarted container keeps its emptyDir: the image service checks
 	// the images it holds and serves them without a new download.
 	img := pods["agentboot-image-service"]
+	logged, fetched := len(img.Log()), mirrored.Load()
 	img.Restart(t)
 	took := img.AwaitReady(t, 3*time.Minute)
 	t.Logf("agentboot-image-service restarted: ready %s after its container started", took.Round(10*time.Millisecond))
-	require.Eventually(t, func() bool { return strings.Contains(img.Log(), "OS image ready (cached, sha256 verified)") },
+	require.Eventually(t, func() bool { return strings.Contains(img.Log()[logged:], "OS image ready (cached, sha256 verified)") },
 		time.Minute, 100*time.Millisecond, "log:\n%s", img.LogTail(20))
 	again := download(ie.Status.ISODownloadURL)
 	require.False(t, hasRootfs(again))
+	require.Equal(t, fetched, mirrored.Load(), "the restarted image service downloaded images again")
+	for name, p := range pods {
+		if peak := p.PeakMemory(); peak >= 0 {
+			t.Logf("%s: at most %.0f MiB of memory (its limit: %s)", name, float64(peak)/(1<<20), p.Container.Resources.Limits.Memory())
+		}
+	}
 
 	// A ConfigMap without a key the Deployment's arguments use: the pod
 	// runs, unready, and says which.

@@ -48,14 +48,17 @@ const NetnsPrefix = "abk"
 // undefined); Secret volumes with their defaultMode and the pod's fsGroup,
 // emptyDirs, and the ServiceAccount's token, CA and namespace where
 // in-cluster clients look; the user, groups, no_new_privs and read-only
-// root of the security contexts. Each pod has a network namespace of its
-// own with only a loopback, on which a forwarder stands in for the
-// kubernetes Service (the apiserver) and for Forwards.
+// root of the security contexts; the memory limit, as a memory cgroup.
+// Each pod has a network namespace of its own with an address on the
+// node's bridge (Node), where probes and Services reach it, and on its
+// loopback a forwarder stands in for the kubernetes Service (the
+// apiserver) and for Forwards.
 //
 // What it does not do, and the manifests do not rely on: image volumes
 // (the image's VOLUMEs are not mounted: what a container writes needs a
-// volume in the manifest), resource limits, seccomp, probes acting by
-// themselves (Pod.Probe asks), more than one container or replica.
+// volume in the manifest; containerd would make them), CPU limits,
+// seccomp, probes acting by themselves (Pod.Probe asks), token rotation,
+// more than one container or replica.
 type Kubelet struct {
 	// Env is the cluster; the kubelet reads Secrets and ConfigMaps and
 	// asks for ServiceAccount tokens with its admin rights, as a node does.
@@ -70,12 +73,26 @@ type Kubelet struct {
 	// Wait bounds how long a pod waits for the Secrets and ConfigMaps it
 	// needs (a kubelet waits for ever).
 	Wait time.Duration
+	// Node is the node's network namespace: each pod gets an address of
+	// its own on a bridge there (198.18.0.0/24), where probes come from
+	// and Services forward to, so that a server bound to the pod's
+	// loopback only is not reached, as on a real node.
+	Node *netns.NS
+
+	mu      sync.Mutex
+	bridged bool
+	pods    int
 }
 
 // Pod is one running pod of a Deployment.
 type Pod struct {
-	Name      string
-	NS        *netns.NS
+	Name string
+	NS   *netns.NS
+	// IP is the pod's address on the node's bridge.
+	IP   string
+	node *netns.NS
+	// memory limits the container (resources.limits.memory).
+	memory    *memoryCgroup
 	Container corev1.Container
 	// Spec is the container as resolved, for Restart.
 	Spec    Spec
@@ -138,6 +155,15 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 		return nil, err
 	}
 	pod.closers = append(pod.closers, pod.NS.Close)
+	if err := k.attach(pod); err != nil {
+		return nil, err
+	}
+	if limit, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+		if pod.memory, err = newMemoryCgroup(fmt.Sprintf("%s%d-%s", NetnsPrefix, os.Getpid(), shortName(d.Name)), limit.Value()); err != nil {
+			return nil, fmt.Errorf("resources.limits.memory %s: %w", limit.String(), err)
+		}
+		pod.closers = append(pod.closers, pod.memory.remove)
+	}
 
 	sc := effective(ps.SecurityContext, c.SecurityContext)
 	uid, gid, err := user(root, cf.Config.User, sc)
@@ -161,6 +187,7 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 
 	// Volumes.
 	sources := map[string]string{}
+	secretVolumes := map[string]bool{}
 	for _, v := range ps.Volumes {
 		p := filepath.Join(dir, "volumes", v.Name)
 		if err := os.MkdirAll(p, 0o755); err != nil {
@@ -172,6 +199,7 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 				return nil, err
 			}
 		case v.Secret != nil:
+			secretVolumes[v.Name] = true
 			mode := os.FileMode(0o644)
 			if m := v.Secret.DefaultMode; m != nil {
 				mode = os.FileMode(*m)
@@ -208,7 +236,8 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 		if !ok {
 			return nil, fmt.Errorf("volumeMount %s names no volume of the pod", m.Name)
 		}
-		mounts = append(mounts, Mount{Source: src, Target: m.MountPath, ReadOnly: m.ReadOnly})
+		// A kubelet mounts Secret volumes read-only whatever the mount says.
+		mounts = append(mounts, Mount{Source: src, Target: m.MountPath, ReadOnly: m.ReadOnly || secretVolumes[m.Name]})
 	}
 	apiserver, err := url.Parse(k.Env.Config.Host)
 	if err != nil {
@@ -219,7 +248,20 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 	if err != nil {
 		return nil, fmt.Errorf("apiserver address %s has no port", k.Env.Config.Host)
 	}
-	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+	automount := ps.AutomountServiceAccountToken
+	if automount == nil {
+		// The ServiceAccount's own setting, when the pod has none.
+		sa := ps.ServiceAccountName
+		if sa == "" {
+			sa = "default"
+		}
+		var account corev1.ServiceAccount
+		if err := k.get(ctx, client.ObjectKey{Namespace: d.Namespace, Name: sa}, &account, "ServiceAccount"); err != nil {
+			return nil, err
+		}
+		automount = account.AutomountServiceAccountToken
+	}
+	if automount == nil || *automount {
 		p := filepath.Join(dir, "volumes", "kube-api-access")
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return nil, err
@@ -240,8 +282,9 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 		mounts = append(mounts, Mount{Source: p, Target: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true})
 	}
 
-	// Environment: the image's, the kubernetes Service's, envFrom, env.
-	env := newEnvironment(cf.Config.Env)
+	// Environment: the kubernetes Service's, envFrom, env; $(VAR) sees
+	// these only. The runtime puts the image's underneath afterwards.
+	env := newEnvironment(nil)
 	env.set("KUBERNETES_SERVICE_HOST", "127.0.0.1")
 	env.set("KUBERNETES_SERVICE_PORT", port)
 	for _, from := range c.EnvFrom {
@@ -285,8 +328,17 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 	for i := range args {
 		args[i] = expand(args[i], env.lookup)
 	}
+	full := newEnvironment(cf.Config.Env)
+	for _, kv := range env.list() {
+		k, v, _ := strings.Cut(kv, "=")
+		full.set(k, v)
+	}
+	workdir := c.WorkingDir
+	if workdir == "" {
+		workdir = cf.Config.WorkingDir
+	}
 	pod.Spec = Spec{
-		Root: root, Args: args, Env: env.list(), Dir: c.WorkingDir, UID: uid, GID: gid, Groups: groups,
+		Root: root, Args: args, Env: full.list(), Dir: workdir, UID: uid, GID: gid, Groups: groups,
 		NoNewPrivs:   sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation,
 		WritableRoot: sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem,
 		Mounts:       mounts, NetNS: filepath.Join("/run/netns", pod.NS.Name),
@@ -550,6 +602,15 @@ func (p *Pod) run() error {
 		f.Close()
 		return err
 	}
+	if p.memory != nil {
+		if err := p.memory.add(cmd.Process.Pid); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			cancel()
+			f.Close()
+			return fmt.Errorf("memory cgroup: %w", err)
+		}
+	}
 	e := &process{started: time.Now(), done: make(chan struct{})}
 	e.stop = func() { cancel(); <-e.done }
 	go func() {
@@ -589,6 +650,15 @@ func (p *Pod) Exited() (bool, error) {
 	}
 }
 
+// PeakMemory is the most memory the container used at once, in bytes (-1
+// when it has no memory limit, or the kernel does not say).
+func (p *Pod) PeakMemory() int64 {
+	if p.memory == nil {
+		return -1
+	}
+	return p.memory.peakBytes()
+}
+
 // Log is what the container wrote, across restarts.
 func (p *Pod) Log() string {
 	p.mu.Lock()
@@ -624,9 +694,51 @@ func (p *Pod) Port(port intstr.IntOrString) (int, error) {
 	return 0, fmt.Errorf("container %s has no port named %s", p.Container.Name, port.StrVal)
 }
 
-// Dial connects to the pod's port from outside, as the node does.
+// Dial connects to the pod's port from the node, at the pod's address.
 func (p *Pod) Dial(ctx context.Context, port int) (net.Conn, error) {
-	return p.NS.Dial(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if p.node == nil {
+		return p.NS.Dial(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	}
+	return p.node.Dial(ctx, "tcp", net.JoinHostPort(p.IP, strconv.Itoa(port)))
+}
+
+// attach gives the pod an address on the node's bridge.
+func (k *Kubelet) attach(p *Pod) error {
+	if k.Node == nil {
+		return nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.bridged {
+		for _, args := range [][]string{{"link", "add", "br0", "type", "bridge"}, {"addr", "add", "198.18.0.1/24", "dev", "br0"}, {"link", "set", "br0", "up"}} {
+			if err := k.Node.IP(args...); err != nil {
+				return err
+			}
+		}
+		k.bridged = true
+	}
+	k.pods++
+	if k.pods > 200 {
+		return errors.New("this kubelet's bridge has addresses for 200 pods")
+	}
+	p.IP = fmt.Sprintf("198.18.0.%d", 10+k.pods)
+	p.node = k.Node
+	veth := fmt.Sprintf("veth%d", k.pods)
+	for _, step := range []struct {
+		ns   *netns.NS
+		args []string
+	}{
+		{k.Node, []string{"link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", p.NS.Name}},
+		{k.Node, []string{"link", "set", veth, "master", "br0", "up"}},
+		{p.NS, []string{"addr", "add", p.IP + "/24", "dev", "eth0"}},
+		{p.NS, []string{"link", "set", "eth0", "up"}},
+		{p.NS, []string{"route", "add", "default", "via", "198.18.0.1"}},
+	} {
+		if err := step.ns.IP(step.args...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Probe sends an HTTP probe as the kubelet does: the status code and
@@ -639,10 +751,15 @@ func (p *Pod) Probe(ctx context.Context, probe *corev1.Probe) (int, string, erro
 	if err != nil {
 		return 0, "", err
 	}
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	// One connection a probe, as a kubelet's prober (no keep-alive).
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return p.Dial(ctx, port)
 	}}}
-	u := url.URL{Scheme: strings.ToLower(string(probe.HTTPGet.Scheme)), Host: fmt.Sprintf("127.0.0.1:%d", port), Path: probe.HTTPGet.Path}
+	host := p.IP
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	u := url.URL{Scheme: strings.ToLower(string(probe.HTTPGet.Scheme)), Host: net.JoinHostPort(host, strconv.Itoa(port)), Path: probe.HTTPGet.Path}
 	if u.Scheme == "" {
 		u.Scheme = "http"
 	}

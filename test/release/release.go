@@ -5,7 +5,6 @@
 package release
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -87,26 +86,22 @@ func (r *Release) build() error {
 			return err
 		}
 	}
-	archive := exec.Command("git", "-C", root, "archive", "--format=tar", r.Commit)
-	extract := exec.Command("tar", "-x", "-C", r.Source)
-	var stderr bytes.Buffer
-	archive.Stderr, extract.Stderr = &stderr, &stderr
-	if extract.Stdin, err = archive.StdoutPipe(); err != nil {
+	tarball := filepath.Join(dir, "src.tar")
+	if out, err := exec.Command("git", "-C", root, "archive", "--format=tar", "-o", tarball, r.Commit).CombinedOutput(); err != nil {
+		return fmt.Errorf("git archive %s: %v: %s", r.Commit, err, out)
+	}
+	if out, err := exec.Command("tar", "-x", "-C", r.Source, "-f", tarball).CombinedOutput(); err != nil {
+		return fmt.Errorf("extract %s: %v: %s", r.Commit, err, out)
+	}
+	if err := os.Remove(tarball); err != nil {
 		return err
-	}
-	if err := extract.Start(); err != nil {
-		return err
-	}
-	if err := archive.Run(); err != nil {
-		return fmt.Errorf("git archive %s: %v: %s", r.Commit, err, stderr.String())
-	}
-	if err := extract.Wait(); err != nil {
-		return fmt.Errorf("extract %s: %v: %s", r.Commit, err, stderr.String())
 	}
 	for bin, pkg := range map[string]string{r.Agentboot: "./cmd/agentboot", r.Agent: "./cmd/agent"} {
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version="+r.Version, "-o", bin, pkg)
 		cmd.Dir = r.Source
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod")
+		// -mod=readonly: the release builds with the modules its go.sum
+		// pins, or not at all.
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=readonly")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s of %s: %v: %s", pkg, r.Version, err, out)
 		}

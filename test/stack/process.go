@@ -120,15 +120,17 @@ func (b *binaries) start(binary string) error {
 		cmd.Stderr = cmd.Stdout
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
+			b.stop()
 			return fmt.Errorf("start %s %s: %w", binary, sp.name, err)
 		}
 		p := &binaryProcess{name: sp.name, cmd: cmd, done: make(chan struct{}), probe: fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[i])}
 		go func() { _ = cmd.Wait(); close(p.done) }()
+		// Known to stop at once, whatever fails next.
+		b.mu.Lock()
+		b.procs = append(b.procs, p)
+		b.mu.Unlock()
 		procs = append(procs, p)
 	}
-	b.mu.Lock()
-	b.procs = procs
-	b.mu.Unlock()
 	for _, p := range procs {
 		if err := p.awaitReady(2 * time.Minute); err != nil {
 			return err
