@@ -13,6 +13,7 @@ require (
 	github.com/google/go-cmp v0.7.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/insomniacslk/dhcp v0.0.0-20260407060928-11b94ed970f2
+	github.com/itchyny/gojq v0.12.20
 	github.com/jaypipes/ghw v0.26.0
 	github.com/pin/tftp/v3 v3.2.0
 	github.com/prometheus/client_golang v1.24.0
@@ -90,6 +91,7 @@ require (
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	github.com/huandu/xstrings v1.5.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/itchyny/timefmt-go v0.1.9 // indirect
 	github.com/jacobweinstock/iamt v0.0.0-20230502042727-d7cdbe67d9ef // indirect
 	github.com/jacobweinstock/registrar v0.4.7 // indirect
 	github.com/jaypipes/pcidb v1.1.1 // indirect

@@ -1,5 +1,5 @@
 // Package v1beta1 contains the agent-install.openshift.io/v1beta1 API:
-// InfraEnv, Agent and NMStateConfig, field-compatible with OpenShift's
+// InfraEnv, Agent, NMStateConfig and AgentClassification, field-compatible with OpenShift's
 // assisted-service so that existing manifests and kubectl habits keep working.
 //
 // +kubebuilder:object:generate=true
@@ -27,6 +27,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&InfraEnv{}, &InfraEnvList{},
 		&Agent{}, &AgentList{},
 		&NMStateConfig{}, &NMStateConfigList{},
+		&AgentClassification{}, &AgentClassificationList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

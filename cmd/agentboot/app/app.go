@@ -23,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	agentservice "github.com/agentboot/agentboot/agent-service"
+	"github.com/agentboot/agentboot/agentclassification"
 	"github.com/agentboot/agentboot/bmc"
 	imageservice "github.com/agentboot/agentboot/image-service"
 	infraenvcontroller "github.com/agentboot/agentboot/infraenv-controller"
@@ -186,6 +187,10 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		npCfg.Catalog, npCfg.Settings, npCfg.Keys, npCfg.Namespace = c.Catalog, c.Settings, keys, c.Namespace
 		npCfg.Log = log.WithName("nodepool")
 		if err := nodepool.SetupWithManager(mgr, npCfg); err != nil {
+			return err
+		}
+		// AgentClassifications label Agents by their inventory.
+		if err := agentclassification.SetupWithManager(mgr, agentclassification.Config{Log: log.WithName("agentclassification")}); err != nil {
 			return err
 		}
 	}
