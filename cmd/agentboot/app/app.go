@@ -29,6 +29,7 @@ import (
 	infraenvcontroller "github.com/agentboot/agentboot/infraenv-controller"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/osimage"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/internal/scheme"
 	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/nodepool"
@@ -191,6 +192,10 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		}
 		// AgentClassifications label Agents by their inventory.
 		if err := agentclassification.SetupWithManager(mgr, agentclassification.Config{Log: log.WithName("agentclassification")}); err != nil {
+			return err
+		}
+		// The pool, counted for Prometheus by the elected manager.
+		if err := mgr.Add(poolmetrics.Runnable{Collector: &poolmetrics.Collector{Reader: mgr.GetClient(), Log: log.WithName("poolmetrics")}}); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,153 @@
+package poolmetrics_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
+	"github.com/agentboot/agentboot/internal/scheme"
+	"github.com/agentboot/agentboot/test/stack"
+)
+
+func TestMain(m *testing.M) { stack.Main(m) }
+
+func agent(ns, name, infraenv, state string, change func(*v1beta1.Agent)) *v1beta1.Agent {
+	a := &v1beta1.Agent{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	a.Status.DebugInfo.State = state
+	if infraenv != "" {
+		a.Status.Registration = &v1beta1.AgentRegistration{InfraEnv: infraenv, SessionStarted: "s1"}
+	}
+	if change != nil {
+		change(a)
+	}
+	return a
+}
+
+// Each Agent is in exactly one state of the pool, the one an operator
+// asks about first.
+func TestState(t *testing.T) {
+	approved := func(a *v1beta1.Agent) { a.Spec.Approved = true }
+	bound := func(a *v1beta1.Agent) {
+		name := "c"
+		a.Spec.ClusterDeploymentName = &v1beta1.ClusterReference{Name: name}
+	}
+	owes := func(a *v1beta1.Agent) {
+		a.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{Required: "erase", State: v1beta1.SanitizationPending}
+	}
+	running := func(a *v1beta1.Agent) {
+		a.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{Required: "erase", State: v1beta1.SanitizationRunning, Session: "s1"}
+	}
+	for _, tc := range []struct {
+		state  string
+		change func(*v1beta1.Agent)
+		want   string
+	}{
+		{lifecycle.StateDiscoveringUnbound, nil, poolmetrics.Discovering},
+		{"", nil, poolmetrics.Discovering},
+		{lifecycle.StateInsufficientUnbound, approved, poolmetrics.Insufficient},
+		{lifecycle.StateKnownUnbound, nil, poolmetrics.Unapproved},
+		{lifecycle.StateKnownUnbound, approved, poolmetrics.Free},
+		{lifecycle.StateDisconnectedUnbound, approved, poolmetrics.Disconnected},
+		{"known", func(a *v1beta1.Agent) { approved(a); bound(a) }, poolmetrics.Bound},
+		{lifecycle.StateInstalling, bound, poolmetrics.Installing},
+		{lifecycle.StateInstallingInProgress, bound, poolmetrics.Installing},
+		{lifecycle.StateAddedToExistingCluster, bound, poolmetrics.Installed},
+		{lifecycle.StateError, bound, poolmetrics.Error},
+		{lifecycle.StateUnbinding, nil, poolmetrics.Unbinding},
+		{lifecycle.StateUnbindingPendingUserAct, nil, poolmetrics.Unbinding},
+		{lifecycle.StateKnownUnbound, func(a *v1beta1.Agent) { approved(a); owes(a) }, poolmetrics.Quarantined},
+		{lifecycle.StateKnownUnbound, func(a *v1beta1.Agent) { approved(a); running(a) }, poolmetrics.Sanitizing},
+	} {
+		require.Equal(t, tc.want, poolmetrics.State(agent("ns", "a", "env", tc.state, tc.change)), "%s", tc.state)
+	}
+}
+
+// series gathers agentboot_agents from a registry: "namespace/infraenv/state"
+// → value.
+func series(t *testing.T, g prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	families, err := g.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "agentboot_agents" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			out[key(m)] = m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+func key(m *dto.Metric) string {
+	l := map[string]string{}
+	for _, p := range m.GetLabel() {
+		l[p.GetName()] = p.GetValue()
+	}
+	return l["namespace"] + "/" + l["infraenv"] + "/" + l["state"]
+}
+
+// Every state of every pair is reported, zeros included; past MaxSeries
+// the pairs with the fewest Agents are summed under _other, so that
+// tenants' names cannot grow the series without bound.
+func TestCollectorBoundsItsSeries(t *testing.T) {
+	s, err := scheme.New()
+	require.NoError(t, err)
+	var objs []client.Object
+	// Three InfraEnvs with 3, 2 and 1 Agents; one Agent with none.
+	for i, n := range []int{3, 2, 1} {
+		for j := 0; j < n; j++ {
+			objs = append(objs, agent(fmt.Sprintf("team-%d", i), fmt.Sprintf("a-%d", j), "env", lifecycle.StateKnownUnbound, nil))
+		}
+	}
+	objs = append(objs, agent("team-0", "stray", "", lifecycle.StateDiscoveringUnbound, nil))
+	c := &poolmetrics.Collector{Reader: fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build(), MaxSeries: 2, Log: logr.Discard()}
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(c))
+	got := series(t, reg)
+	require.Equal(t, 3.0, got["team-0/env/unapproved"])
+	require.Equal(t, 2.0, got["team-1/env/unapproved"])
+	require.Equal(t, 0.0, got["team-0/env/free"], "zeros are reported")
+	// team-0's stray (1) and team-2 (1) are past the two largest.
+	require.Equal(t, 1.0, got["_other/_other/unapproved"])
+	require.Equal(t, 1.0, got["_other/_other/discovering"])
+	require.NotContains(t, got, "team-2/env/unapproved")
+	require.Len(t, got, 3*len(poolmetrics.States), "three pairs, every state")
+}
+
+// The elected manager reports the pool as hosts move through it.
+func TestManagerReportsThePool(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ctx := context.Background()
+	ie := s.CreateInfraEnv(t, "pool", "env", nil)
+	hosts := []*stack.Host{s.Register(t, ie, 1), s.Register(t, ie, 2)}
+	var a v1beta1.Agent
+	require.Eventually(t, func() bool {
+		if s.Client.Get(ctx, client.ObjectKey{Namespace: hosts[0].NS, Name: hosts[0].ID}, &a) != nil {
+			return false
+		}
+		p := client.MergeFrom(a.DeepCopy())
+		a.Spec.Approved = true
+		return s.Client.Patch(ctx, &a, p) == nil
+	}, time.Minute, 100*time.Millisecond)
+	prefix := ie.Namespace + "/" + ie.Name + "/"
+	var got map[string]float64
+	require.Eventually(t, func() bool {
+		got = series(t, metrics.Registry)
+		return got[prefix+poolmetrics.Free] == 1 && got[prefix+poolmetrics.Unapproved] == 1
+	}, time.Minute, 200*time.Millisecond, "agentboot_agents: %v", got)
+}
