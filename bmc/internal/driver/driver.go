@@ -185,10 +185,15 @@ func Open(ctx context.Context, a address.Address, c Credentials, o Options) (BMC
 	b := &session{c: cl, secret: c.Password, o: o, redfish: a.Protocol == address.Redfish}
 	ctx, cancel := context.WithTimeout(ctx, o.CallTimeout)
 	defer cancel()
+	register()
+	start := time.Now()
 	if err := cl.Open(ctx); err != nil {
-		return nil, b.fail("connect", err)
+		err = b.fail("connect", err)
+		observe(opConnect, string(a.Protocol), start, err)
+		return nil, err
 	}
-	return b, nil
+	observe(opConnect, string(a.Protocol), start, nil)
+	return measured{BMC: b, protocol: string(a.Protocol)}, nil
 }
 
 // MaxAnswerBytes bounds what one connection to a Redfish BMC may carry to
