@@ -129,11 +129,33 @@ func TestCollectorBoundsItsSeries(t *testing.T) {
 	require.Len(t, got, 3*len(poolmetrics.States), "three pairs, every state")
 }
 
-// The elected manager reports the pool as hosts move through it.
+// phaseCount is how many hosts agentboot_agent_phase_seconds counted in
+// phase so far.
+func phaseCount(t *testing.T, phase string) uint64 {
+	families, err := metrics.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "agentboot_agent_phase_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "phase" && l.GetValue() == phase {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// The elected manager reports the pool as hosts move through it, and how
+// long they took to be approved and ready.
 func TestManagerReportsThePool(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
 	ctx := context.Background()
 	ie := s.CreateInfraEnv(t, "pool", "env", nil)
+	approved, ready := phaseCount(t, "registered_to_approved"), phaseCount(t, "registered_to_ready")
 	hosts := []*stack.Host{s.Register(t, ie, 1), s.Register(t, ie, 2)}
 	var a v1beta1.Agent
 	require.Eventually(t, func() bool {
@@ -150,4 +172,7 @@ func TestManagerReportsThePool(t *testing.T) {
 		got = series(t, metrics.Registry)
 		return got[prefix+poolmetrics.Free] == 1 && got[prefix+poolmetrics.Unapproved] == 1
 	}, time.Minute, 200*time.Millisecond, "agentboot_agents: %v", got)
+	require.Eventually(t, func() bool {
+		return phaseCount(t, "registered_to_approved") == approved+1 && phaseCount(t, "registered_to_ready") == ready+1
+	}, time.Minute, 200*time.Millisecond, "one host approved and ready, counted once each")
 }

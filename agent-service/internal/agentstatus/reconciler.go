@@ -53,6 +53,7 @@ type Reconciler struct {
 // SetupWithManager watches Agents (and their neighbours by hostname), their
 // Leases and their InfraEnvs.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	registerMetrics()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("agent").
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
@@ -337,9 +338,13 @@ func (r *Reconciler) recordTransitions(a, before, after *v1beta1.Agent) {
 	if b, n := was(v1beta1.RequirementsMetCondition), now(v1beta1.RequirementsMetCondition); n != nil {
 		if (b == nil || b.Reason == v1beta1.AgentIsNotApprovedReason) && n.Reason != v1beta1.AgentIsNotApprovedReason {
 			r.Events.Eventf(a, nil, corev1.EventTypeNormal, "Approved", "Approve", "the agent was approved")
+			observePhase(a, PhaseRegisteredToApproved, r.Now())
 		}
 		if n.Status == corev1.ConditionTrue && (b == nil || b.Status != corev1.ConditionTrue) {
 			r.Events.Eventf(a, nil, corev1.EventTypeNormal, v1beta1.AgentReadyReason, "Validate", "the agent is ready to be bound")
+			if n.Reason == v1beta1.AgentReadyReason {
+				observePhase(a, PhaseRegisteredToReady, r.Now())
+			}
 		}
 	}
 	if b, n := was(v1beta1.ValidatedCondition), now(v1beta1.ValidatedCondition); n != nil && (b == nil || b.Reason != n.Reason || b.Message != n.Message) {
