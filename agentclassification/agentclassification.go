@@ -12,10 +12,12 @@
 // anywhere) and, through a finalizer, takes its labels off every Agent
 // before it goes.
 //
-// The query is a tenant's program run by the manager: it sees the Agent's
+// The query is a program run by the manager: it sees the Agent's
 // inventory and nothing else (an empty environment for $ENV and env), it
 // runs for at most Config.Timeout on one Agent, and its only effect is one
-// label of a fixed value on Agents of its own namespace.
+// label of a fixed value on Agents of its own namespace. Its memory is not
+// bounded (one jq operation can allocate gigabytes), so the controllers
+// run only where the manager is told to (--agent-classifications).
 package agentclassification
 
 import (
@@ -67,51 +69,60 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	q := &programs{byUID: map[types.UID]program{}}
+	q := &programs{byName: map[types.NamespacedName]program{}}
 	c := mgr.GetClient()
 	agents := &agentReconciler{c: c, programs: q, timeout: cfg.Timeout, log: cfg.Log.WithName("agent-labels")}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("agentclassification-labels").
 		For(&v1beta1.Agent{}, builder.WithPredicates(inventoryOrLabelsChanged())).
-		Watches(&v1beta1.AgentClassification{}, handler.EnqueueRequestsFromMapFunc(inNamespace(c, func() client.ObjectList { return &v1beta1.AgentList{} }))).
+		// A classification's spec or deletion changes labels; its status
+		// and finalizer do not.
+		Watches(&v1beta1.AgentClassification{}, handler.EnqueueRequestsFromMapFunc(inNamespace(c, func() client.ObjectList { return &v1beta1.AgentList{} })),
+			builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, deletionStarted()))).
 		Complete(agents); err != nil {
 		return err
 	}
 	classes := &classificationReconciler{c: c, programs: q, log: cfg.Log.WithName("agentclassification")}
 	return ctrl.NewControllerManagedBy(mgr).Named("agentclassification").
 		For(&v1beta1.AgentClassification{}).
+		// Which one of a key decides changes with the others.
+		Watches(&v1beta1.AgentClassification{}, handler.EnqueueRequestsFromMapFunc(inNamespace(c, func() client.ObjectList { return &v1beta1.AgentClassificationList{} })),
+			builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, deletionStarted()))).
 		Watches(&v1beta1.Agent{}, handler.EnqueueRequestsFromMapFunc(inNamespace(c, func() client.ObjectList { return &v1beta1.AgentClassificationList{} })), builder.WithPredicates(classificationLabelsChanged())).
 		Complete(classes)
 }
 
 // program is a compiled query, for one generation of a classification.
 type program struct {
+	uid        types.UID
 	generation int64
 	code       *gojq.Code
 	err        error
 }
 
-// programs caches compiled queries by classification.
+// programs caches compiled queries by classification, one entry for each
+// that exists (forget drops the entry of one that is gone).
 type programs struct {
-	mu    sync.Mutex
-	byUID map[types.UID]program
+	mu     sync.Mutex
+	byName map[types.NamespacedName]program
 }
 
 // compile is c's query compiled, or why it does not compile.
 func (p *programs) compile(c *v1beta1.AgentClassification) (*gojq.Code, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if prog, ok := p.byUID[c.UID]; ok && prog.generation == c.Generation {
+	key := types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
+	if prog, ok := p.byName[key]; ok && prog.uid == c.UID && prog.generation == c.Generation {
 		return prog.code, prog.err
 	}
 	code, err := Compile(c.Spec.Query)
-	p.byUID[c.UID] = program{generation: c.Generation, code: code, err: err}
+	p.byName[key] = program{uid: c.UID, generation: c.Generation, code: code, err: err}
 	return code, err
 }
 
-func (p *programs) forget(uid types.UID) {
+func (p *programs) forget(key types.NamespacedName) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.byUID, uid)
+	delete(p.byName, key)
 }
 
 // Compile compiles a query as the controllers run it: with an empty
@@ -281,6 +292,7 @@ func (r *classificationReconciler) Reconcile(ctx context.Context, req reconcile.
 	var c v1beta1.AgentClassification
 	if err := r.c.Get(ctx, req.NamespacedName, &c); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.programs.forget(req.NamespacedName)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
@@ -301,12 +313,13 @@ func (r *classificationReconciler) Reconcile(ctx context.Context, req reconcile.
 		// Its labels come off (the Agents' controller, woken by this
 		// change); it goes once none is left, unless another one of the
 		// same key has taken them over.
+		// Agents being deleted keep theirs: their labels no longer matter.
 		for _, a := range agents.Items {
-			if _, ok := a.Labels[key]; ok && winner == nil {
+			if _, ok := a.Labels[key]; ok && winner == nil && a.DeletionTimestamp.IsZero() {
 				return reconcile.Result{RequeueAfter: time.Second}, nil
 			}
 		}
-		r.programs.forget(c.UID)
+		r.programs.forget(req.NamespacedName)
 		if controllerutil.RemoveFinalizer(&c, Finalizer) {
 			return reconcile.Result{}, client.IgnoreNotFound(r.c.Update(ctx, &c))
 		}
@@ -323,7 +336,11 @@ func (r *classificationReconciler) Reconcile(ctx context.Context, req reconcile.
 	var failing []string
 	if decides {
 		for _, a := range agents.Items {
-			switch a.Labels[key] {
+			v, ok := a.Labels[key]
+			if !ok {
+				continue
+			}
+			switch v {
 			case c.Spec.LabelValue:
 				status.MatchedCount++
 			case v1beta1.ClassificationQueryErrorPrefix + c.Spec.LabelValue:
@@ -374,6 +391,15 @@ func inventoryOrLabelsChanged() predicate.Predicate {
 				return true
 			}
 			return !reflect.DeepEqual(o.Status.Inventory, n.Status.Inventory) || !reflect.DeepEqual(classLabels(o), classLabels(n))
+		},
+	}
+}
+
+// deletionStarted passes the update that marks an object for deletion.
+func deletionStarted() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
 		},
 	}
 }

@@ -78,7 +78,7 @@ func registerWith(t *testing.T, s *stack.Stack, ie *v1beta1.InfraEnv, n, cpus in
 // their labels with them when deleted. The manager runs with deploy/'s
 // RBAC.
 func TestClassificationsLabelAgents(t *testing.T) {
-	s := stack.Start(t, stack.Options{Identities: stack.Deployed})
+	s := stack.Start(t, stack.Options{Identities: stack.Deployed, AgentClassifications: true})
 	ctx := context.Background()
 	ie := s.CreateInfraEnv(t, "classify", "env", nil)
 	other := s.CreateInfraEnv(t, "elsewhere", "env", nil)
@@ -179,6 +179,9 @@ func TestClassificationsLabelAgents(t *testing.T) {
 		Spec: v1beta1.AgentClassificationSpec{LabelKey: "not a label", LabelValue: "x", Query: "true"}}
 	err := s.Client.Create(ctx, bad)
 	require.True(t, apierrors.IsInvalid(err), "%v", err)
+	bad.Spec = v1beta1.AgentClassificationSpec{LabelKey: "empty", LabelValue: "", Query: "true"}
+	err = s.Client.Create(ctx, bad)
+	require.True(t, apierrors.IsInvalid(err), "an empty value (QUERYERROR- is not a label value): %v", err)
 
 	// Deleted, the first gives way to the second of its key, which now
 	// labels every Agent of the namespace.
@@ -188,6 +191,10 @@ func TestClassificationsLabelAgents(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return apierrors.IsNotFound(s.Client.Get(ctx, client.ObjectKeyFromObject(size), &v1beta1.AgentClassification{}))
 	}, time.Minute, 100*time.Millisecond)
+	// Its status says so at once, from the first one's deletion.
+	status(second, func(c *v1beta1.AgentClassification) bool {
+		return conditions.IsTrue(c.Status.Conditions, v1beta1.QueryValidCondition) && c.Status.MatchedCount == 2
+	})
 
 	// Deleted, the others take their labels with them before they go.
 	for _, c := range []*v1beta1.AgentClassification{second, broken, invalid} {

@@ -34,6 +34,8 @@ type managerFlags struct {
 	behindNAT     bool
 	softPowerOff  time.Duration
 	powerTimeout  time.Duration
+	// agentClassifications runs the AgentClassification controllers.
+	agentClassifications bool
 	// sanitization and the flags it was made from.
 	sanitization     sanitize.Policy
 	infraEnvSanitize []string
@@ -44,6 +46,8 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&m.leaderElect, "leader-elect", true, "elect a leader among manager replicas before running controllers (an agent API served in-process runs on every replica)")
 	fs.BoolVar(&m.nodePools, "nodepools", true, "install the Agents cluster-api-provider-agent binds for HyperShift NodePools and explain NodePool shortfalls; false hands out no installation (another service installs them)")
 	fs.BoolVar(&m.approveCSRs, "approve-kubelet-csrs", true, "approve the kubelet CSRs of hosts agentboot installed, after checking them as cluster-machine-approver does; false leaves every one to a person, with an event naming it")
+	fs.BoolVar(&m.agentClassifications, "agent-classifications", false, "label Agents by AgentClassifications' queries over their inventory. Off by default: a query runs inside the manager, "+
+		"and one written to exhaust memory can stop it; turn it on where those who may create AgentClassifications are trusted (docs/agents.md)")
 	fs.BoolVar(&m.behindNAT, "agent-api-behind-nat", false, "the agent API does not see hosts' own source addresses (SNAT or a proxy in front of it): kubelet serving CSRs are checked against the addresses hosts report instead of those they were seen using")
 	fs.StringVar(&m.bmcNetworks, "bmc-networks", "", "comma-separated CIDRs BareMetalHost BMC addresses must be in (names are resolved and every address checked); empty: any. "+
 		"Set it where tenants declare BareMetalHosts, so that none can make the manager connect, with credentials, to services on other networks")
@@ -184,7 +188,7 @@ func runManager(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, AgentService: ag.config(), NodePool: m.nodePool(), BMC: bmcCfg}, log); err != nil {
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, AgentService: ag.config(), NodePool: m.nodePool(), BMC: bmcCfg, AgentClassifications: m.agentClassifications}, log); err != nil {
 		return err
 	}
 	log.Info("starting manager", "version", version, "namespace", m.namespace)

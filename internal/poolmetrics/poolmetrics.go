@@ -108,6 +108,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	var list v1beta1.AgentList
 	if err := c.Reader.List(ctx, &list); err != nil {
 		c.Log.Error(err, "count Agents for metrics")
+		// The scrape fails, saying why, rather than the series vanishing.
+		ch <- prometheus.NewInvalidMetric(agentsDesc, err)
 		return
 	}
 	counts := map[pair]map[string]int{}

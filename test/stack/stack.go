@@ -78,6 +78,8 @@ type Options struct {
 	BMC bmc.Config
 	// NodePool tunes the installation of bound Agents.
 	NodePool nodepool.Config
+	// AgentClassifications runs the AgentClassification controllers.
+	AgentClassifications bool
 	// Agent service timing, for tests that cannot wait minutes.
 	AgentPollInterval       time.Duration
 	AgentLeaseRenewInterval time.Duration
@@ -376,6 +378,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		InfraEnvPullSecretRecheck: time.Second,
 		BMC:                       opts.BMC,
 		NodePool:                  opts.NodePool,
+		AgentClassifications:      opts.AgentClassifications,
 	}
 	if opts.Binary != "" {
 		if opts.Identities == nil {

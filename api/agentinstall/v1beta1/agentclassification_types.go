@@ -37,8 +37,9 @@ type AgentClassificationSpec struct {
 
 	// LabelValue is the label's value on matching Agents (an Agent whose
 	// inventory the query fails on gets QUERYERROR-<labelValue>).
+	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=52
-	// +kubebuilder:validation:Pattern=`^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$`
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="labelValue is immutable"
 	LabelValue string `json:"labelValue"`
 

@@ -127,16 +127,24 @@ func (m measured) BootOverride(ctx context.Context) (Override, bool, error) {
 	return ov, ok, err
 }
 
+// Virtual media is Redfish's: on IPMI the calls never reach the BMC, and
+// are not counted.
 func (m measured) InsertMedia(ctx context.Context, url string) error {
 	start := time.Now()
 	err := m.BMC.InsertMedia(ctx, url)
-	observe(opInsertMedia, m.protocol, start, err)
+	if m.protocol == redfish {
+		observe(opInsertMedia, m.protocol, start, err)
+	}
 	return err
 }
 
 func (m measured) EjectMedia(ctx context.Context) error {
 	start := time.Now()
 	err := m.BMC.EjectMedia(ctx)
-	observe(opEjectMedia, m.protocol, start, err)
+	if m.protocol == redfish {
+		observe(opEjectMedia, m.protocol, start, err)
+	}
 	return err
 }
+
+const redfish = "redfish"

@@ -127,6 +127,9 @@ type Components struct {
 	BMC bmc.Config
 	// NodePool tunes the installation of bound Agents (with Controllers).
 	NodePool nodepool.Config
+	// AgentClassifications runs the AgentClassification controllers (with
+	// Controllers); off by default (docs/agents.md).
+	AgentClassifications bool
 }
 
 // Add adds the catalog, the signing key and the chosen components to mgr.
@@ -191,8 +194,10 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 			return err
 		}
 		// AgentClassifications label Agents by their inventory.
-		if err := agentclassification.SetupWithManager(mgr, agentclassification.Config{Log: log.WithName("agentclassification")}); err != nil {
-			return err
+		if c.AgentClassifications {
+			if err := agentclassification.SetupWithManager(mgr, agentclassification.Config{Log: log.WithName("agentclassification")}); err != nil {
+				return err
+			}
 		}
 		// The pool, counted for Prometheus by the elected manager.
 		if err := mgr.Add(poolmetrics.Runnable{Collector: &poolmetrics.Collector{Reader: mgr.GetClient(), Log: log.WithName("poolmetrics")}}); err != nil {
