@@ -159,10 +159,14 @@ func (k *Kubelet) start(t testing.TB, d *appsv1.Deployment) (*Pod, error) {
 		return nil, err
 	}
 	if limit, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+		// A machine that cannot make memory cgroups (a container without
+		// them delegated) runs the pod without its limit, and says so.
 		if pod.memory, err = newMemoryCgroup(fmt.Sprintf("%s%d-%s", NetnsPrefix, os.Getpid(), shortName(d.Name)), limit.Value()); err != nil {
-			return nil, fmt.Errorf("resources.limits.memory %s: %w", limit.String(), err)
+			t.Logf("pod %s: resources.limits.memory %s is not enforced on this machine: %v", d.Name, limit.String(), err)
+			pod.memory = nil
+		} else {
+			pod.closers = append(pod.closers, pod.memory.remove)
 		}
-		pod.closers = append(pod.closers, pod.memory.remove)
 	}
 
 	sc := effective(ps.SecurityContext, c.SecurityContext)
