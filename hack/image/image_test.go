@@ -78,7 +78,9 @@ func TestImage(t *testing.T) {
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(reg.Close)
 	host := strings.TrimPrefix(reg.URL, "http://")
-	out, err := exec.Command("skopeo", "copy", "--all", "--dest-tls-verify=false",
+	// --insecure-policy: the test copies its own image and needs no
+	// /etc/containers/policy.json (a machine may lack one).
+	out, err := exec.Command("skopeo", "--insecure-policy", "copy", "--all", "--preserve-digests", "--dest-tls-verify=false",
 		"oci:"+a.out, "docker://"+host+"/agentboot:v0.0.0-test").CombinedOutput()
 	require.NoError(t, err, "skopeo copy: %s", out)
 	ref, err := name.ParseReference(host + "/agentboot:v0.0.0-test")
