@@ -4,8 +4,6 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +15,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/agentboot/agentboot/internal/filehash"
 )
 
 // pkg is one Debian package the image takes files from, as the lock file
@@ -122,7 +122,7 @@ func fetch(pkgs []pkg, cache string, a apt) error {
 		}
 	}
 	for _, p := range pkgs {
-		sum, err := fileSHA256(filepath.Join(cache, p.file()))
+		sum, _, err := filehash.SHA256(filepath.Join(cache, p.file()))
 		if err != nil {
 			return err
 		}
@@ -131,19 +131,6 @@ func fetch(pkgs []pkg, cache string, a apt) error {
 		}
 	}
 	return nil
-}
-
-func fileSHA256(file string) (string, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // entry is a file, directory or symlink of an unpacked package.

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/agentboot/agentboot/internal/filehash"
 )
 
 // lockAnew pins the packages the mirror has now: the tools' packages and
@@ -73,7 +75,7 @@ func lockAnew(lock, cache string, a apt) error {
 			if len(parts) != 3 {
 				return fmt.Errorf("unexpected package file name %s", deb)
 			}
-			sum, err := fileSHA256(deb)
+			sum, _, err := filehash.SHA256(deb)
 			if err != nil {
 				return err
 			}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/agentboot/agentboot/internal/atomicfile"
+	"github.com/agentboot/agentboot/internal/filehash"
 	"github.com/agentboot/agentboot/internal/liveiso"
 )
 
@@ -355,20 +356,14 @@ type Image struct {
 // killed, a disk that failed or a hand that edited it may have left it
 // other than it was. It costs one read of the file per process start.
 func verifyCached(p string, meta cacheMeta) error {
-	f, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
+	sum, n, err := filehash.SHA256(p)
 	if err != nil {
 		return err
 	}
 	if n != meta.Size {
 		return fmt.Errorf("cached image is %d bytes, %d were recorded", n, meta.Size)
 	}
-	if sum := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(sum, meta.SHA256) {
+	if !strings.EqualFold(sum, meta.SHA256) {
 		return fmt.Errorf("cached image's sha256 is %s, %s was recorded", sum, meta.SHA256)
 	}
 	return nil

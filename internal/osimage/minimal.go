@@ -1,14 +1,12 @@
 package osimage
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 
+	"github.com/agentboot/agentboot/internal/filehash"
 	"github.com/agentboot/agentboot/internal/liveiso"
 )
 
@@ -35,20 +33,14 @@ func makeMinimalISO(src, dst string) (cacheMeta, error) {
 	if err != nil {
 		return cacheMeta{}, fmt.Errorf("xorriso: %v: %s", err, tail(out))
 	}
-	f, err := os.Open(tmp)
-	if err != nil {
-		return cacheMeta{}, err
-	}
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	f.Close()
+	sum, n, err := filehash.SHA256(tmp)
 	if err != nil {
 		return cacheMeta{}, err
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		return cacheMeta{}, err
 	}
-	return cacheMeta{SHA256: hex.EncodeToString(h.Sum(nil)), Size: n}, nil
+	return cacheMeta{SHA256: sum, Size: n}, nil
 }
 
 func tail(b []byte) string {

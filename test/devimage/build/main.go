@@ -34,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentboot/agentboot/internal/filehash"
 	"github.com/agentboot/agentboot/internal/initramfs"
 	"github.com/agentboot/agentboot/pxe"
 )
@@ -678,11 +679,11 @@ const streamPart = "stream-arch.json"
 
 // writeStreamPart writes the target's CoreOS stream architecture entry.
 func (b *builder) writeStreamPart(dir, version, iso, disk string) error {
-	isoSum, err := fileSHA256(iso)
+	isoSum, _, err := filehash.SHA256(iso)
 	if err != nil {
 		return err
 	}
-	diskSum, err := fileSHA256(disk)
+	diskSum, _, err := filehash.SHA256(disk)
 	if err != nil {
 		return err
 	}
@@ -745,19 +746,6 @@ func writeStream(out string, dirs []string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(out, "stream.json"), append(data, '\n'), 0o644)
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // link hard-links the cached files of every target into the output
