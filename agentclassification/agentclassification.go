@@ -91,6 +91,10 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		Complete(classes)
 }
 
+// readOnly lists the cache's objects without copying them (every Agent's
+// inventory, on every pass): the lists below are only read.
+var readOnly = client.UnsafeDisableDeepCopy
+
 // program is a compiled query, for one generation of a classification.
 type program struct {
 	uid        types.UID
@@ -222,7 +226,7 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	var list v1beta1.AgentClassificationList
-	if err := r.c.List(ctx, &list, client.InNamespace(a.Namespace)); err != nil {
+	if err := r.c.List(ctx, &list, client.InNamespace(a.Namespace), readOnly); err != nil {
 		return reconcile.Result{}, err
 	}
 	want := map[string]string{}
@@ -299,11 +303,11 @@ func (r *classificationReconciler) Reconcile(ctx context.Context, req reconcile.
 	}
 	key := v1beta1.ClassificationLabelPrefix + c.Spec.LabelKey
 	var agents v1beta1.AgentList
-	if err := r.c.List(ctx, &agents, client.InNamespace(c.Namespace)); err != nil {
+	if err := r.c.List(ctx, &agents, client.InNamespace(c.Namespace), readOnly); err != nil {
 		return reconcile.Result{}, err
 	}
 	var others v1beta1.AgentClassificationList
-	if err := r.c.List(ctx, &others, client.InNamespace(c.Namespace)); err != nil {
+	if err := r.c.List(ctx, &others, client.InNamespace(c.Namespace), readOnly); err != nil {
 		return reconcile.Result{}, err
 	}
 	winner := winners(others.Items)[c.Spec.LabelKey]
@@ -429,7 +433,7 @@ func classLabels(o client.Object) map[string]string {
 func inNamespace(c client.Client, newList func() client.ObjectList) handler.MapFunc {
 	return func(ctx context.Context, o client.Object) []reconcile.Request {
 		list := newList()
-		if err := c.List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
+		if err := c.List(ctx, list, client.InNamespace(o.GetNamespace()), readOnly); err != nil {
 			return nil
 		}
 		var out []reconcile.Request

@@ -106,7 +106,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var list v1beta1.AgentList
-	if err := c.Reader.List(ctx, &list); err != nil {
+	// Read only: the cache's objects as they are, not copies of every
+	// Agent's inventory at each scrape.
+	if err := c.Reader.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		c.Log.Error(err, "count Agents for metrics")
 		// The scrape fails, saying why, rather than the series vanishing.
 		ch <- prometheus.NewInvalidMetric(agentsDesc, err)
