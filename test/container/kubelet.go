@@ -628,13 +628,18 @@ func (p *Pod) run() error {
 	return nil
 }
 
+// process is the container's current process.
+func (p *Pod) process() *process {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd
+}
+
 // Restart stops the container and starts it again in the same pod: the
 // same volumes (an emptyDir keeps what it held), the same network.
 func (p *Pod) Restart(t testing.TB) {
 	t.Helper()
-	p.mu.Lock()
-	e := p.cmd
-	p.mu.Unlock()
+	e := p.process()
 	e.stop()
 	if err := p.run(); err != nil {
 		t.Fatalf("restart %s: %v", p.Name, err)
@@ -643,9 +648,7 @@ func (p *Pod) Restart(t testing.TB) {
 
 // Exited says whether the container's process ended, and how.
 func (p *Pod) Exited() (bool, error) {
-	p.mu.Lock()
-	e := p.cmd
-	p.mu.Unlock()
+	e := p.process()
 	select {
 	case <-e.done:
 		return true, e.err
@@ -672,9 +675,7 @@ func (p *Pod) Log() string {
 
 func (p *Pod) stop() {
 	p.stopOnce.Do(func() {
-		p.mu.Lock()
-		e := p.cmd
-		p.mu.Unlock()
+		e := p.process()
 		if e != nil {
 			e.stop()
 		}
