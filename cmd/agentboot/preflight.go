@@ -99,7 +99,12 @@ func cause(err error) error {
 	return err
 }
 
+// writable makes dir if it is missing, as the catalog would, and checks
+// that a file can be written in it.
 func writable(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
 	f, err := os.CreateTemp(dir, ".agentboot-write-check-*")
 	if err != nil {
 		return err

@@ -40,7 +40,7 @@ func TestSettingsProblemsNameWhatIsMissing(t *testing.T) {
 		"--url=https://example",
 		"--ca=" + present,
 		"--cert=" + filepath.Join(dir, "tls.crt"),
-		"--cache=" + filepath.Join(dir, "no-volume"),
+		"--cache=" + filepath.Join(present, "no-volume"), // under a file: cannot be made
 		"--unset-file=$(TLS_DIR_NOT_SET)/tls.key",
 	}))
 	got := needs{Files: []string{"ca", "cert", "spare", "unset-file"}, Writable: []string{"cache"}, Kubeconfig: &kubeconfig}.problems(set)
@@ -48,15 +48,17 @@ func TestSettingsProblemsNameWhatIsMissing(t *testing.T) {
 	require.Contains(t, got[0]+got[1], `the environment has no OS_IMAGE_STREAM_NOT_SET`)
 	require.Contains(t, got[0]+got[1], `--unset-file refers to $(TLS_DIR_NOT_SET), and the environment has no TLS_DIR_NOT_SET`)
 	require.Equal(t, fmt.Sprintf("--cert %s cannot be read: no such file or directory (is the volume that holds it mounted there, and does its Secret have this key?)", filepath.Join(dir, "tls.crt")), got[2])
-	require.Equal(t, fmt.Sprintf("--cache %s is not writable: no such file or directory (mount a volume there, an emptyDir)", filepath.Join(dir, "no-volume")), got[3])
+	require.Equal(t, fmt.Sprintf("--cache %s is not writable: not a directory (mount a volume there, an emptyDir)", filepath.Join(present, "no-volume")), got[3])
 	require.Contains(t, got[4], "no way to the cluster")
 	for _, p := range got {
 		require.NotContains(t, p, "--literal")
 		require.NotContains(t, p, "s3cret", "the value is not repeated: whoever asks /readyz reads it")
 	}
 
-	// With everything there, nothing; the write check leaves nothing.
-	cache := t.TempDir()
+	// With everything there, nothing; the write check leaves nothing. A
+	// cache directory that does not exist yet is made, as the catalog
+	// makes it.
+	cache := filepath.Join(t.TempDir(), "new", "cache")
 	set = flag.NewFlagSet("t", flag.ContinueOnError)
 	set.String("ca", "", "")
 	set.String("cache", "", "")
