@@ -29,6 +29,7 @@ import (
 	"github.com/agentboot/agentboot/bmc"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/internal/signing"
 	"github.com/agentboot/agentboot/test/bmcsim"
 	"github.com/agentboot/agentboot/test/stack"
@@ -234,7 +235,12 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 
 	// The host registers from the ISO its BMC inserted: its Agent is
 	// approved with the host's hostname, role and disk, and the host gets
-	// a hardware summary.
+	// a hardware summary. The time from the boot is counted.
+	counted := func() float64 {
+		n, _ := stack.Metric(t, "agentboot_agent_phase_seconds", map[string]string{"phase": poolmetrics.PhaseBootToRegistered})
+		return n
+	}
+	before := counted()
 	genuine := e.RegisterBooted(t, e.ie, 1, sim.Image())
 	var agent v1beta1.Agent
 	require.Eventually(t, func() bool {
@@ -242,6 +248,7 @@ func TestRedfishVirtualMediaLifecycle(t *testing.T) {
 			agent.Labels[v1beta1.BMHLabel] == "vm1" && agent.Spec.Approved
 	}, 30*time.Second, 100*time.Millisecond)
 	require.Equal(t, "worker-1.example", agent.Spec.Hostname)
+	require.Equal(t, before+1, counted(), "boot_to_registered counted once, for the proven session")
 	var squatted v1beta1.Agent
 	require.NoError(t, e.Client.Get(ctx, client.ObjectKey{Namespace: squatter.NS, Name: squatter.ID}, &squatted))
 	require.False(t, squatted.Spec.Approved, "reporting the MAC is not enough")

@@ -33,6 +33,7 @@ import (
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/nodepool"
 	"github.com/agentboot/agentboot/nodepool/internal/worker"
 	"github.com/agentboot/agentboot/test/capiagent"
@@ -219,6 +220,13 @@ func TestMain(m *testing.M) { stack.Main(m) }
 func TestCAPIAgentInstallsAndReleases(t *testing.T) {
 	e := start(t, true)
 	ctx := context.Background()
+	phase := func(p string) float64 {
+		n, _ := stack.Metric(t, "agentboot_agent_phase_seconds", map[string]string{"phase": p})
+		return n
+	}
+	doneBefore, releasedBefore := phase(poolmetrics.PhaseBoundToDone), phase(poolmetrics.PhaseReleasedToReady)
+	erasesBefore, eraseSumBefore := stack.Metric(t, "agentboot_disk_erase_seconds_per_gib", map[string]string{"method": "write-zeroes"})
+	sanitizedBefore, _ := stack.Metric(t, "agentboot_sanitizations_total", map[string]string{"outcome": "done"})
 	h1 := e.readyHost(1, map[string]string{"pool": "a"})
 	h2 := e.readyHost(2, map[string]string{"pool": "a"})
 	h3 := e.readyHost(3, map[string]string{"pool": "b"})
@@ -281,6 +289,7 @@ func TestCAPIAgentInstallsAndReleases(t *testing.T) {
 	e.install(h2, "host-2")
 	out := e.getAgents("joined")
 	require.Regexp(t, h1.ID+`\s+vcluster2\s+true\s+worker\s+Done`, out)
+	require.Equal(t, doneBefore+2, phase(poolmetrics.PhaseBoundToDone), "bound_to_done: each host once")
 	for _, h := range []*stack.Host{h1, h2} {
 		a := e.agent(h)
 		require.Equal(t, "True", string(condition(a, v1beta1.InstalledCondition).Status))
@@ -346,6 +355,13 @@ func TestCAPIAgentInstallsAndReleases(t *testing.T) {
 		return a.Status.DebugInfo.State == lifecycle.StateKnownUnbound && a.Status.Progress.CurrentStage == "" && lifecycle.Bindable(a)
 	})
 	requireAgentEvent(t, e, hGone, "DisksSanitized", "level erase: /dev/vda write-zeroes, 200000000000 bytes in 31s, checked")
+	sanitized, _ := stack.Metric(t, "agentboot_sanitizations_total", map[string]string{"outcome": "done"})
+	require.Equal(t, sanitizedBefore+1, sanitized)
+	erases, eraseSum := stack.Metric(t, "agentboot_disk_erase_seconds_per_gib", map[string]string{"method": "write-zeroes"})
+	require.Equal(t, erasesBefore+1, erases)
+	require.InDelta(t, 31/(200e9/(1<<30)), eraseSum-eraseSumBefore, 1e-9, "31 s for 200 GB")
+	require.Eventually(t, func() bool { return phase(poolmetrics.PhaseReleasedToReady) == releasedBefore+1 }, wait, 100*time.Millisecond,
+		"released_to_ready: the released host, once it is free again")
 	require.Eventually(t, func() bool { return np.AgentMachine(machines[1].GetName()) == nil && len(np.Machines()) == 1 }, wait, 200*time.Millisecond,
 		"the hook is released once the host is free")
 	require.Eventually(t, func() bool {

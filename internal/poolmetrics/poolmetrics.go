@@ -85,8 +85,14 @@ var agentsDesc = prometheus.NewDesc("agentboot_agents",
 	"Agents by namespace, InfraEnv (the one the host registered through) and state in the pool ("+strings.Join(States, ", ")+").",
 	[]string{"namespace", "infraenv", "state"}, nil)
 
+var longestDesc = prometheus.NewDesc("agentboot_agents_longest_in_state_seconds",
+	"How long the Agent that has been longest in its state, of those of a namespace, InfraEnv and state, has been in it (0 when there are none); alerts on hosts stuck in a state use it.",
+	[]string{"namespace", "infraenv", "state"}, nil)
+
 // Collector counts the Agents a reader (the manager's cache) holds.
 type Collector struct {
+	// Now is the clock (time.Now unless a test sets one).
+	Now func() time.Time
 	Reader client.Reader
 	// MaxSeries bounds the pairs reported by name (default
 	// DefaultMaxSeries).
@@ -95,7 +101,7 @@ type Collector struct {
 }
 
 // Describe sends the metric's description.
-func (c *Collector) Describe(ch chan<- *prometheus.Desc) { ch <- agentsDesc }
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) { ch <- agentsDesc; ch <- longestDesc }
 
 type pair struct{ namespace, infraenv string }
 
@@ -112,9 +118,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		c.Log.Error(err, "count Agents for metrics")
 		// The scrape fails, saying why, rather than the series vanishing.
 		ch <- prometheus.NewInvalidMetric(agentsDesc, err)
+		ch <- prometheus.NewInvalidMetric(longestDesc, err)
 		return
 	}
+	now := time.Now()
+	if c.Now != nil {
+		now = c.Now()
+	}
 	counts := map[pair]map[string]int{}
+	oldest := map[pair]map[string]time.Time{}
 	totals := map[pair]int{}
 	for i := range list.Items {
 		a := &list.Items[i]
@@ -123,10 +135,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			p.infraenv = Other
 		}
 		if counts[p] == nil {
-			counts[p] = map[string]int{}
+			counts[p], oldest[p] = map[string]int{}, map[string]time.Time{}
 		}
-		counts[p][State(a)]++
+		s := State(a)
+		counts[p][s]++
 		totals[p]++
+		if e, at := Entered(a, s), oldest[p][s]; at.IsZero() || e.Before(at) {
+			oldest[p][s] = e
+		}
 	}
 	pairs := make([]pair, 0, len(counts))
 	for p := range counts {
@@ -144,20 +160,28 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		max = DefaultMaxSeries
 	}
 	if len(pairs) > max {
-		rest := map[string]int{}
+		rest, restOldest := map[string]int{}, map[string]time.Time{}
 		for _, p := range pairs[max:] {
 			for s, n := range counts[p] {
 				rest[s] += n
+				if at, ok := restOldest[s]; !ok || oldest[p][s].Before(at) {
+					restOldest[s] = oldest[p][s]
+				}
 			}
 		}
 		// No namespace is named _other (namespaces are DNS labels).
 		other := pair{Other, Other}
-		counts[other] = rest
+		counts[other], oldest[other] = rest, restOldest
 		pairs = append(pairs[:max], other)
 	}
 	for _, p := range pairs {
 		for _, s := range States {
 			ch <- prometheus.MustNewConstMetric(agentsDesc, prometheus.GaugeValue, float64(counts[p][s]), p.namespace, p.infraenv, s)
+			longest := 0.0
+			if at, ok := oldest[p][s]; ok && at.Before(now) {
+				longest = now.Sub(at).Seconds()
+			}
+			ch <- prometheus.MustNewConstMetric(longestDesc, prometheus.GaugeValue, longest, p.namespace, p.infraenv, s)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -175,4 +176,99 @@ func TestManagerReportsThePool(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return phaseCount(t, "registered_to_approved") == approved+1 && phaseCount(t, "registered_to_ready") == ready+1
 	}, time.Minute, 200*time.Millisecond, "one host approved and ready, counted once each")
+}
+
+// How long a host has been in its state is read from the times its
+// status records for that state, so that a restarted manager tells the
+// same.
+func TestEntered(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	cond := func(typ v1beta1.ConditionType, status string, m int) v1beta1.Condition {
+		return v1beta1.Condition{Type: typ, Status: corev1.ConditionStatus(status), LastTransitionTime: metav1.NewTime(at(m))}
+	}
+	base := func(a *v1beta1.Agent) {
+		a.CreationTimestamp = metav1.NewTime(at(0))
+		a.Status.Registration.SessionStarted = at(10).Format(time.RFC3339Nano)
+		a.Status.Conditions = []v1beta1.Condition{
+			cond(v1beta1.ValidatedCondition, "True", 12), cond(v1beta1.RequirementsMetCondition, "True", 14),
+			cond(v1beta1.ConnectedCondition, "True", 10), cond(v1beta1.BoundCondition, "False", 5),
+		}
+	}
+	with := func(change func(a *v1beta1.Agent)) *v1beta1.Agent {
+		return agent("ns", "a", "env", "", func(a *v1beta1.Agent) {
+			base(a)
+			if change != nil {
+				change(a)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		state string
+		a     *v1beta1.Agent
+		want  time.Time
+	}{
+		{poolmetrics.Discovering, with(nil), at(10)},
+		{poolmetrics.Unapproved, with(nil), at(12)},
+		{poolmetrics.Free, with(nil), at(14)},
+		// A condition that turned before this session began: the session.
+		{poolmetrics.Insufficient, with(func(a *v1beta1.Agent) {
+			a.Status.Conditions[0] = cond(v1beta1.ValidatedCondition, "False", 3)
+		}), at(10)},
+		{poolmetrics.Disconnected, with(func(a *v1beta1.Agent) {
+			a.Status.Conditions[2] = cond(v1beta1.ConnectedCondition, "False", 30)
+		}), at(30)},
+		// Unbinding began at the release, before the session (the host
+		// has not rebooted yet).
+		{poolmetrics.Unbinding, with(nil), at(5)},
+		{poolmetrics.Bound, with(func(a *v1beta1.Agent) {
+			a.Status.Conditions[3] = cond(v1beta1.BoundCondition, "True", 20)
+		}), at(20)},
+		{poolmetrics.Installing, with(func(a *v1beta1.Agent) {
+			start := metav1.NewTime(at(40))
+			a.Status.Progress.StageStartTime = &start
+		}), at(40)},
+		{poolmetrics.Sanitizing, with(func(a *v1beta1.Agent) {
+			start := metav1.NewTime(at(50))
+			a.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{StartTime: &start}
+		}), at(50)},
+		{poolmetrics.Quarantined, with(func(a *v1beta1.Agent) {
+			failed := metav1.NewTime(at(60))
+			a.Status.DiskSanitization = &v1beta1.AgentDiskSanitization{State: v1beta1.SanitizationFailed, CompletionTime: &failed}
+		}), at(60)},
+		// No time recorded: the Agent's creation.
+		{poolmetrics.Error, with(nil), at(0)},
+	} {
+		require.Equal(t, tc.want, poolmetrics.Entered(tc.a, tc.state), tc.state)
+	}
+}
+
+// agentboot_agents_longest_in_state_seconds is the age of the oldest
+// Agent of each state, 0 where there is none.
+func TestCollectorReportsTheLongestInState(t *testing.T) {
+	s, err := scheme.New()
+	require.NoError(t, err)
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	registered := func(ago time.Duration) func(*v1beta1.Agent) {
+		return func(a *v1beta1.Agent) { a.Status.Registration.SessionStarted = now.Add(-ago).Format(time.RFC3339Nano) }
+	}
+	c := &poolmetrics.Collector{Reader: fake.NewClientBuilder().WithScheme(s).WithObjects(
+		agent("team", "a", "env", lifecycle.StateDiscoveringUnbound, registered(90*time.Minute)),
+		agent("team", "b", "env", lifecycle.StateDiscoveringUnbound, registered(5*time.Minute)),
+	).Build(), Now: func() time.Time { return now }, Log: logr.Discard()}
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(c))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() == "agentboot_agents_longest_in_state_seconds" {
+			for _, m := range f.GetMetric() {
+				got[key(m)] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	require.Equal(t, 5400.0, got["team/env/discovering"])
+	require.Equal(t, 0.0, got["team/env/free"])
+	require.Len(t, got, len(poolmetrics.States))
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/observe"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
 )
 
 // Reconciler keeps Agents' status true to what their hosts report.
@@ -53,7 +54,6 @@ type Reconciler struct {
 // SetupWithManager watches Agents (and their neighbours by hostname), their
 // Leases and their InfraEnvs.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	registerMetrics()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("agent").
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
@@ -330,6 +330,29 @@ func (r *Reconciler) silence(f *facts) string {
 	return "more than " + r.DisconnectAfter.String() + " (last at " + f.lastSeen.UTC().Format(time.RFC3339) + ")"
 }
 
+// sessionStart is when the host's registration session began, or zero.
+func sessionStart(a *v1beta1.Agent) time.Time {
+	t, err := time.Parse(time.RFC3339Nano, lifecycle.Registration(a).SessionStarted)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// releasedAt is when a host that was once handed an installation was
+// released from its cluster (its Bound condition turned False), or zero
+// for a host never handed one.
+func releasedAt(a *v1beta1.Agent) time.Time {
+	if a.Status.DiskSanitization == nil { // made when an installation is handed out
+		return time.Time{}
+	}
+	b := conditions.Find(a.Status.Conditions, v1beta1.BoundCondition)
+	if b == nil || b.Status != corev1.ConditionFalse || b.LastTransitionTime.IsZero() {
+		return time.Time{}
+	}
+	return b.LastTransitionTime.Time
+}
+
 // recordTransitions emits events when approval, connectivity or validations
 // change.
 func (r *Reconciler) recordTransitions(a, before, after *v1beta1.Agent) {
@@ -338,12 +361,13 @@ func (r *Reconciler) recordTransitions(a, before, after *v1beta1.Agent) {
 	if b, n := was(v1beta1.RequirementsMetCondition), now(v1beta1.RequirementsMetCondition); n != nil {
 		if (b == nil || b.Reason == v1beta1.AgentIsNotApprovedReason) && n.Reason != v1beta1.AgentIsNotApprovedReason {
 			r.Events.Eventf(a, nil, corev1.EventTypeNormal, "Approved", "Approve", "the agent was approved")
-			observePhase(a, PhaseRegisteredToApproved, r.Now())
+			poolmetrics.ObservePhase(poolmetrics.PhaseRegisteredToApproved, sessionStart(after), r.Now())
 		}
 		if n.Status == corev1.ConditionTrue && (b == nil || b.Status != corev1.ConditionTrue) {
 			r.Events.Eventf(a, nil, corev1.EventTypeNormal, v1beta1.AgentReadyReason, "Validate", "the agent is ready to be bound")
 			if n.Reason == v1beta1.AgentReadyReason {
-				observePhase(a, PhaseRegisteredToReady, r.Now())
+				poolmetrics.ObservePhase(poolmetrics.PhaseRegisteredToReady, sessionStart(after), r.Now())
+				poolmetrics.ObservePhase(poolmetrics.PhaseReleasedToReady, releasedAt(after), r.Now())
 			}
 		}
 	}

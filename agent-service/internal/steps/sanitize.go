@@ -22,6 +22,7 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/clip"
 	"github.com/agentboot/agentboot/internal/lifecycle"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/internal/sanitize"
 )
 
@@ -231,10 +232,17 @@ func (s *Steps) sanitizeResult(ctx context.Context, a *v1beta1.Agent, r agentwir
 		}
 		return fmt.Errorf("record the sanitization: %w", err)
 	}
+	for _, d := range done.Disks {
+		if !d.Kept && d.Error == "" {
+			poolmetrics.ObserveErase(d.Method, d.Bytes, d.Duration.Duration)
+		}
+	}
 	if done.State == v1beta1.SanitizationFailed {
+		poolmetrics.ObserveSanitization(poolmetrics.SanitizationFailed)
 		s.Events.Eventf(&cur, nil, corev1.EventTypeWarning, "DiskSanitizationFailed", "Sanitize", "%s", done.Message)
 		return nil
 	}
+	poolmetrics.ObserveSanitization(poolmetrics.SanitizationDone)
 	s.Events.Eventf(&cur, nil, corev1.EventTypeNormal, "DisksSanitized", "Sanitize", "level %s: %s", done.Level, done.Message)
 	if s.Debts != nil {
 		// The machine is clean: what it owed by its hardware is paid. A

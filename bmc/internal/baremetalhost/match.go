@@ -14,6 +14,7 @@ import (
 	"github.com/agentboot/agentboot/bmc/internal/address"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/macindex"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
 )
 
 // matchAgent finds the Agent that registered from the host's boot MAC,
@@ -49,6 +50,7 @@ func (r *Reconciler) matchAgent(ctx context.Context, host *metal3.BareMetalHost)
 		return nil, nil
 	}
 	agent := &agents.Items[0]
+	r.countBootToRegistered(host, agent)
 	if err := r.unlabelOthers(ctx, host, agent.Name); err != nil {
 		return nil, err
 	}
@@ -111,6 +113,27 @@ func bootEvidence(host *metal3.BareMetalHost, a *v1beta1.Agent) error {
 		return fmt.Errorf("it registered (%s) before the controller booted this host into discovery (%s); it is approved when it registers after such a boot, or approve it by hand", rec.SessionStarted, booted.Format(time.RFC3339))
 	}
 	return nil
+}
+
+// countBootToRegistered counts, once per registration session, how long
+// the host took from the controller's boot into discovery to the session
+// that boot led to (one with the boot's evidence).
+func (r *Reconciler) countBootToRegistered(host *metal3.BareMetalHost, a *v1beta1.Agent) {
+	rec := lifecycle.Registration(a)
+	mem := r.memoryOf(host)
+	if rec.SessionStarted == "" || mem.counted == rec.SessionStarted || bootEvidence(host, a) != nil {
+		return
+	}
+	booted, err := time.Parse(time.RFC3339, host.Annotations[DiscoveryBootAnnotation])
+	if err != nil {
+		return // booted by someone else (a person, its own firmware)
+	}
+	started, err := time.Parse(time.RFC3339, rec.SessionStarted)
+	if err != nil {
+		return
+	}
+	mem.counted = rec.SessionStarted
+	poolmetrics.ObservePhase(poolmetrics.PhaseBootToRegistered, booted, started)
 }
 
 // unlabelOthers takes the host's label off Agents it matched before but

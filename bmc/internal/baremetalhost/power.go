@@ -42,6 +42,10 @@ type memory struct {
 	// booted so again only five power timeouts later, and powered on as
 	// any host found off meanwhile.
 	powerLost time.Time
+	// counted is the registration session whose time from the boot into
+	// discovery was last counted (agentboot_agent_phase_seconds): each
+	// session once, again after a restart of the manager at most.
+	counted string
 }
 
 // memoryOf returns the host's memory, a fresh one for a new UID. Only the

@@ -30,8 +30,10 @@ import (
 
 	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/binding"
+	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/observe"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
 )
 
 // Timeouts bounds each wait of an installation.
@@ -259,6 +261,11 @@ func (r *Reconciler) advance(ctx context.Context, a *v1beta1.Agent, stage v1beta
 	err := r.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(a, client.MergeFromWithOptimisticLock{}))
 	if apierrors.IsConflict(err) {
 		return nil // changed meanwhile; the change brings it back here
+	}
+	if err == nil && stage == v1beta1.StageDone && p.CurrentStage != v1beta1.StageDone {
+		if b := conditions.Find(a.Status.Conditions, v1beta1.BoundCondition); b != nil && b.Status == corev1.ConditionTrue {
+			poolmetrics.ObservePhase(poolmetrics.PhaseBoundToDone, b.LastTransitionTime.Time, r.Now())
+		}
 	}
 	return err
 }
