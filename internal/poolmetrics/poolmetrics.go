@@ -92,7 +92,7 @@ var longestDesc = prometheus.NewDesc("agentboot_agents_longest_in_state_seconds"
 // Collector counts the Agents a reader (the manager's cache) holds.
 type Collector struct {
 	// Now is the clock (time.Now unless a test sets one).
-	Now func() time.Time
+	Now    func() time.Time
 	Reader client.Reader
 	// MaxSeries bounds the pairs reported by name (default
 	// DefaultMaxSeries).
