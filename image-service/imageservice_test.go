@@ -33,6 +33,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/iso9660"
 	"github.com/agentboot/agentboot/internal/liveiso"
@@ -182,14 +183,23 @@ func TestServedISOCarriesIgnitionAndKargs(t *testing.T) {
 func TestResumedDownloadMatches(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
 	ie := setup(t, s, nil)
+	// The boot path counts a download once, when its last byte is sent.
+	isoHops := func() float64 {
+		n, _ := stack.Metric(t, "agentboot_boot_path_total", map[string]string{"hop": bootpath.ISO})
+		return n
+	}
+	before := isoHops()
 	whole := get(t, s, ie.Status.ISODownloadURL, nil)
 	require.Equal(t, http.StatusOK, whole.code)
+	require.Equal(t, before+1, isoHops())
 	half := len(whole.body) / 2
 	first := get(t, s, ie.Status.ISODownloadURL, map[string]string{"Range": fmt.Sprintf("bytes=0-%d", half-1)})
 	require.Equal(t, http.StatusPartialContent, first.code)
+	require.Equal(t, before+1, isoHops(), "half a download is no hop")
 	etag := first.header.Get("ETag")
 	rest := get(t, s, ie.Status.ISODownloadURL, map[string]string{"Range": fmt.Sprintf("bytes=%d-", half), "If-Range": etag})
 	require.Equal(t, http.StatusPartialContent, rest.code)
+	require.Equal(t, before+2, isoHops(), "the resumed download, once finished")
 	a := sha256.Sum256(whole.body)
 	b := sha256.Sum256(append(first.body, rest.body...))
 	require.Equal(t, hex.EncodeToString(a[:]), hex.EncodeToString(b[:]))
@@ -211,6 +221,14 @@ func TestPXEArtifacts(t *testing.T) {
 	for _, u := range []string{b.IpxeScriptURL, b.KernelURL, b.InitrdURL, b.RootfsURL} {
 		require.True(t, strings.HasPrefix(u, "http://"), "stock iPXE fetches %s over plain HTTP", u)
 	}
+	hops := func() map[string]float64 {
+		out := map[string]float64{}
+		for _, h := range []string{bootpath.Kernel, bootpath.Initrd, bootpath.RootFS} {
+			out[h], _ = stack.Metric(t, "agentboot_boot_path_total", map[string]string{"hop": h})
+		}
+		return out
+	}
+	before := hops()
 	script := get(t, s, b.IpxeScriptURL, nil)
 	require.Equal(t, http.StatusOK, script.code)
 	require.Equal(t, fmt.Sprintf("#!ipxe\ninitrd --name initrd %s\n", b.InitrdURL), strings.SplitAfterN(string(script.body), "\n", 3)[0]+strings.SplitAfterN(string(script.body), "\n", 3)[1])
@@ -241,6 +259,10 @@ func TestPXEArtifacts(t *testing.T) {
 	cfg, err := os.ReadFile(filepath.Join(unpackArchive(t, bytes.TrimRight(appended, "\x00")), "config.ign"))
 	require.NoError(t, err)
 	require.Equal(t, ign.body, cfg)
+	after := hops()
+	for h, n := range before {
+		require.Equal(t, n+1, after[h], "hop %s counted once", h)
+	}
 }
 
 func TestDiskImage(t *testing.T) {

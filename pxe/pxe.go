@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/ipv4"
 
+	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/pxe/internal/dhcp"
@@ -154,13 +155,15 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("pxe: server IP %s is not an IPv4 address", cfg.ServerIP)
 	}
 	s := &Server{cfg: cfg, reg: prometheus.NewRegistry()}
+	hops := bootpath.NewCounter()
+	s.reg.MustRegister(hops)
 	files := []string{cfg.BIOSBinary, cfg.EFIBinary}
 	ifi, err := net.InterfaceByName(cfg.Interface)
 	if err != nil {
 		return nil, fmt.Errorf("pxe: interface %s: %w", cfg.Interface, err)
 	}
 	tcfg := tftpd.Config{Dir: cfg.TFTPDir, Files: files, SinglePort: cfg.TFTPSinglePort, MaxBlockSize: maxBlockSize(ifi.MTU),
-		Log: cfg.Log.WithName("tftp"), Registerer: s.reg}
+		Log: cfg.Log.WithName("tftp"), Registerer: s.reg, Completed: hops.WithLabelValues(bootpath.BootFile)}
 	if cfg.ARM64Binary != "" {
 		file := cfg.ARM64Binary
 		if !filepath.IsAbs(file) {
@@ -212,7 +215,9 @@ func New(cfg Config) (*Server, error) {
 		}
 		dcfg.Netmask = net.CIDRMask(cfg.PrefixLen, 32)
 	}
-	if s.handler, err = dhcp.New(dcfg, dhcp.NewMetrics(s.reg)); err != nil {
+	dm := dhcp.NewMetrics(s.reg)
+	dm.Hops = hops
+	if s.handler, err = dhcp.New(dcfg, dm); err != nil {
 		return nil, err
 	}
 	return s, nil

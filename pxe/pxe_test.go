@@ -201,9 +201,22 @@ func TestHTTPServesBinariesAndMetrics(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, code, "token %q", token)
 		require.NotContains(t, body, "agentboot_dhcp")
 	}
+	// The boot path's hops: a boot file offered, a boot file sent whole.
+	require.NotNil(t, s.Handle(discover(t, "52:54:00:aa:00:09", iana.EFI_X86_64, "PXEClient:Arch:00007:UNDI:003016"), 67))
+	c, err := tftp.NewClient(s.cfg.TFTPAddr)
+	require.NoError(t, err)
+	wt, err := c.Receive("ipxe.efi", "octet")
+	require.NoError(t, err)
+	_, err = wt.WriteTo(io.Discard)
+	require.NoError(t, err)
 	code, metrics := scrape(testMetricsToken)
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, metrics, `agentboot_dhcp_dropped_total{reason="malformed"} 1`)
+	require.Contains(t, metrics, `agentboot_boot_path_total{hop="dhcp_offer"} 1`)
+	require.Eventually(t, func() bool {
+		_, metrics := scrape(testMetricsToken)
+		return strings.Contains(metrics, `agentboot_boot_path_total{hop="boot_file"} 1`)
+	}, 5*time.Second, 20*time.Millisecond, "the transfer is counted once it ends")
 	_, _, offAddr := startServer(t, ProxyDHCP, func(c *Config) { c.MetricsToken = "" })
 	resp, err = http.Get("http://" + offAddr + "/metrics")
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/internal/scheme"
@@ -157,7 +158,14 @@ func TestManagerReportsThePool(t *testing.T) {
 	ctx := context.Background()
 	ie := s.CreateInfraEnv(t, "pool", "env", nil)
 	approved, ready := phaseCount(t, "registered_to_approved"), phaseCount(t, "registered_to_ready")
+	hop := func(h string) float64 {
+		n, _ := stack.Metric(t, "agentboot_boot_path_total", map[string]string{"hop": h})
+		return n
+	}
+	registered, inventories := hop(bootpath.Registered), hop(bootpath.Inventory)
 	hosts := []*stack.Host{s.Register(t, ie, 1), s.Register(t, ie, 2)}
+	require.Equal(t, registered+2, hop(bootpath.Registered), "the boot path's registered hop, once a host")
+	require.Equal(t, inventories+2, hop(bootpath.Inventory), "and its inventory hop")
 	var a v1beta1.Agent
 	require.Eventually(t, func() bool {
 		if s.Client.Get(ctx, client.ObjectKey{Namespace: hosts[0].NS, Name: hosts[0].ID}, &a) != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/agentboot/agentboot/agent-service/internal/hosts"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/sanitize"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -232,6 +233,7 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 	if owed != nil {
 		s.o.Events.Eventf(a, nil, corev1.EventTypeWarning, "SanitizationOwedByHardware", "Inventory", "%s", a.Status.DiskSanitization.Reason)
 	}
+	bootpath.Count(bootpath.Inventory)
 	w.WriteHeader(http.StatusNoContent)
 }
 

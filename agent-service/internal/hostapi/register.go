@@ -23,6 +23,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/clip"
 	"github.com/agentboot/agentboot/internal/lifecycle"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -131,6 +132,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	if created {
 		s.o.Events.Eventf(agent, nil, corev1.EventTypeNormal, "Registered", "Register", "host %s registered through InfraEnv %s", agent.Name, ie.Name)
 	}
+	bootpath.Count(bootpath.Registered)
 	writeJSON(w, http.StatusOK, agentwire.RegisterResponse{
 		Namespace:        agent.Namespace,
 		HostID:           agent.Name,

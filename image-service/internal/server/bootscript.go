@@ -14,6 +14,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/macindex"
@@ -115,6 +116,9 @@ func (h *Handler) serveBootDecision(w http.ResponseWriter, r *http.Request, d di
 		return
 	}
 	bootScripts.WithLabelValues(outcome).Inc()
+	if outcome == BootDiscovery {
+		bootpath.Count(bootpath.BootScript)
+	}
 	if outcome != BootDiscovery {
 		h.opts.Log.Info("boot script", "mac", mac, "outcome", outcome, "remote", r.RemoteAddr)
 	}

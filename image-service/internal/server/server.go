@@ -24,6 +24,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -214,6 +215,9 @@ func (h *Handler) observe(next http.Handler) http.Handler {
 		if rec.bytes > 0 {
 			bytesSent.WithLabelValues(file).Add(float64(rec.bytes))
 		}
+		if hop := fileHops[file]; hop != "" && rec.code/100 == 2 && rec.whole() {
+			bootpath.Count(hop)
+		}
 		if rec.code >= 400 || rec.bytes > 1<<20 {
 			h.opts.Log.V(1).Info("request", "method", r.Method, "path", r.URL.Path, "code", rec.code, "bytes", rec.bytes, "duration", time.Since(start).String(), "remote", r.RemoteAddr)
 		}
@@ -249,18 +253,55 @@ var knownFiles = map[string]bool{
 	discovery.FileDisk: true,
 }
 
+// fileHops are the boot-path hops of the files hosts boot from.
+var fileHops = map[string]string{
+	discovery.FileKernel: bootpath.Kernel, discovery.FileInitrd: bootpath.Initrd, discovery.FileRootfs: bootpath.RootFS,
+	discovery.FileISO: bootpath.ISO, discovery.FileFullISO: bootpath.ISO, discovery.FileMinimalISO: bootpath.ISO,
+}
+
 type statusRecorder struct {
 	http.ResponseWriter
 	code  int
 	bytes int64
+	// length is the Content-Length the answer announced, -1 for none;
+	// toEnd, whether it reaches the end of the file (a whole file, or a
+	// range through its last byte); headed, whether the header was sent.
+	length int64
+	toEnd  bool
+	headed bool
+}
+
+// head notes what the header announces as it is sent.
+func (s *statusRecorder) head() {
+	if s.headed {
+		return
+	}
+	s.headed, s.length = true, -1
+	if n, err := strconv.ParseInt(s.Header().Get("Content-Length"), 10, 64); err == nil {
+		s.length = n
+	}
+	s.toEnd = true
+	if cr := s.Header().Get("Content-Range"); cr != "" {
+		// bytes first-last/size
+		var first, last, size int64
+		_, err := fmt.Sscanf(cr, "bytes %d-%d/%d", &first, &last, &size)
+		s.toEnd = err == nil && last == size-1
+	}
 }
 
 func (s *statusRecorder) WriteHeader(code int) {
 	s.code = code
+	s.head()
 	s.ResponseWriter.WriteHeader(code)
 }
 
+// whole reports whether every byte the answer announced was sent, and
+// they reached the end of the file: a download resumed by ranges counts
+// once, when its last range is sent.
+func (s *statusRecorder) whole() bool { return s.length >= 0 && s.bytes == s.length && s.toEnd }
+
 func (s *statusRecorder) Write(b []byte) (int, error) {
+	s.head()
 	n, err := s.ResponseWriter.Write(b)
 	s.bytes += int64(n)
 	return n, err
@@ -268,6 +309,7 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 
 // ReadFrom passes large copies to the connection (sendfile on plain HTTP).
 func (s *statusRecorder) ReadFrom(src io.Reader) (int64, error) {
+	s.head()
 	rf, ok := s.ResponseWriter.(io.ReaderFrom)
 	if !ok {
 		n, err := io.Copy(writerOnly{s.ResponseWriter}, src)

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/utils/lru"
 
+	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/pxe/internal/leases"
 )
 
@@ -89,6 +90,9 @@ type Metrics struct {
 	Packets *prometheus.CounterVec // by message type and outcome
 	Dropped *prometheus.CounterVec // by reason
 	Others  prometheus.Counter
+	// Hops counts offers of a boot file (agentboot_boot_path_total); the
+	// PXE service registers it.
+	Hops *prometheus.CounterVec
 }
 
 // NewMetrics registers the handler's metrics with reg.
@@ -306,6 +310,9 @@ func (h *Handler) reply(req *dhcpv4.DHCPv4, t dhcpv4.MessageType, ip netip.Addr,
 		return nil, err
 	}
 	h.metrics.Packets.WithLabelValues(t.String()).Inc()
+	if t == dhcpv4.MessageTypeOffer && bi.file != "" && h.metrics.Hops != nil {
+		h.metrics.Hops.WithLabelValues(bootpath.DHCPOffer).Inc()
+	}
 	if log := h.cfg.Log.V(1); log.Enabled() {
 		given := "none"
 		if ip.IsValid() {

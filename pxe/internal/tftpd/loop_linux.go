@@ -627,6 +627,9 @@ func (l *loop) finish(x *xfer, result, msg string) {
 	}
 	l.s.m.active.Dec()
 	l.s.m.transfers.WithLabelValues(result).Inc()
+	if result == resultOK && l.s.cfg.Completed != nil {
+		l.s.cfg.Completed.Inc()
+	}
 	l.s.cfg.Log.V(1).Info("TFTP transfer ended", "client", x.peer.String(), "file", x.file, "result", result,
 		"blksize", x.blksize, "windowsize", x.window, "bytes", x.sentB, "duration", time.Since(x.started).String())
 }

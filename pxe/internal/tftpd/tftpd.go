@@ -56,6 +56,8 @@ type Config struct {
 	MaxSourceBytes int64
 	Log            logr.Logger
 	Registerer     prometheus.Registerer
+	// Completed, if set, counts transfers sent whole.
+	Completed prometheus.Counter
 }
 
 // maxWindow caps the negotiated windowsize: 64 blocks of 1468 bytes fit a
