@@ -45,7 +45,6 @@ func NewCounter() *prometheus.CounterVec {
 	}, []string{"hop"})
 }
 
-
 var (
 	shared     *prometheus.CounterVec
 	sharedOnce sync.Once
