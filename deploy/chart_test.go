@@ -254,3 +254,32 @@ func keysOf(m map[string]any) []string {
 	}
 	return ks
 }
+
+// monitoring.enabled installs the monitoring component's objects, as
+// kustomize renders deploy/monitoring, the alerts' and the dashboard's own
+// {{ }} templates untouched; without it, none.
+func TestHelmChartMonitoring(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{NoCRDs: true})
+	kustomized, err := env.Kubectl(context.Background(), "", "kustomize", filepath.Join(testenv.RepoRoot(), "deploy", "monitoring"))
+	require.NoError(t, err)
+	want := objects(t, kustomized)
+	require.Len(t, want, 3)
+	off, err := helmchart.Render("agentboot-system", nil)
+	require.NoError(t, err)
+	on, err := helmchart.Render("agentboot-system", map[string]any{"monitoring": map[string]any{"enabled": true}})
+	require.NoError(t, err)
+	without, with := objects(t, off), objects(t, on)
+	for k, o := range want {
+		require.NotContains(t, without, k)
+		got := with[k]
+		require.NotNil(t, got, k)
+		labels := got.GetLabels()
+		require.Equal(t, "Helm", labels["app.kubernetes.io/managed-by"])
+		delete(labels, "app.kubernetes.io/managed-by")
+		got.SetLabels(labels)
+		require.Equal(t, o.Object, got.Object, k)
+	}
+	require.Len(t, with, len(without)+len(want))
+	require.Contains(t, on, "{{ $labels.namespace }}", "Prometheus's templates reach it unchanged")
+	require.Empty(t, helmchart.Lint("agentboot-system", map[string]any{"monitoring": map[string]any{"enabled": true}}), "helm lint")
+}

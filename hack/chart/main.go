@@ -39,15 +39,16 @@ func main() {
 	kubectl := flag.String("kubectl", "bin/testbin/kubectl", "the kubectl that renders the base")
 	base := flag.String("base", "deploy", "the kustomize base")
 	hive := flag.String("hive", "deploy/components/hive-crds", "the hive-crds component's directory")
+	monitoring := flag.String("monitoring", "deploy/monitoring", "the kustomization of the monitoring component")
 	out := flag.String("out", "deploy/chart/agentboot/templates", "where the generated templates go")
 	flag.Parse()
-	if err := run(*kubectl, *base, *hive, *out); err != nil {
+	if err := run(*kubectl, *base, *hive, *monitoring, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "chart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(kubectl, base, hive, out string) error {
+func run(kubectl, base, hive, monitoring, out string) error {
 	objs, err := render(kubectl, base)
 	if err != nil {
 		return err
@@ -84,7 +85,49 @@ func run(kubectl, base, hive, out string) error {
 		return err
 	}
 	hiveText = header + "{{- if .Values.hiveCRDs }}\n" + hiveText + "{{- end }}\n"
-	return os.WriteFile(filepath.Join(out, "hive-crds.yaml"), []byte(hiveText), 0o644)
+	if err := os.WriteFile(filepath.Join(out, "hive-crds.yaml"), []byte(hiveText), 0o644); err != nil {
+		return err
+	}
+	// The alerts and the dashboard carry Prometheus's and Grafana's own
+	// {{ }} templates: Helm must leave them as they are.
+	mon, err := render(kubectl, monitoring)
+	if err != nil {
+		return err
+	}
+	for _, o := range mon {
+		o.Object = escapeBraces(o.Object).(map[string]any)
+	}
+	monText, err := templates(mon)
+	if err != nil {
+		return err
+	}
+	monText = strings.NewReplacer(leftBraces, "{{`{{`}}", rightBraces, "{{`}}`}}").Replace(monText)
+	monText = header + "{{- if .Values.monitoring.enabled }}\n" + monText + "{{- end }}\n"
+	return os.WriteFile(filepath.Join(out, "monitoring.yaml"), []byte(monText), 0o644)
+}
+
+// Markers for braces in the monitoring objects' strings, turned into Helm
+// literals once the templates are written.
+const (
+	leftBraces  = "@@LEFT_BRACES@@"
+	rightBraces = "@@RIGHT_BRACES@@"
+)
+
+// escapeBraces marks every {{ and }} in v's strings.
+func escapeBraces(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = escapeBraces(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = escapeBraces(e)
+		}
+	case string:
+		return strings.NewReplacer("{{", leftBraces, "}}", rightBraces).Replace(x)
+	}
+	return v
 }
 
 // render is kubectl kustomize of the base.

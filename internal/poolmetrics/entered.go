@@ -17,9 +17,8 @@ import (
 // that turned for insufficient, unapproved, free, disconnected, bound and
 // unbinding, the stage's start for installing, installed and error, the
 // sanitization's for quarantined and sanitizing. None of them is earlier
-// than the session's start, when the state belongs to the session, nor
-// than the Agent's creation. Where the status records no time, the
-// Agent's creation is used.
+// than the session's start, when the state belongs to the session. Where
+// the status records no time, the Agent's creation is used.
 func Entered(a *v1beta1.Agent, state string) time.Time {
 	cond := func(t v1beta1.ConditionType, status corev1.ConditionStatus) time.Time {
 		c := conditions.Find(a.Status.Conditions, t)
@@ -68,7 +67,10 @@ func Entered(a *v1beta1.Agent, state string) time.Time {
 	if inSession {
 		when = latest(when, session)
 	}
-	return latest(when, a.CreationTimestamp.Time)
+	if when.IsZero() {
+		return a.CreationTimestamp.Time
+	}
+	return when
 }
 
 func latest(a, b time.Time) time.Time {

@@ -117,6 +117,11 @@ type Options struct {
 	// service run as, in three processes as deployed; the stack then
 	// mounts the agent API's keys as the kubelet does.
 	Identities func(env *testenv.Env) (Identities, error)
+	// Metrics serves the in-process components' metrics (one registry:
+	// the pool, BMCs, agent API, image service) on a loopback port, over
+	// HTTPS with Kubernetes authentication and authorization as deployed
+	// (Stack.MetricsURL). Not with Binary.
+	Metrics bool
 }
 
 // Identities are what each of agentboot's processes runs as.
@@ -142,6 +147,8 @@ type Stack struct {
 	// stream metadata, as replicas share a volume: the images are
 	// downloaded and checked once per dev image, not once per test.
 	ImageCache string
+	// MetricsURL is where Options.Metrics serves metrics.
+	MetricsURL string
 
 	replaceManager func() error
 	upgrade        func(binary, deploy string) error
@@ -449,9 +456,23 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		processes[0].c.ImageService = imgSvc
 	}
 	var replace []func() error
+	metricsAddr := "0"
+	if opts.Metrics {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fail(err)
+		}
+		metricsAddr = l.Addr().String()
+		l.Close()
+		s.MetricsURL = "https://" + metricsAddr + "/metrics"
+	}
 	for i, p := range processes {
+		mo := app.ManagerOptions{Namespace: Namespace, MetricsAddr: "0", ProbeAddr: "0", SkipControllerNameValidation: true}
+		if i == 0 && opts.Metrics {
+			mo.MetricsAddr, mo.MetricsSecure = metricsAddr, true
+		}
 		run := func() (func(), error) {
-			mgr, err := app.NewManager(p.cfg, app.ManagerOptions{Namespace: Namespace, MetricsAddr: "0", ProbeAddr: "0", SkipControllerNameValidation: true}, log)
+			mgr, err := app.NewManager(p.cfg, mo, log)
 			if err != nil {
 				return nil, err
 			}
