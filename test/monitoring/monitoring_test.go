@@ -40,7 +40,9 @@ import (
 func TestMain(m *testing.M) { stack.Main(m) }
 
 // component is deploy/components/monitoring's directory.
-func component() string { return filepath.Join(testenv.RepoRoot(), "deploy", "components", "monitoring") }
+func component() string {
+	return filepath.Join(testenv.RepoRoot(), "deploy", "components", "monitoring")
+}
 
 // tool finds a Prometheus program, saying where it comes from.
 func tool(t *testing.T, name string) string {
