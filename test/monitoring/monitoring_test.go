@@ -210,8 +210,8 @@ func TestComponent(t *testing.T) {
 	}
 	require.NotEmpty(t, names)
 	for n := range names {
-		require.Contains(t, string(docs), "`"+n+"`", "docs/metrics.md documents %s", n)
-		require.Contains(t, sources, `"`+n+`"`, "a Go source reports %s", n)
+		require.True(t, strings.Contains(string(docs), "`"+n+"`"), "docs/metrics.md does not document %s", n)
+		require.True(t, strings.Contains(sources, `"`+n+`"`), "no Go source reports %s", n)
 	}
 }
 
