@@ -69,7 +69,7 @@ tools: controller-gen ## small tools tests use (the upstream Ignition validator)
 .PHONY: generate
 generate: controller-gen testbin ## deepcopy functions and CRDs from api/; the Helm chart's templates from deploy/
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
-	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/agentinstall/... paths=./api/metal3/... output:crd:dir=deploy/crds
+	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/agentinstall/... paths=./api/agentboot/... paths=./api/metal3/... output:crd:dir=deploy/crds
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/hypershift/... output:crd:dir=test/crds
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/hive/... paths=./api/hiveext/... output:crd:dir=deploy/components/hive-crds
 	go run ./hack/chart -kubectl $(BIN)/testbin/kubectl

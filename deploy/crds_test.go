@@ -15,7 +15,7 @@ import (
 func TestEveryFieldIsDescribed(t *testing.T) {
 	docs, err := CRDs()
 	require.NoError(t, err)
-	require.Len(t, docs, 5, "InfraEnv, Agent, NMStateConfig, AgentClassification, BareMetalHost")
+	require.Equal(t, 6, len(docs), "InfraEnv, Agent, NMStateConfig, AgentClassification, BootTrace, BareMetalHost")
 	test, err := filepath.Glob("../test/crds/*.yaml")
 	require.NoError(t, err)
 	require.NotEmpty(t, test)

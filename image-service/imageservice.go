@@ -6,7 +6,8 @@
 // does, from InfraEnvs and NMStateConfigs read through an informer cache, so
 // it is stateless: any number of replicas answer the same URLs.
 //
-// It reads the cluster; it never writes to it.
+// It reads the cluster and writes one kind only: BootTraces, what it and the
+// PXE service saw of each MAC's boot (docs/trace.md).
 package imageservice
 
 import (
@@ -28,6 +29,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/image-service/internal/server"
+	"github.com/agentboot/agentboot/internal/boottrace"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/macindex"
@@ -67,7 +69,15 @@ type Config struct {
 	// Listen opens the listeners; nil is net.Listen. Tests listen inside a
 	// network namespace with it.
 	Listen func(network, addr string) (net.Listener, error)
-	Log    logr.Logger
+	// Namespace is agentboot's own, where the boot traces of MACs nothing
+	// claims are kept.
+	Namespace string
+	// ObservationsToken, when set, lets the PXE service post its boot
+	// observations (docs/trace.md).
+	ObservationsToken string
+	// TraceInterval is how often boot traces are written (2 s).
+	TraceInterval time.Duration
+	Log           logr.Logger
 }
 
 // Namespaces is a set of namespaces, or every namespace.
@@ -122,23 +132,31 @@ func (s *Service) SetupWithManager(mgr manager.Manager) error {
 	if err := diskboot.Register(mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
+	// Each replica gathers what it saw and writes it (docs/trace.md).
+	journal := &boottrace.Journal{}
 	h, err := server.NewHandler(server.Options{
-		Reader:         mgr.GetCache(),
-		Catalog:        s.cfg.Catalog,
-		Keys:           s.cfg.Keys,
-		Settings:       s.cfg.Settings,
-		MaxInFlight:    s.cfg.MaxConcurrentDownloads,
-		MaxPerClient:   s.cfg.MaxDownloadsPerClient,
-		MaxPerInfraEnv: s.cfg.MaxDownloadsPerInfraEnv,
-		TrustedProxies: s.cfg.TrustedProxies,
-		StallTimeout:   s.cfg.DownloadStallTimeout,
-		BootNS:         s.cfg.BootNamespaces,
-		Log:            s.cfg.Log,
+		Reader:            mgr.GetCache(),
+		Catalog:           s.cfg.Catalog,
+		Keys:              s.cfg.Keys,
+		Settings:          s.cfg.Settings,
+		MaxInFlight:       s.cfg.MaxConcurrentDownloads,
+		MaxPerClient:      s.cfg.MaxDownloadsPerClient,
+		MaxPerInfraEnv:    s.cfg.MaxDownloadsPerInfraEnv,
+		TrustedProxies:    s.cfg.TrustedProxies,
+		StallTimeout:      s.cfg.DownloadStallTimeout,
+		BootNS:            s.cfg.BootNamespaces,
+		Trace:             journal,
+		ObservationsToken: s.cfg.ObservationsToken,
+		Log:               s.cfg.Log,
 	})
 	if err != nil {
 		return err
 	}
 	s.handler = h
+	if err := mgr.Add(&boottrace.Writer{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Journal: journal, Claim: h.Claim,
+		Namespace: s.cfg.Namespace, Interval: s.cfg.TraceInterval, Log: s.cfg.Log.WithName("boottrace")}); err != nil {
+		return err
+	}
 	return mgr.Add(s)
 }
 

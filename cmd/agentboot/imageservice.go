@@ -14,8 +14,9 @@ import (
 
 // imageServiceFlags are the image service's own settings.
 type imageServiceFlags struct {
-	cfg            imageservice.Config
-	bootNamespaces string
+	cfg                       imageservice.Config
+	bootNamespaces            string
+	bootObservationsTokenFile string
 }
 
 func (i *imageServiceFlags) register(fs *flag.FlagSet) {
@@ -45,6 +46,7 @@ func (i *imageServiceFlags) register(fs *flag.FlagSet) {
 		}
 		return nil
 	})
+	fs.StringVar(&i.bootObservationsTokenFile, "boot-observations-token-file", "", "file holding the bearer token the PXE service posts its boot observations with (its own --boot-observations-token-file); empty: the image service takes none, and traces hold its own hops only")
 	fs.StringVar(&i.bootNamespaces, "boot-network-namespaces", "", "comma-separated namespaces whose BareMetalHost boot MACs and "+
 		"agentboot.io/pxe-default InfraEnvs decide where network-booting hosts go; \"*\" for every namespace (a boot network one team owns); "+
 		"empty: none (hosts boot discovery through their ISO, or through the site's PXE server chainloading an InfraEnv's iPXE URL)")
@@ -58,6 +60,11 @@ func (i *imageServiceFlags) config() (imageservice.Config, error) {
 	}
 	cfg := i.cfg
 	cfg.BootNamespaces = ns
+	if i.bootObservationsTokenFile != "" {
+		if cfg.ObservationsToken, err = readToken(i.bootObservationsTokenFile); err != nil {
+			return cfg, fmt.Errorf("--boot-observations-token-file: %w", err)
+		}
+	}
 	return cfg, nil
 }
 
@@ -86,7 +93,7 @@ func runImageService(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, cfg, err := c.start(ctx, fs, needs{Files: append(d.files(), "tls-cert-file", "tls-key-file"), Writable: d.writable()}, m.probeAddr)
+	log, cfg, err := c.start(ctx, fs, needs{Files: append(d.files(), "tls-cert-file", "tls-key-file", "boot-observations-token-file"), Writable: d.writable()}, m.probeAddr)
 	if err != nil {
 		return err
 	}

@@ -57,6 +57,20 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&p.leaseFile, prefix+"lease-file", "/var/lib/agentboot/pxe-leases.json", "authoritative mode: where leases are kept (and each change, before it is acknowledged, in this name plus .journal)")
 }
 
+// readToken reads a bearer token file: one line of at least 16 characters,
+// no spaces.
+func readToken(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	token := strings.TrimSpace(string(raw))
+	if len(token) < 16 || strings.ContainsAny(token, " \t\r\n") {
+		return "", fmt.Errorf("%s holds no usable token (one line of at least 16 characters, no spaces)", path)
+	}
+	return token, nil
+}
+
 // parseIPv4List reads comma-separated IPv4 addresses; "" is none.
 func parseIPv4List(v string) ([]netip.Addr, error) {
 	var out []netip.Addr
@@ -89,12 +103,9 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 		return cfg, flagErr("interface", "required: the interface on the boot network")
 	}
 	if p.metricsTokenFile != "" {
-		raw, err := os.ReadFile(p.metricsTokenFile)
-		if err != nil {
+		var err error
+		if cfg.MetricsToken, err = readToken(p.metricsTokenFile); err != nil {
 			return cfg, flagErr("metrics-token-file", "%v", err)
-		}
-		if cfg.MetricsToken = strings.TrimSpace(string(raw)); len(cfg.MetricsToken) < 16 || strings.ContainsAny(cfg.MetricsToken, " \t\r\n") {
-			return cfg, flagErr("metrics-token-file", "%s holds no usable token (one line of at least 16 characters, no spaces)", p.metricsTokenFile)
 		}
 	}
 	if p.bootScriptURL == "" {

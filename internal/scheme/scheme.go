@@ -6,6 +6,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
+	agentbootv1alpha1 "github.com/agentboot/agentboot/api/agentboot/v1alpha1"
 	agentinstallv1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	hivev1 "github.com/agentboot/agentboot/api/hive/v1"
 	hiveextv1beta1 "github.com/agentboot/agentboot/api/hiveext/v1beta1"
@@ -21,6 +22,7 @@ func New() (*runtime.Scheme, error) {
 	for _, add := range []func(*runtime.Scheme) error{
 		clientgoscheme.AddToScheme,
 		agentinstallv1beta1.AddToScheme,
+		agentbootv1alpha1.AddToScheme,
 		metal3v1alpha1.AddToScheme,
 		hypershiftv1beta1.AddToScheme,
 		hivev1.AddToScheme,

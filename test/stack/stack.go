@@ -117,6 +117,9 @@ type Options struct {
 	// service run as, in three processes as deployed; the stack then
 	// mounts the agent API's keys as the kubelet does.
 	Identities func(env *testenv.Env) (Identities, error)
+	// BootObservationsToken lets the PXE service post boot observations to
+	// the image service (--boot-observations-token-file).
+	BootObservationsToken string
 	// Metrics serves the in-process components' metrics (one registry:
 	// the pool, BMCs, agent API, image service) on a loopback port, over
 	// HTTPS with Kubernetes authentication and authorization as deployed
@@ -369,6 +372,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		MaxConcurrentDownloads: opts.MaxConcurrentDownloads, Listen: opts.Listen,
 		BootNamespaces: bootNS, MaxDownloadsPerClient: opts.MaxDownloadsPerClient, DownloadStallTimeout: opts.DownloadStallTimeout,
 		MaxDownloadsPerInfraEnv: opts.MaxDownloadsPerInfraEnv,
+		ObservationsToken:       opts.BootObservationsToken, TraceInterval: 200 * time.Millisecond,
 	}
 	controllers := app.Components{
 		Namespace:   Namespace,

@@ -220,7 +220,7 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		cfg := *c.ImageService
 		// It never holds the agent keys, even in one process with the rest.
 		cfg.Catalog, cfg.Keys, cfg.Settings = c.Catalog, signing.Restricted{Source: keys, Purposes: signing.ImageServicePurposes}, c.Settings
-		cfg.Log = log.WithName("image-service")
+		cfg.Log, cfg.Namespace = log.WithName("image-service"), c.Namespace
 		svc, err := imageservice.New(cfg)
 		if err != nil {
 			return err

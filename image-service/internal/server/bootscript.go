@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,6 +16,7 @@ import (
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/bootpath"
+	"github.com/agentboot/agentboot/internal/boottrace"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/macindex"
@@ -110,11 +112,26 @@ func (h *Handler) serveBootDecision(w http.ResponseWriter, r *http.Request, d di
 		http.Error(w, fmt.Sprintf("malformed mac %q: want six hexadecimal bytes separated by colons", macs[0]), http.StatusBadRequest)
 		return
 	}
-	outcome, script, err := h.bootScriptFor(r.Context(), mac, arch, d, r)
+	// What the host is told when it is not booted, for its boot trace.
+	var why string
+	traced := d
+	traced.exit = func(reason, arch string) string { why = reason; return d.exit(reason, arch) }
+	traced.retry = func(reason, mac string, r *http.Request) string { why = reason; return d.retry(reason, mac, r) }
+	outcome, script, err := h.bootScriptFor(r.Context(), mac, arch, traced, r)
 	if err != nil {
 		h.fail(w, err)
 		return
 	}
+	h.macs.put(h.clientAddr(r), mac, time.Now())
+	loader := "iPXE"
+	if d.arch {
+		loader = "GRUB (" + arch + ")"
+	}
+	obs := boottrace.Observation{MAC: mac, Hop: boottrace.BootScript, At: time.Now(), OK: outcome == BootDiscovery, Outcome: outcome, Detail: loader + " from " + h.clientAddr(r)}
+	if why != "" {
+		obs.Outcome += ": " + why
+	}
+	h.observe(obs)
 	bootScripts.WithLabelValues(outcome).Inc()
 	if outcome == BootDiscovery {
 		bootpath.Count(bootpath.BootScript)

@@ -24,6 +24,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/boottrace"
 	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/osimage"
@@ -57,7 +58,11 @@ type Options struct {
 	StallTimeout time.Duration
 	// BootNS are the namespaces designated to claim network-booting hosts.
 	BootNS Namespaces
-	Log    logr.Logger
+	// Trace, when set, gathers the boot path's hops by MAC (docs/trace.md);
+	// ObservationsToken, when set, lets the PXE service post its own.
+	Trace             *boottrace.Journal
+	ObservationsToken string
+	Log               logr.Logger
 }
 
 // Namespaces is a set of namespaces, or every namespace.
@@ -115,6 +120,7 @@ type Handler struct {
 	clients            map[string]int // downloads in flight per client address
 	infraEnvs          map[string]int // per-InfraEnv downloads in flight per InfraEnv UID
 	renders            *renderCache
+	macs               macByAddr // for the boot trace
 }
 
 var (
@@ -199,13 +205,15 @@ func (h *Handler) routes(secure bool) http.Handler {
 		mux.HandleFunc(routeAgent, h.serveAgent)
 	}
 	mux.HandleFunc(routeHealth, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc(routeObservations, h.serveObservations)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "not found", http.StatusNotFound) })
-	return h.observe(mux)
+	return h.count(mux)
 }
 
-// observe counts responses by file and code. It never logs query strings,
-// which carry tokens.
-func (h *Handler) observe(next http.Handler) http.Handler {
+// count counts responses by file and code, and records boot files'
+// downloads in the boot trace. It never logs query strings, which carry
+// tokens.
+func (h *Handler) count(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
 		start := time.Now()
@@ -218,6 +226,7 @@ func (h *Handler) observe(next http.Handler) http.Handler {
 		if hop := fileHops[file]; hop != "" && rec.code/100 == 2 && rec.whole() {
 			bootpath.Count(hop)
 		}
+		h.observeDownload(r, file, rec)
 		if rec.code >= 400 || rec.bytes > 1<<20 {
 			h.opts.Log.V(1).Info("request", "method", r.Method, "path", r.URL.Path, "code", rec.code, "bytes", rec.bytes, "duration", time.Since(start).String(), "remote", r.RemoteAddr)
 		}
@@ -243,6 +252,8 @@ func fileLabel(r *http.Request) string {
 		return "agent"
 	case routeHealth:
 		return "healthz"
+	case routeObservations:
+		return "boot-observations"
 	}
 	return "other"
 }

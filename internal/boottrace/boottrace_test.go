@@ -1,0 +1,84 @@
+package boottrace
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/agentboot/agentboot/api/agentboot/v1alpha1"
+	"github.com/agentboot/agentboot/internal/scheme"
+)
+
+func TestCheck(t *testing.T) {
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	o := Observation{MAC: "52-54-00-AA-00-01", Hop: DHCP, At: now.Add(-48 * time.Hour), Outcome: strings.Repeat("x", 2000)}
+	require.NoError(t, o.Check(now))
+	require.Equal(t, "52:54:00:aa:00:01", o.MAC)
+	require.Equal(t, now, o.At, "a clock that is off: the time it arrived")
+	require.LessOrEqual(t, len(o.Outcome), MaxOutcome)
+	require.EqualValues(t, 1, o.Count)
+	for _, bad := range []Observation{{MAC: "zz", Hop: DHCP}, {MAC: "52:54:00:aa:00:01", Hop: "registered"}, {MAC: "52:54:00:aa:00:01", Hop: DHCP, Count: -1}} {
+		require.Error(t, bad.Check(now), "%+v", bad)
+	}
+}
+
+// A flood of made-up MACs fills the journal to its bound and no further;
+// the same MAC's hops merge.
+func TestJournalIsBounded(t *testing.T) {
+	j := &Journal{MaxMACs: 3}
+	at := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	for i := 0; i < 10; i++ {
+		err := j.Add(SourcePXE, Observation{MAC: fmt.Sprintf("52:54:00:00:00:%02x", i), Hop: DHCP, At: at, Count: 1})
+		if i < 3 {
+			require.NoError(t, err)
+		} else {
+			require.ErrorIs(t, err, ErrJournalFull)
+		}
+	}
+	require.NoError(t, j.Add(SourcePXE, Observation{MAC: "52:54:00:00:00:00", Hop: DHCP, At: at.Add(time.Minute), Count: 2, OK: true, Outcome: "later"}))
+	require.Equal(t, 3, j.Len())
+	require.EqualValues(t, 7, j.Dropped())
+	got := j.take(10)
+	require.Len(t, got["52:54:00:00:00:00"], 1)
+	h := got["52:54:00:00:00:00"][0]
+	require.EqualValues(t, 3, h.Count)
+	require.Equal(t, at, h.First.Time.UTC())
+	require.Equal(t, at.Add(time.Minute), h.Last.Time.UTC())
+	require.Equal(t, "later", h.Outcome, "what the latest sighting said")
+	require.Zero(t, j.Len())
+}
+
+// Old traces go; past the bound, the least recently seen unclaimed ones.
+func TestSweep(t *testing.T) {
+	s, err := scheme.New()
+	require.NoError(t, err)
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	trace := func(ns string, n int, seen time.Time) client.Object {
+		t := metav1.NewTime(seen)
+		return &v1alpha1.BootTrace{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("mac-%d", n)}, Status: v1alpha1.BootTraceStatus{LastSeen: &t}}
+	}
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(
+		trace("agentboot-system", 1, now.Add(-time.Minute)),
+		trace("agentboot-system", 2, now.Add(-2*time.Minute)),
+		trace("agentboot-system", 3, now.Add(-3*time.Minute)),
+		trace("team", 4, now.Add(-8*24*time.Hour)),
+		trace("team", 5, now.Add(-time.Hour)),
+	).Build()
+	w := &Writer{Client: c, Namespace: "agentboot-system", MaxUnclaimed: 2, Now: func() time.Time { return now }, Log: logr.Discard()}
+	require.NoError(t, w.Sweep(context.Background()))
+	var list v1alpha1.BootTraceList
+	require.NoError(t, c.List(context.Background(), &list))
+	var left []string
+	for _, bt := range list.Items {
+		left = append(left, bt.Namespace+"/"+bt.Name)
+	}
+	require.ElementsMatch(t, []string{"agentboot-system/mac-1", "agentboot-system/mac-2", "team/mac-5"}, left)
+}
