@@ -73,6 +73,12 @@ type Config struct {
 	// MetricsToken is the bearer token /metrics asks for: the port is on
 	// the boot network, which anyone on it reaches. Empty: /metrics is off.
 	MetricsToken string
+	// ObservationsURL, when set, is the image service's /boot-observations,
+	// where what this service sees of each MAC's boot is posted with
+	// ObservationsToken (docs/trace.md); ObservationsClient posts (nil: a
+	// client with the system's CAs).
+	ObservationsURL, ObservationsToken string
+	ObservationsClient                 *http.Client
 	// iPXE binaries for BIOS and x86-64 UEFI firmware, in TFTPDir.
 	BIOSBinary, EFIBinary string
 	// ARM64Binary is agentboot's netboot GRUB for arm64 UEFI firmware
@@ -110,6 +116,7 @@ type Server struct {
 	cfg     Config
 	handler *dhcp.Handler
 	tftp    *tftpd.Server
+	obs     *observer // nil: boot observations are not posted
 	reg     *prometheus.Registry
 	// grub is the arm64 boot loader with this server's address, served
 	// as grubName; images fetches what it asks for.
@@ -157,6 +164,16 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, reg: prometheus.NewRegistry()}
 	hops := bootpath.NewCounter()
 	s.reg.MustRegister(hops)
+	if cfg.ObservationsURL != "" {
+		if cfg.ObservationsToken == "" {
+			return nil, errors.New("pxe: boot observations need the image service's token")
+		}
+		client := cfg.ObservationsClient
+		if client == nil {
+			client = &http.Client{Timeout: 10 * time.Second}
+		}
+		s.obs = newObserver(cfg.ObservationsURL, cfg.ObservationsToken, client, s.reg, cfg.Log.WithName("observations"))
+	}
 	files := []string{cfg.BIOSBinary, cfg.EFIBinary}
 	ifi, err := net.InterfaceByName(cfg.Interface)
 	if err != nil {
@@ -164,6 +181,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	tcfg := tftpd.Config{Dir: cfg.TFTPDir, Files: files, SinglePort: cfg.TFTPSinglePort, MaxBlockSize: maxBlockSize(ifi.MTU),
 		Log: cfg.Log.WithName("tftp"), Registerer: s.reg, Completed: hops.WithLabelValues(bootpath.BootFile)}
+	if s.obs != nil {
+		tcfg.Finished = s.obs.tftp
+	}
 	if cfg.ARM64Binary != "" {
 		file := cfg.ARM64Binary
 		if !filepath.IsAbs(file) {
@@ -217,6 +237,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	dm := dhcp.NewMetrics(s.reg)
 	dm.Hops = hops
+	if s.obs != nil {
+		dcfg.Observe = s.obs.dhcp
+	}
 	if s.handler, err = dhcp.New(dcfg, dm); err != nil {
 		return nil, err
 	}
@@ -356,6 +379,12 @@ func (s *Server) Start(ctx context.Context) error {
 	hs := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 5 * time.Minute, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
 	tasks = append(tasks, serve.HTTP("HTTP", hs, hl))
+	if s.obs != nil {
+		octx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		tasks = append(tasks, serve.Task{Name: "boot observations", Serve: func() error { defer close(done); return s.obs.run(octx) },
+			Stop: func(context.Context) { cancel(); <-done }})
+	}
 	s.cfg.Log.Info("PXE service running", "mode", string(s.cfg.Mode), "interface", s.cfg.Interface, "serverIP", s.cfg.ServerIP.String(),
 		"tftp", s.cfg.TFTPAddr, "http", s.cfg.HTTPAddr, "bootScript", s.cfg.BootScriptURL)
 	return serve.Run(ctx, 5*time.Second, tasks...)

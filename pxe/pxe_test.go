@@ -3,15 +3,18 @@ package pxe
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +24,8 @@ import (
 	"github.com/pin/tftp/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"github.com/agentboot/agentboot/internal/boottrace"
 )
 
 // binaries makes a TFTP directory with distinct content per file.
@@ -349,4 +354,79 @@ func FuzzTFTPName(f *testing.F) {
 			t.Fatalf("path in %q", got)
 		}
 	})
+}
+
+// What the PXE service sees of a MAC's boot is posted to the image service
+// with the token: its DHCP requests (how they were answered) and the boot
+// file it fetched over TFTP from the address it said it has.
+func TestBootObservations(t *testing.T) {
+	var mu sync.Mutex
+	var got []boottrace.Observation
+	var auth []string
+	images := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b boottrace.Batch
+		require.NoError(t, json.NewDecoder(r.Body).Decode(&b))
+		mu.Lock()
+		got = append(got, b.Observations...)
+		auth = append(auth, r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer images.Close()
+	s, tftpAddr, _ := startServer(t, ProxyDHCP, func(c *Config) {
+		c.ObservationsURL, c.ObservationsToken = images.URL+"/boot-observations", "observations-token-0123456789"
+	})
+	mac := "52:54:00:aa:00:42"
+	for i := 0; i < 2; i++ {
+		require.NotNil(t, s.Handle(discover(t, mac, iana.EFI_X86_64, "PXEClient:Arch:00007:UNDI:003016"), 67))
+	}
+	// The ProxyDHCP request comes from the address the client has.
+	hw, _ := net.ParseMAC(mac)
+	req, err := dhcpv4.NewDiscovery(hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest), dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient:Arch:00007:UNDI:003016")),
+		dhcpv4.WithOption(dhcpv4.OptClientArch(iana.EFI_X86_64)), dhcpv4.WithClientIP(net.ParseIP("127.0.0.1")))
+	require.NoError(t, err)
+	require.NotNil(t, s.Handle(req.ToBytes(), 4011))
+	require.Nil(t, s.Handle(discover(t, "52:54:00:aa:00:43", iana.Arch(0x99), "HTTPClient:Arch:00153"), 67), "an architecture it has no boot file for")
+	c, err := tftp.NewClient(tftpAddr)
+	require.NoError(t, err)
+	wt, err := c.Receive("ipxe.efi", "octet")
+	require.NoError(t, err)
+	_, err = wt.WriteTo(io.Discard)
+	require.NoError(t, err)
+
+	find := func(mac, hop string) *boottrace.Observation {
+		mu.Lock()
+		defer mu.Unlock()
+		var last *boottrace.Observation
+		for i := range got {
+			if got[i].MAC == mac && got[i].Hop == hop {
+				last = &got[i]
+			}
+		}
+		return last
+	}
+	require.Eventually(t, func() bool { return find(mac, boottrace.BootFile) != nil }, 10*time.Second, 50*time.Millisecond, "%+v", &got)
+	d := find(mac, boottrace.DHCP)
+	require.NotNil(t, d)
+	require.True(t, d.OK)
+	require.Contains(t, d.Outcome, "ACK with boot file ipxe.efi")
+	f := find(mac, boottrace.BootFile)
+	require.True(t, f.OK)
+	require.Contains(t, f.Detail, "ipxe.efi over TFTP from 127.0.0.1")
+	refused := find("52:54:00:aa:00:43", boottrace.DHCP)
+	require.NotNil(t, refused)
+	require.False(t, refused.OK)
+	require.Contains(t, refused.Outcome, "not answered: its firmware's architecture")
+	mu.Lock()
+	for _, a := range auth {
+		require.Equal(t, "Bearer observations-token-0123456789", a)
+	}
+	var discovers int64
+	for _, o := range got {
+		if o.MAC == mac && o.Hop == boottrace.DHCP {
+			discovers += o.Count
+		}
+	}
+	mu.Unlock()
+	require.EqualValues(t, 3, discovers, "two DISCOVERs and the REQUEST, counted")
 }

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -155,6 +157,16 @@ func runDev(ctx context.Context, args []string) error {
 		// Network boot on a lab segment: needs root for ports 67 and 69.
 		if px.bootScriptURL == "" {
 			px.bootScriptURL = disc.imageHTTPURL + "/boot.ipxe"
+		}
+		if px.observationsURL == "" {
+			// Its boot observations go to the image service in this
+			// process, over HTTPS with a token made for this run.
+			tokenFile := filepath.Join(d.stateDir, "boot-observations-token")
+			if err := os.WriteFile(tokenFile, []byte(rand.Text()+"\n"), 0o600); err != nil {
+				return err
+			}
+			px.observationsURL, px.observationsTokenFile, px.observationsCAFile = disc.imageURL+"/boot-observations", tokenFile, disc.caBundleFile
+			img.bootObservationsTokenFile = tokenFile
 		}
 		pcfg, err := px.config("pxe-", log.WithName("pxe"))
 		if err != nil {

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -30,6 +33,8 @@ type pxeFlags struct {
 	prefixLen                            int
 	leaseTime                            time.Duration
 	metricsTokenFile                     string
+	observationsURL, observationsCAFile  string
+	observationsTokenFile                string
 	reservations                         stringList
 }
 
@@ -43,6 +48,9 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.BoolVar(&p.tftpSinglePort, prefix+"tftp-single-port", false, "serve every TFTP transfer from the listen port instead of a port per transfer (for firewalls and NAT that pass nothing but port 69)")
 	fs.StringVar(&p.httpAddr, prefix+"http-addr", ":8070", "HTTP listen address: iPXE binaries for UEFI HTTP boot under /ipxe/, /metrics, /healthz")
 	fs.StringVar(&p.metricsTokenFile, prefix+"metrics-token-file", "", "file holding the bearer token /metrics asks for (the HTTP port is on the boot network); empty: /metrics is off")
+	fs.StringVar(&p.observationsURL, prefix+"boot-observations-url", "", "the image service's /boot-observations (https://images.example:8443/boot-observations), where what this service sees of each MAC's boot is posted for its BootTrace; empty: nothing is posted")
+	fs.StringVar(&p.observationsTokenFile, prefix+"boot-observations-token-file", "", "file holding the bearer token of --boot-observations-url (the image service's own --boot-observations-token-file)")
+	fs.StringVar(&p.observationsCAFile, prefix+"boot-observations-ca-file", "", "PEM CA bundle that signed the image service's certificate, for an https --boot-observations-url (default: the system's)")
 	fs.StringVar(&p.biosBinary, prefix+"bios-binary", "undionly.kpxe", "iPXE binary for BIOS PXE clients")
 	fs.StringVar(&p.efiBinary, prefix+"efi-binary", "ipxe.efi", "iPXE binary for x86-64 UEFI clients (ipxe.efi, or snponly.efi to use the firmware's network driver)")
 	fs.StringVar(&p.arm64Binary, prefix+"arm64-binary", "", "agentboot's netboot GRUB for arm64 UEFI clients (make pxe-grub builds bin/pxe/grubnetaa64.efi), a path or a name in the TFTP directory (empty: arm64 clients are not answered)")
@@ -55,6 +63,40 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&p.leaseTime, prefix+"lease-time", 12*time.Hour, "authoritative mode: lease duration")
 	fs.Var(&p.reservations, prefix+"reservation", "authoritative mode: MAC=IP, always give this MAC this address (repeatable)")
 	fs.StringVar(&p.leaseFile, prefix+"lease-file", "/var/lib/agentboot/pxe-leases.json", "authoritative mode: where leases are kept (and each change, before it is acknowledged, in this name plus .journal)")
+}
+
+// observations configures the posting of boot observations.
+func (p *pxeFlags) observations(cfg *pxe.Config, flagErr func(name, format string, args ...any) error) error {
+	if p.observationsURL == "" {
+		if p.observationsTokenFile != "" || p.observationsCAFile != "" {
+			return flagErr("boot-observations-url", "required with --boot-observations-token-file and --boot-observations-ca-file")
+		}
+		return nil
+	}
+	u, err := url.Parse(p.observationsURL)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
+		return flagErr("boot-observations-url", "%q is not an http(s):// URL of the image service", p.observationsURL)
+	}
+	if p.observationsTokenFile == "" {
+		return flagErr("boot-observations-token-file", "required with --boot-observations-url")
+	}
+	if cfg.ObservationsToken, err = readToken(p.observationsTokenFile); err != nil {
+		return flagErr("boot-observations-token-file", "%v", err)
+	}
+	cfg.ObservationsURL = p.observationsURL
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if p.observationsCAFile != "" {
+		pem, err := os.ReadFile(p.observationsCAFile)
+		if err != nil {
+			return flagErr("boot-observations-ca-file", "%v", err)
+		}
+		tlsCfg.RootCAs = x509.NewCertPool()
+		if !tlsCfg.RootCAs.AppendCertsFromPEM(pem) {
+			return flagErr("boot-observations-ca-file", "%s holds no PEM certificate", p.observationsCAFile)
+		}
+	}
+	cfg.ObservationsClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, Proxy: http.ProxyFromEnvironment}}
+	return nil
 }
 
 // readToken reads a bearer token file: one line of at least 16 characters,
@@ -107,6 +149,9 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 		if cfg.MetricsToken, err = readToken(p.metricsTokenFile); err != nil {
 			return cfg, flagErr("metrics-token-file", "%v", err)
 		}
+	}
+	if err := p.observations(&cfg, flagErr); err != nil {
+		return cfg, err
 	}
 	if p.bootScriptURL == "" {
 		return cfg, flagErr("boot-script-url", "required: the image service's plain-HTTP /boot.ipxe")

@@ -122,10 +122,13 @@ func (h *Handler) serveBootDecision(w http.ResponseWriter, r *http.Request, d di
 		h.fail(w, err)
 		return
 	}
-	h.macs.put(h.clientAddr(r), mac, time.Now())
 	loader := "iPXE"
 	if d.arch {
+		// GRUB asks through the PXE service, whose address is not the
+		// host's: the PXE service records the files it fetches.
 		loader = "GRUB (" + arch + ")"
+	} else {
+		h.macs.put(h.clientAddr(r), mac, time.Now())
 	}
 	obs := boottrace.Observation{MAC: mac, Hop: boottrace.BootScript, At: time.Now(), OK: outcome == BootDiscovery, Outcome: outcome, Detail: loader + " from " + h.clientAddr(r)}
 	if why != "" {

@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/lru"
 
 	"github.com/agentboot/agentboot/internal/bootpath"
+	"github.com/agentboot/agentboot/internal/clip"
 	"github.com/agentboot/agentboot/pxe/internal/leases"
 )
 
@@ -69,8 +70,25 @@ type Config struct {
 	// may send together (50; the burst is four times that, at least
 	// 200). Clients holding a lease or a reservation are not counted.
 	NewClientRate float64
-	Log           logr.Logger
-	Now           func() time.Time
+	// Observe, when set, is told of each request from a client, for its
+	// boot trace: whether it was answered with a boot file and, when not,
+	// why; the address the client has or asks for, when it says.
+	Observe func(Observation)
+	Log     logr.Logger
+	Now     func() time.Time
+}
+
+// Observation is what Respond did with a client's request.
+type Observation struct {
+	MAC string
+	// Answered: a reply with a boot file went out.
+	Answered bool
+	// Outcome says what was sent, or why nothing was.
+	Outcome string
+	// Detail describes the request: message type, port, firmware.
+	Detail string
+	// Addr is the address the client uses or asks for, if any.
+	Addr netip.Addr
 }
 
 // Handler turns requests into replies.
@@ -224,14 +242,81 @@ func (h *Handler) Respond(req *dhcpv4.DHCPv4, port int) *dhcpv4.DHCPv4 {
 		h.drop("malformed")
 		return nil
 	}
+	reply, why := h.respond(req, port)
+	if why != "" {
+		h.drop(why)
+	}
+	if h.cfg.Observe != nil {
+		h.cfg.Observe(observation(req, port, reply, why))
+	}
+	return reply
+}
+
+// observation describes what Respond did, for the client's boot trace.
+func observation(req *dhcpv4.DHCPv4, port int, reply *dhcpv4.DHCPv4, why string) Observation {
+	f := identify(req)
+	o := Observation{MAC: req.ClientHWAddr.String(), Detail: fmt.Sprintf("%s on port %d", req.MessageType(), port)}
+	switch {
+	case f.ipxe:
+		o.Detail += ", iPXE"
+	case f.hasArc:
+		o.Detail += ", " + f.arch.String()
+	}
+	if f.class != "" {
+		o.Detail += ", " + clip.Text(f.class, 40)
+	}
+	if ip := addr(req.ClientIPAddr); ip.IsValid() {
+		o.Addr = ip
+	} else if ip, ok := netip.AddrFromSlice(req.RequestedIPAddress().To4()); ok && req.RequestedIPAddress() != nil {
+		o.Addr = ip
+	}
+	switch {
+	case reply != nil && reply.BootFileName != "":
+		o.Answered, o.Outcome = true, reply.MessageType().String()+" with boot file "+reply.BootFileName
+		if yi := addr(reply.YourIPAddr); yi.IsValid() {
+			o.Addr = yi
+			o.Outcome += ", address " + yi.String()
+		}
+	case reply != nil:
+		if f := reply.GetOneOption(dhcpv4.OptionBootfileName); len(f) > 0 {
+			o.Answered, o.Outcome = true, reply.MessageType().String()+" with boot file "+clip.Text(string(f), 200)
+		} else {
+			o.Answered, o.Outcome = true, reply.MessageType().String()+" without a boot file"
+		}
+	case why != "":
+		o.Outcome = "not answered: " + whyText(why)
+	case req.MessageType() == dhcpv4.MessageTypeRequest && port != 4011:
+		o.Answered, o.Outcome = true, "a request for the site's DHCP server, seen"
+	default:
+		o.Outcome = "not answered"
+	}
+	return o
+}
+
+// whyText says a drop reason in words.
+func whyText(why string) string {
+	switch why {
+	case "not-pxe":
+		return "not a network-boot client (no PXEClient or HTTPClient vendor class, not iPXE)"
+	case "unsupported-arch":
+		return "its firmware's architecture (option 93) is one this PXE service has no boot file for"
+	case "unknown-relay":
+		return "it came through a DHCP relay not in --dhcp-relays"
+	case "rate-limited":
+		return "this MAC sends too many packets"
+	case "new-client-rate-limited":
+		return "too many packets from MACs not seen lately (--dhcp-new-clients-per-second)"
+	}
+	return why
+}
+
+func (h *Handler) respond(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, string) {
 	mac := req.ClientHWAddr.String()
 	if gw := addr(req.GatewayIPAddr); gw.IsValid() && !slices.Contains(h.cfg.Relays, gw) {
-		h.drop("unknown-relay")
-		return nil
+		return nil, "unknown-relay"
 	}
 	if ok, why := h.allow(mac); !ok {
-		h.drop(why)
-		return nil
+		return nil, why
 	}
 	h.noticeOtherServer(req)
 	f := identify(req)
@@ -239,11 +324,10 @@ func (h *Handler) Respond(req *dhcpv4.DHCPv4, port int) *dhcpv4.DHCPv4 {
 	bootable := why == ""
 
 	if h.cfg.Mode == Authoritative && port != 4011 {
-		return h.authoritative(req, mac, f, bi, bootable)
+		return h.authoritative(req, mac, f, bi, bootable), ""
 	}
 	if !bootable {
-		h.drop(why)
-		return nil
+		return nil, why
 	}
 	var t dhcpv4.MessageType
 	switch req.MessageType() {
@@ -252,18 +336,17 @@ func (h *Handler) Respond(req *dhcpv4.DHCPv4, port int) *dhcpv4.DHCPv4 {
 	case dhcpv4.MessageTypeRequest, dhcpv4.MessageTypeInform:
 		if port != 4011 {
 			// On port 67 a REQUEST is for the site's DHCP server.
-			return nil
+			return nil, ""
 		}
 		t = dhcpv4.MessageTypeAck
 	default:
-		return nil
+		return nil, ""
 	}
 	reply, err := h.reply(req, t, netip.Addr{}, f, bi)
 	if err != nil {
-		h.drop("reply-error")
-		return nil
+		return nil, "reply-error"
 	}
-	return reply
+	return reply, ""
 }
 
 // reply builds a reply with the boot information; ip is the address given
@@ -459,10 +542,10 @@ func (h *Handler) withLease(req *dhcpv4.DHCPv4, t dhcpv4.MessageType, ip netip.A
 
 func addr(ip net.IP) netip.Addr {
 	a, ok := netip.AddrFromSlice(ip)
-	if !ok || a.IsUnspecified() {
+	if a = a.Unmap(); !ok || a.IsUnspecified() {
 		return netip.Addr{}
 	}
-	return a.Unmap()
+	return a
 }
 
 // Destination says where a reply to req, received from peer, goes: its

@@ -630,6 +630,9 @@ func (l *loop) finish(x *xfer, result, msg string) {
 	if result == resultOK && l.s.cfg.Completed != nil {
 		l.s.cfg.Completed.Inc()
 	}
+	if l.s.cfg.Finished != nil {
+		l.s.cfg.Finished(x.peer.Addr(), x.file, result, x.sentB)
+	}
 	l.s.cfg.Log.V(1).Info("TFTP transfer ended", "client", x.peer.String(), "file", x.file, "result", result,
 		"blksize", x.blksize, "windowsize", x.window, "bytes", x.sentB, "duration", time.Since(x.started).String())
 }

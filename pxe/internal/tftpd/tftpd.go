@@ -58,6 +58,9 @@ type Config struct {
 	Registerer     prometheus.Registerer
 	// Completed, if set, counts transfers sent whole.
 	Completed prometheus.Counter
+	// Finished, if set, is told of each transfer that ended (result ok:
+	// sent whole), for the client's boot trace.
+	Finished func(client netip.Addr, file, result string, bytes int64)
 }
 
 // maxWindow caps the negotiated windowsize: 64 blocks of 1468 bytes fit a
