@@ -1,8 +1,9 @@
 // Command agentboot runs agentboot's server components: `manager` (the
 // controllers, and the agent API unless it runs apart), `agent-api` (the
 // agent API on its own), `dev` (all of it on a local control plane),
-// `image-service` (discovery images, for scaling apart from the manager) and
-// `pxe` (DHCP, TFTP and HTTP for network boot, on the boot network).
+// `image-service` (discovery images, for scaling apart from the manager),
+// `pxe` (DHCP, TFTP and HTTP for network boot, on the boot network), and
+// for operators `trace` (a host's boot path, read with their own rights).
 package main
 
 import (
@@ -29,6 +30,7 @@ var commands = []command{
 	{"image-service", "serve discovery ISOs, PXE artifacts and Ignition configs", runImageService},
 	{"pxe", "answer network boot (ProxyDHCP or DHCP, TFTP, HTTP) on the boot network", runPXE},
 	{"dev", "run a local control plane with everything agentboot serves (make run)", runDev},
+	{"trace", "show where a host is on its boot path, by MAC or Agent, and why it stopped (with your kubeconfig's rights)", runTrace},
 	{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
 }
 

@@ -182,6 +182,21 @@ func (e *Env) setup() error {
 	return os.WriteFile(e.Kubeconfig, kc, 0o600)
 }
 
+// UserKubeconfig writes a kubeconfig for a user of the control plane with
+// no rights but what the test gives it (RBAC), and returns its path.
+func (e *Env) UserKubeconfig(name string, groups ...string) (string, error) {
+	user, err := e.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return "", err
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(e.dir, "kubeconfig-"+name)
+	return path, os.WriteFile(path, kc, 0o600)
+}
+
 // Stop shuts the control plane down and removes its files.
 func (e *Env) Stop() error {
 	if e.dir != "" {
