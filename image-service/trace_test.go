@@ -11,10 +11,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/api/agentboot/v1alpha1"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/boottrace"
 	"github.com/agentboot/agentboot/test/stack"
 )
@@ -143,4 +146,41 @@ func hopNames(bt *v1alpha1.BootTrace) []string {
 		out = append(out, h.Hop)
 	}
 	return out
+}
+
+// A host that stops on its boot path gets a BootStalled event, where
+// people look: on its BareMetalHost (whose boot MAC it is) and on its
+// trace, saying where it stopped and the likely reason; once per stall.
+func TestBootStalledEvent(t *testing.T) {
+	s := stack.Start(t, stack.Options{BootStallAfter: 2 * time.Second})
+	ctx := context.Background()
+	ie := setup(t, s, nil)
+	mac := "52:54:00:aa:10:01"
+	host := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: ie.Namespace, Name: "worker-0",
+		Annotations: map[string]string{"baremetalhost.metal3.io/detached": ""}, Labels: map[string]string{v1beta1.InfraEnvNameLabel: ie.Name}},
+		Spec: metal3.BareMetalHostSpec{BootMACAddress: mac, BMC: metal3.BMCDetails{Address: "ipmi://198.18.0.9", CredentialsName: "bmc-secret"}}}
+	require.NoError(t, s.Client.Create(ctx, host))
+	require.Eventually(t, func() bool {
+		return strings.Contains(string(get(t, s, s.Settings.ImageServiceHTTPURL+"/boot.ipxe?mac="+url.QueryEscape(mac), nil).body), "kernel ")
+	}, 10*time.Second, 100*time.Millisecond)
+	// It got its boot script and went no further.
+	events := func(kind, name string) []string {
+		var list eventsv1.EventList
+		require.NoError(t, s.Client.List(ctx, &list, client.InNamespace(ie.Namespace)))
+		var out []string
+		for _, ev := range list.Items {
+			if ev.Regarding.Kind == kind && ev.Regarding.Name == name && ev.Reason == boottrace.StallReason {
+				out = append(out, ev.Note)
+			}
+		}
+		return out
+	}
+	require.Eventually(t, func() bool { return len(events("BareMetalHost", host.Name)) == 1 }, 30*time.Second, 200*time.Millisecond)
+	note := events("BareMetalHost", host.Name)[0]
+	require.Contains(t, note, "MAC "+mac+" stopped at boot_script")
+	require.Contains(t, note, "never fetched the kernel")
+	require.Contains(t, note, "agentboot trace "+mac)
+	require.Len(t, events("BootTrace", boottrace.Name(mac)), 1)
+	time.Sleep(3 * time.Second)
+	require.Len(t, events("BareMetalHost", host.Name), 1, "once per stall")
 }

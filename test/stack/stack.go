@@ -117,6 +117,9 @@ type Options struct {
 	// service run as, in three processes as deployed; the stack then
 	// mounts the agent API's keys as the kubelet does.
 	Identities func(env *testenv.Env) (Identities, error)
+	// BootStallAfter is how long a boot may make no progress before its
+	// host gets a BootStalled event (10 min).
+	BootStallAfter time.Duration
 	// BootObservationsToken lets the PXE service post boot observations to
 	// the image service (--boot-observations-token-file).
 	BootObservationsToken string
@@ -390,6 +393,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 		BMC:                       opts.BMC,
 		NodePool:                  opts.NodePool,
 		AgentClassifications:      opts.AgentClassifications,
+		BootStallAfter:            opts.BootStallAfter,
 	}
 	if opts.Binary != "" {
 		if opts.Identities == nil {

@@ -27,7 +27,9 @@ import (
 	"github.com/agentboot/agentboot/bmc"
 	imageservice "github.com/agentboot/agentboot/image-service"
 	infraenvcontroller "github.com/agentboot/agentboot/infraenv-controller"
+	"github.com/agentboot/agentboot/internal/boottrace"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/eventnote"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/internal/scheme"
@@ -130,6 +132,9 @@ type Components struct {
 	// AgentClassifications runs the AgentClassification controllers (with
 	// Controllers); off by default (docs/agents.md).
 	AgentClassifications bool
+	// BootStallAfter is how long a boot may make no progress before its
+	// host's BareMetalHost and Agent get a BootStalled event (10 min).
+	BootStallAfter time.Duration
 }
 
 // Add adds the catalog, the signing key and the chosen components to mgr.
@@ -191,6 +196,11 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		npCfg.Catalog, npCfg.Settings, npCfg.Keys, npCfg.Namespace = c.Catalog, c.Settings, keys, c.Namespace
 		npCfg.Log = log.WithName("nodepool")
 		if err := nodepool.SetupWithManager(mgr, npCfg); err != nil {
+			return err
+		}
+		// A host stalled on its boot path is told of where people look.
+		if err := (&boottrace.Stalls{Client: mgr.GetClient(), Events: eventnote.Recorder(mgr.GetEventRecorder("agentboot-boot-trace")),
+			After: c.BootStallAfter}).SetupWithManager(mgr); err != nil {
 			return err
 		}
 		// AgentClassifications label Agents by their inventory.
