@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"github.com/agentboot/agentboot/internal/devcluster"
 	"github.com/agentboot/agentboot/internal/hostaddr"
 	"github.com/agentboot/agentboot/internal/kubeapply"
+	"github.com/agentboot/agentboot/internal/ui"
 	"github.com/agentboot/agentboot/pxe"
 )
 
@@ -36,6 +38,7 @@ type devFlags struct {
 	etcdPort      int
 	etcdPeerPort  int
 	apiserverPort int
+	uiAddr        string
 }
 
 func runDev(ctx context.Context, args []string) error {
@@ -58,6 +61,7 @@ func runDev(ctx context.Context, args []string) error {
 	fs.IntVar(&d.etcdPort, "etcd-port", devcluster.DefaultEtcdPort, "loopback port of the dev etcd")
 	fs.IntVar(&d.etcdPeerPort, "etcd-peer-port", devcluster.DefaultEtcdPeerPort, "loopback peer port of the dev etcd")
 	fs.IntVar(&d.apiserverPort, "apiserver-port", devcluster.DefaultAPIServerPort, "loopback port of the dev kube-apiserver")
+	fs.StringVar(&d.uiAddr, "ui-addr", "127.0.0.1:9092", "loopback address of the hosts page (agentboot ui, with the dev cluster's admin credentials); empty: none")
 	m.register(fs)
 	disc.register(fs)
 	img.register(fs)
@@ -94,6 +98,9 @@ func runDev(ctx context.Context, args []string) error {
 		if err := checkDevPorts(m, img, ag); err != nil {
 			return err
 		}
+		if err := checkUIPort(d.uiAddr); err != nil {
+			return err
+		}
 		return devcluster.CheckPorts(d.etcdPort, d.etcdPeerPort, d.apiserverPort)
 	}
 	if disc.osImages == "" && len(disc.streams) == 0 {
@@ -114,6 +121,9 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	if err := checkDevPorts(m, img, ag); err != nil {
+		return err
+	}
+	if err := checkUIPort(d.uiAddr); err != nil {
 		return err
 	}
 	cluster, err := devcluster.New(devcluster.Config{
@@ -209,6 +219,19 @@ func runDev(ctx context.Context, args []string) error {
 		cluster.KubeconfigPath(), d.binDir, advertise, disc.imageURL, disc.imageHTTPURL, disc.agentAPIURL)
 	if pxeServer != nil {
 		fmt.Fprintf(os.Stderr, "Network boot (%s mode) answers on %s; iPXE fetches %s?mac=<MAC>.\n\n", px.mode, px.iface, px.bootScriptURL)
+	}
+	if d.uiAddr != "" {
+		page := &ui.Server{Config: cfg, Home: m.namespace, Log: log.WithName("ui")}
+		l, err := net.Listen("tcp", d.uiAddr)
+		if err != nil {
+			stopMgr()
+			return fmt.Errorf("hosts page: %w (choose another with --ui-addr)", err)
+		}
+		hs := &http.Server{Handler: page.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = page.Start(mgrCtx) }()
+		go func() { _ = hs.Serve(l) }()
+		defer hs.Close()
+		fmt.Fprintf(os.Stderr, "The hosts page: %s\n\n", page.URL(l.Addr().String()))
 	}
 
 	select {
@@ -354,6 +377,21 @@ func checkDevPorts(m managerFlags, img imageServiceFlags, ag agentFlags) error {
 		}
 	}
 	return nil
+}
+
+// checkUIPort says whether the hosts page's address is free.
+func checkUIPort(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--ui-addr: %w", err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("--ui-addr %s: the page acts with the dev cluster's admin credentials, so it is served on a loopback address only", addr)
+	}
+	return devcluster.CheckPort("tcp", addr, "hosts page", "choose another with --ui-addr")
 }
 
 // advertiseAddress parses the flag, or finds this machine's primary address.

@@ -3,7 +3,8 @@
 // agent API on its own), `dev` (all of it on a local control plane),
 // `image-service` (discovery images, for scaling apart from the manager),
 // `pxe` (DHCP, TFTP and HTTP for network boot, on the boot network), and
-// for operators `trace` (a host's boot path, read with their own rights).
+// for operators `trace` (a host's boot path) and `ui` (a live page of the
+// hosts), both reading with the operator's own rights.
 package main
 
 import (
@@ -31,6 +32,7 @@ var commands = []command{
 	{"pxe", "answer network boot (ProxyDHCP or DHCP, TFTP, HTTP) on the boot network", runPXE},
 	{"dev", "run a local control plane with everything agentboot serves (make run)", runDev},
 	{"trace", "show where a host is on its boot path, by MAC or Agent, and why it stopped (with your kubeconfig's rights)", runTrace},
+	{"ui", "serve a live page of the hosts by InfraEnv on this machine (with your kubeconfig's rights)", runUI},
 	{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
 }
 

@@ -73,9 +73,16 @@ func runMain(m *testing.M) int {
 
 	// BMC retries capped at 20s: an outage test should not wait minutes.
 	s, stop, err = stack.StartMain(stack.Options{AdvertiseHost: lab.HostIP, Listen: theLab.Listen, Dial: theLab.Dial,
-		BMC: bmc.Config{BackoffCap: 20 * time.Second}, AgentArm64: true})
+		BMC: bmc.Config{BackoffCap: 20 * time.Second}, AgentArm64: true, BootObservationsToken: observationsToken})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "stack:", err)
+		return 1
+	}
+	// The PXE service posts its boot observations with the image
+	// service's token (docs/trace.md).
+	observationsTokenFile = filepath.Join(dir, "boot-observations-token")
+	if err := os.WriteFile(observationsTokenFile, []byte(observationsToken+"\n"), 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	if err := theLab.DHCP(); err != nil {

@@ -15,8 +15,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/agentboot/agentboot/api/agentboot/v1alpha1"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/boottrace"
 	"github.com/agentboot/agentboot/test/capiagent"
 	"github.com/agentboot/agentboot/test/e2e/lab"
 	"github.com/agentboot/agentboot/test/hosted"
@@ -29,12 +31,21 @@ import (
 // service hands it to iPXE.
 func bootScriptURL() string { return s.Settings.ImageServiceHTTPURL + "/boot.ipxe" }
 
-// startPXE runs `agentboot pxe` in the lab on one segment.
+// observationsToken is the token the lab's PXE services post their boot
+// observations to the image service with, from observationsTokenFile.
+const observationsToken = "lab-boot-observations-0123456789"
+
+var observationsTokenFile string
+
+// startPXE runs `agentboot pxe` in the lab on one segment, posting what it
+// sees to the image service over HTTPS.
 func startPXE(t *testing.T, name, bridge, hostIP string, extra ...string) {
 	t.Helper()
 	args := append([]string{agentbootBin, "pxe", "--log-format", "text", "--log-level", "debug",
 		"--interface", bridge, "--boot-script-url", bootScriptURL(),
-		"--tftp-addr", hostIP + ":69", "--http-addr", hostIP + ":8070"}, extra...)
+		"--tftp-addr", hostIP + ":69", "--http-addr", hostIP + ":8070",
+		"--boot-observations-url", s.Settings.ImageServiceURL + "/boot-observations",
+		"--boot-observations-token-file", observationsTokenFile, "--boot-observations-ca-file", s.CAFile}, extra...)
 	require.NoError(t, theLab.Start(name, lab.PXEReady, args...))
 }
 
@@ -95,7 +106,23 @@ func TestLabPXEProxy(t *testing.T) {
 		t.Parallel()
 		const mac = "52:54:00:2a:00:01"
 		v := bootVMOn(t, "br0", vm.Options{Name: "pxe-uefi", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})
-		agentWithMAC(t, ie.Namespace, mac, v)
+		a := agentWithMAC(t, ie.Namespace, mac, v)
+		// Its boot trace has every hop, from the PXE service's and the
+		// image service's sightings, and its Agent continues it.
+		var bt v1alpha1.BootTrace
+		require.Eventually(t, func() bool {
+			if s.Client.Get(ctx, client.ObjectKey{Namespace: ie.Namespace, Name: boottrace.Name(mac)}, &bt) != nil {
+				return false
+			}
+			ok := map[string]bool{}
+			for _, h := range bt.Status.Hops {
+				ok[h.Hop] = h.OK
+			}
+			return ok[boottrace.DHCP] && ok[boottrace.BootFile] && ok[boottrace.BootScript] && ok[boottrace.Kernel] && ok[boottrace.Initrd] && ok[boottrace.RootFS]
+		}, time.Minute, time.Second, "boot trace of %s: %+v", mac, &bt.Status)
+		require.Equal(t, ie.Namespace+"/"+ie.Name, bt.Status.InfraEnv)
+		d := boottrace.Diagnose(&bt, &a)
+		require.Contains(t, []string{boottrace.Inventory, boottrace.Heartbeat}, d.Stopped, "%+v", d)
 		requireSerial(t, v, "NBP filename is ipxe.efi", "Filename: "+bootScriptURL()+"?mac="+mac)
 		// OVMF asks for windowsize 4 (RFC 7440): real firmware takes four
 		// blocks per acknowledgement from agentboot's TFTP server.

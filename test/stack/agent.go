@@ -154,6 +154,11 @@ func (s *Stack) RegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, mediaU
 // TryRegisterBooted is RegisterBooted returning the agent API's refusal.
 func (s *Stack) TryRegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, mediaURL string) (*Host, error) {
 	t.Helper()
+	return s.register(t, ie, n, mediaURL, false)
+}
+
+func (s *Stack) register(t testing.TB, ie *v1beta1.InfraEnv, n int, mediaURL string, noInventory bool) (*Host, error) {
+	t.Helper()
 	h := &Host{s: s, Cfg: s.AgentConfig(t, ie)}
 	req := agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: HostID(n), Identity: agentwire.HostIdentity{MACAddresses: []string{MAC(n)}}}
 	if mediaURL != "" {
@@ -182,10 +187,24 @@ func (s *Stack) TryRegisterBooted(t testing.TB, ie *v1beta1.InfraEnv, n int, med
 		return nil, err
 	}
 	h.NS, h.ID, h.Token = resp.Namespace, resp.HostID, resp.AgentToken
+	if noInventory {
+		return h, nil
+	}
 	if err := h.call(http.MethodPut, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/inventory", h.Token, FakeInventory(fmt.Sprintf("host-%d", n), MAC(n)), nil); err != nil {
 		return nil, err
 	}
 	return h, nil
+}
+
+// RegisterOnly registers host n of ie and uploads nothing: its Agent is
+// discovering until the host's inventory comes (PutInventory).
+func (s *Stack) RegisterOnly(t testing.TB, ie *v1beta1.InfraEnv, n int) *Host {
+	t.Helper()
+	h, err := s.register(t, ie, n, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 // TryRegisterAs registers a host saying hostID and ident, as the agent does

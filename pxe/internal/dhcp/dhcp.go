@@ -70,9 +70,10 @@ type Config struct {
 	// may send together (50; the burst is four times that, at least
 	// 200). Clients holding a lease or a reservation are not counted.
 	NewClientRate float64
-	// Observe, when set, is told of each request from a client, for its
-	// boot trace: whether it was answered with a boot file and, when not,
-	// why; the address the client has or asks for, when it says.
+	// Observe, when set, is told of each request from a network-boot
+	// client (PXE, HTTP boot or iPXE), for its boot trace: whether it was
+	// answered with a boot file and, when not, why; the address the
+	// client has or asks for, when it says.
 	Observe func(Observation)
 	Log     logr.Logger
 	Now     func() time.Time
@@ -246,7 +247,9 @@ func (h *Handler) Respond(req *dhcpv4.DHCPv4, port int) *dhcpv4.DHCPv4 {
 	if why != "" {
 		h.drop(why)
 	}
-	if h.cfg.Observe != nil {
+	// A client that is not network booting (an installed system, the live
+	// system's own DHCP) is no hop of a boot path.
+	if h.cfg.Observe != nil && why != "not-pxe" {
 		h.cfg.Observe(observation(req, port, reply, why))
 	}
 	return reply
@@ -296,8 +299,6 @@ func observation(req *dhcpv4.DHCPv4, port int, reply *dhcpv4.DHCPv4, why string)
 // whyText says a drop reason in words.
 func whyText(why string) string {
 	switch why {
-	case "not-pxe":
-		return "not a network-boot client (no PXEClient or HTTPClient vendor class, not iPXE)"
 	case "unsupported-arch":
 		return "its firmware's architecture (option 93) is one this PXE service has no boot file for"
 	case "unknown-relay":

@@ -70,6 +70,8 @@ type bench struct {
 	mgr  *exec.Cmd
 	hc   *http.Client
 	base string
+	// metricsAddr serves the manager's metrics (plain HTTP, loopback).
+	metricsAddr string
 }
 
 // start starts the control plane and the manager (with extra flags), and
@@ -85,7 +87,7 @@ func start(n int, poll time.Duration, extra ...string) (*bench, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &bench{dir: dir}
+	b := &bench{dir: dir, metricsAddr: fmt.Sprintf("127.0.0.1:%d", freePort())}
 	// Interrupted, the bench still stops what it started: etcd and
 	// kube-apiserver would otherwise outlive it.
 	sig := make(chan os.Signal, 1)
@@ -113,7 +115,7 @@ func start(n int, poll time.Duration, extra ...string) (*bench, error) {
 	}
 	args := append([]string{"manager",
 		"--kubeconfig", b.env.Kubeconfig, "--log-format", "text", "--log-level", "warn", "--leader-elect=false",
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+		"--metrics-bind-address", b.metricsAddr, "--metrics-secure=false", "--health-probe-bind-address", "0",
 		"--os-image-stream", filepath.Join(filepath.Dir(iso), "stream.json"), "--image-cache-dir", filepath.Join(dir, "cache"),
 		"--agent-api-url", fmt.Sprintf("https://127.0.0.1:%d", apiPort),
 		"--image-service-url", "https://127.0.0.1:1", "--image-service-http-url", "http://127.0.0.1:1",
@@ -228,6 +230,15 @@ func run(n int, ramp, poll, window time.Duration) error {
 	}
 	r1, _ := apiserverWritesByResource(env.Config)
 	cpu1 := cpuTicks(mgr.Process.Pid)
+	// What watching the pool costs, while the hosts still heartbeat.
+	metricsLine, err := metricsCost(mgr.Process.Pid, b.metricsAddr, float64(cpu1-cpu0)/elapsed)
+	if err != nil {
+		metricsLine = "metrics: " + err.Error()
+	}
+	pageLine, err := pageCost(env.Config)
+	if err != nil {
+		pageLine = "hosts page: " + err.Error()
+	}
 	stop()
 	wg.Wait()
 
@@ -258,6 +269,8 @@ func run(n int, ramp, poll, window time.Duration) error {
 	sort.Strings(parts)
 	fmt.Printf("  by resource: %s\n", strings.Join(parts, ", "))
 	fmt.Printf("manager: %.1f%% of one CPU, %d MiB resident (peak)\n", float64(cpu1-cpu0)/100/elapsed*100, peak>>20)
+	fmt.Println(metricsLine)
+	fmt.Println(pageLine)
 
 	agentBin := filepath.Join(testenv.RepoRoot(), "bin", "agent")
 	st, err := os.Stat(agentBin)
