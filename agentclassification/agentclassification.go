@@ -62,6 +62,9 @@ type Config struct {
 	Log logr.Logger
 	// Timeout bounds one query on one Agent (default DefaultTimeout).
 	Timeout time.Duration
+	// Matcher runs the queries (default: InProcess, bounded in time only;
+	// the manager runs them in a Sandbox).
+	Matcher Matcher
 }
 
 // SetupWithManager adds both controllers to mgr.
@@ -69,9 +72,12 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	if cfg.Matcher == nil {
+		cfg.Matcher = InProcess{Timeout: cfg.Timeout}
+	}
 	q := &programs{byName: map[types.NamespacedName]program{}}
 	c := mgr.GetClient()
-	agents := &agentReconciler{c: c, programs: q, timeout: cfg.Timeout, log: cfg.Log.WithName("agent-labels")}
+	agents := &agentReconciler{c: c, programs: q, matcher: cfg.Matcher, log: cfg.Log.WithName("agent-labels")}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("agentclassification-labels").
 		For(&v1beta1.Agent{}, builder.WithPredicates(inventoryOrLabelsChanged())).
 		// A classification's spec or deletion changes labels; its status
@@ -184,14 +190,7 @@ func kind(v any) string {
 
 // inventory is the Agent's inventory as a query sees it: the JSON of
 // status.inventory.
-func inventory(a *v1beta1.Agent) (any, error) {
-	raw, err := json.Marshal(a.Status.Inventory)
-	if err != nil {
-		return nil, err
-	}
-	var v any
-	return v, json.Unmarshal(raw, &v)
-}
+func inventory(a *v1beta1.Agent) ([]byte, error) { return json.Marshal(a.Status.Inventory) }
 
 // winners are the namespace's live classifications that decide a label
 // key: for each key the one with the first name (ordered), so that two
@@ -214,7 +213,7 @@ func winners(list []v1beta1.AgentClassification) map[string]*v1beta1.AgentClassi
 type agentReconciler struct {
 	c        client.Client
 	programs *programs
-	timeout  time.Duration
+	matcher  Matcher
 	log      logr.Logger
 }
 
@@ -238,11 +237,10 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{}, err
 	}
 	for key, c := range winners(list.Items) {
-		code, err := r.programs.compile(c)
-		if err != nil {
+		if _, err := r.programs.compile(c); err != nil {
 			continue // no label; its status says why
 		}
-		ok, err := Match(ctx, code, inv, r.timeout)
+		ok, err := r.matcher.Match(ctx, c.Spec.Query, inv)
 		switch {
 		case err != nil:
 			r.log.V(1).Info("query failed", "agent", req.String(), "classification", c.Name, "error", err.Error())

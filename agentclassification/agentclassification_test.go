@@ -1,6 +1,9 @@
 package agentclassification_test
 
 import (
+	"os"
+	"os/exec"
+	"runtime"
 	"context"
 	"fmt"
 	"strings"
@@ -19,7 +22,59 @@ import (
 	"github.com/agentboot/agentboot/test/stack"
 )
 
-func TestMain(m *testing.M) { stack.Main(m) }
+func TestMain(m *testing.M) {
+	// The sandbox's worker is this test binary again (TestSandbox).
+	if os.Getenv("AGENTBOOT_QUERY_WORKER") != "" {
+		if err := agentclassification.Worker(os.Stdin, os.Stdout, workerMemory, 100*time.Millisecond); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	stack.Main(m)
+}
+
+// workerMemory is the worker's address space in TestSandbox.
+const workerMemory = 256 << 20
+
+// A query that allocates without bound kills its worker, never the
+// caller: the query fails on that inventory, saying so, and the next
+// query gets a new worker. One that runs too long is stopped.
+func TestSandbox(t *testing.T) {
+	sb := &agentclassification.Sandbox{Timeout: 100 * time.Millisecond, Memory: workerMemory, Command: func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "AGENTBOOT_QUERY_WORKER=1")
+		return cmd
+	}}
+	defer sb.Close()
+	inv := []byte(`{"cpu":{"count":4},"memory":{"physicalBytes":17179869184}}`)
+	ctx := context.Background()
+	ok, err := sb.Match(ctx, ".cpu.count >= 4", inv)
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, err = sb.Match(ctx, ".cpu.count == 2", inv)
+	require.NoError(t, err)
+	require.False(t, ok)
+	_, err = sb.Match(ctx, "(((", inv)
+	require.ErrorContains(t, err, "query does not parse")
+
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	_, err = sb.Match(ctx, `[limit(100000000; repeat("0123456789abcdef0123456789abcdef"))] | length > 0`, inv)
+	require.ErrorContains(t, err, "the query used more memory than the query worker may (256 MiB)")
+	require.Less(t, time.Since(start), 10*time.Second)
+	t.Logf("a query allocating without bound: %v (%s)", err, time.Since(start).Round(time.Millisecond))
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	require.Less(t, after.HeapAlloc, before.HeapAlloc+64<<20, "the caller's memory did not grow")
+
+	_, err = sb.Match(ctx, "def f: f; f", inv)
+	require.ErrorContains(t, err, "the query ran longer than 100ms")
+	ok, err = sb.Match(ctx, ".memory.physicalBytes > 1e9", inv)
+	require.NoError(t, err, "a new worker answers the next query")
+	require.True(t, ok)
+}
 
 // A query is a tenant's program run by the manager: it sees the inventory
 // and nothing of the manager's environment, and it is stopped when it runs

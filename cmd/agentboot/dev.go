@@ -195,7 +195,7 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	agentCfg := ag.config()
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &imgCfg, AgentService: agentCfg, NodePool: m.nodePool(), BMC: bmcCfg, AgentClassifications: m.agentClassifications}, log); err != nil {
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, ImageService: &imgCfg, AgentService: agentCfg, NodePool: m.nodePool(), BMC: bmcCfg, AgentClassifications: m.agentClassifications, ClassificationMatcher: m.classificationSandbox()}, log); err != nil {
 		return err
 	}
 

@@ -32,6 +32,7 @@ var commands = []command{
 	{"pxe", "answer network boot (ProxyDHCP or DHCP, TFTP, HTTP) on the boot network", runPXE},
 	{"dev", "run a local control plane with everything agentboot serves (make run)", runDev},
 	{"trace", "show where a host is on its boot path, by MAC or Agent, and why it stopped (with your kubeconfig's rights)", runTrace},
+	{"classify-worker", "run AgentClassification queries for the manager, one a line on stdin (the manager starts it)", runClassifyWorker},
 	{"ui", "serve a live page of the hosts by InfraEnv on this machine (with your kubeconfig's rights)", runUI},
 	{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
 }

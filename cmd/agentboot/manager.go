@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/agentboot/agentboot/agentclassification"
 	"github.com/agentboot/agentboot/bmc"
 	"github.com/agentboot/agentboot/cmd/agentboot/app"
 	"github.com/agentboot/agentboot/internal/osimage"
@@ -34,8 +37,10 @@ type managerFlags struct {
 	behindNAT     bool
 	softPowerOff  time.Duration
 	powerTimeout  time.Duration
-	// agentClassifications runs the AgentClassification controllers.
+	// agentClassifications runs the AgentClassification controllers, their
+	// queries in a worker process of classificationMemory MiB.
 	agentClassifications bool
+	classificationMemory int64
 	// sanitization and the flags it was made from.
 	sanitization     sanitize.Policy
 	infraEnvSanitize []string
@@ -46,8 +51,8 @@ func (m *managerFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&m.leaderElect, "leader-elect", true, "elect a leader among manager replicas before running controllers (an agent API served in-process runs on every replica)")
 	fs.BoolVar(&m.nodePools, "nodepools", true, "install the Agents cluster-api-provider-agent binds for HyperShift NodePools and explain NodePool shortfalls; false hands out no installation (another service installs them)")
 	fs.BoolVar(&m.approveCSRs, "approve-kubelet-csrs", true, "approve the kubelet CSRs of hosts agentboot installed, after checking them as cluster-machine-approver does; false leaves every one to a person, with an event naming it")
-	fs.BoolVar(&m.agentClassifications, "agent-classifications", false, "label Agents by AgentClassifications' queries over their inventory. Off by default: a query runs inside the manager, "+
-		"and one written to exhaust memory can stop it; turn it on where those who may create AgentClassifications are trusted (docs/agents.md)")
+	fs.BoolVar(&m.agentClassifications, "agent-classifications", true, "label Agents by AgentClassifications' queries over their inventory; each query runs in a worker process whose memory the kernel caps (docs/agents.md)")
+	fs.Int64Var(&m.classificationMemory, "agent-classification-memory", agentclassification.DefaultWorkerMemory>>20, "MiB of address space the AgentClassification query worker may use; a query that needs more fails on that Agent")
 	fs.BoolVar(&m.behindNAT, "agent-api-behind-nat", false, "the agent API does not see hosts' own source addresses (SNAT or a proxy in front of it): kubelet serving CSRs are checked against the addresses hosts report instead of those they were seen using")
 	fs.StringVar(&m.bmcNetworks, "bmc-networks", "", "comma-separated CIDRs BareMetalHost BMC addresses must be in (names are resolved and every address checked); empty: any. "+
 		"Set it where tenants declare BareMetalHosts, so that none can make the manager connect, with credentials, to services on other networks")
@@ -98,6 +103,18 @@ func (m managerFlags) bmc() (bmc.Config, error) {
 		cfg.Networks = append(cfg.Networks, p.Masked())
 	}
 	return cfg, nil
+}
+
+// classificationSandbox runs AgentClassification queries in this
+// executable's classify-worker, capped at --agent-classification-memory.
+func (m managerFlags) classificationSandbox() agentclassification.Matcher {
+	return &agentclassification.Sandbox{Memory: m.classificationMemory << 20, Command: func() *exec.Cmd {
+		self, err := os.Executable()
+		if err != nil {
+			self = os.Args[0]
+		}
+		return exec.Command(self, "classify-worker", "--memory-mib", strconv.FormatInt(m.classificationMemory, 10))
+	}}
 }
 
 func (m managerFlags) nodePool() nodepool.Config {
@@ -188,7 +205,7 @@ func runManager(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, AgentService: ag.config(), NodePool: m.nodePool(), BMC: bmcCfg, AgentClassifications: m.agentClassifications}, log); err != nil {
+	if err := app.Add(mgr, app.Components{Namespace: m.namespace, Catalog: catalog, Settings: settings, Controllers: true, AgentService: ag.config(), NodePool: m.nodePool(), BMC: bmcCfg, AgentClassifications: m.agentClassifications, ClassificationMatcher: m.classificationSandbox()}, log); err != nil {
 		return err
 	}
 	log.Info("starting manager", "version", version, "namespace", m.namespace)

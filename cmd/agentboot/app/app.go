@@ -132,6 +132,9 @@ type Components struct {
 	// AgentClassifications runs the AgentClassification controllers (with
 	// Controllers); off by default (docs/agents.md).
 	AgentClassifications bool
+	// ClassificationMatcher runs their queries (default: in this process,
+	// bounded in time only; the manager's commands give a Sandbox).
+	ClassificationMatcher agentclassification.Matcher
 	// BootStallAfter is how long a boot may make no progress before its
 	// host's BareMetalHost and Agent get a BootStalled event (10 min).
 	BootStallAfter time.Duration
@@ -205,7 +208,7 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		}
 		// AgentClassifications label Agents by their inventory.
 		if c.AgentClassifications {
-			if err := agentclassification.SetupWithManager(mgr, agentclassification.Config{Log: log.WithName("agentclassification")}); err != nil {
+			if err := agentclassification.SetupWithManager(mgr, agentclassification.Config{Log: log.WithName("agentclassification"), Matcher: c.ClassificationMatcher}); err != nil {
 				return err
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/agentboot/agentboot/internal/ui"
 )
@@ -61,6 +62,7 @@ func pageCost(cfg *rest.Config) (string, error) {
 	if err != nil {
 		return "", errors.New("chromium not found: install Debian's chromium package to measure the hosts page")
 	}
+	ctrllog.SetLogger(logr.Discard())
 	srv := &ui.Server{Config: cfg, Home: "agentboot-system", Log: logr.Discard()}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

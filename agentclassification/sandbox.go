@@ -1,0 +1,223 @@
+package agentclassification
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+
+	"github.com/itchyny/gojq"
+	"golang.org/x/sys/unix"
+)
+
+// A query is a program its author wrote, run on every Agent of the
+// namespace: one can allocate without bound ("x" * 1e10, [range(1e9)]).
+// Queries therefore run in a worker process of their own, whose address
+// space the kernel caps (RLIMIT_AS): a query that allocates past it kills
+// the worker, never the manager; the query fails on that Agent and a new
+// worker takes the next one.
+
+// Matcher runs a classification's query on an Agent's inventory.
+type Matcher interface {
+	// Match says whether query gives true on inventory (its JSON).
+	Match(ctx context.Context, query string, inventory []byte) (bool, error)
+}
+
+// InProcess runs queries in the calling process, bounded in time only.
+type InProcess struct{ Timeout time.Duration }
+
+// Match compiles and runs query.
+func (m InProcess) Match(ctx context.Context, query string, inventory []byte) (bool, error) {
+	code, err := Compile(query)
+	if err != nil {
+		return false, err
+	}
+	var v any
+	if err := json.Unmarshal(inventory, &v); err != nil {
+		return false, err
+	}
+	return Match(ctx, code, v, m.Timeout)
+}
+
+// DefaultWorkerMemory is the address space a query worker may use.
+const DefaultWorkerMemory = 512 << 20
+
+type request struct {
+	Query     string          `json:"query"`
+	Inventory json.RawMessage `json:"inventory"`
+}
+
+type response struct {
+	Match bool   `json:"match"`
+	Error string `json:"error,omitempty"`
+}
+
+// Sandbox runs queries in a worker process (Command), one at a time.
+type Sandbox struct {
+	// Command makes the worker's command (agentboot classify-worker).
+	Command func() *exec.Cmd
+	// Timeout bounds one query (DefaultTimeout); the worker that has not
+	// answered a second after it is killed.
+	Timeout time.Duration
+	// Memory is the worker's cap, for messages (DefaultWorkerMemory).
+	Memory int64
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Reader
+	exited chan struct{}
+}
+
+// Match runs query in the worker, starting one when none runs.
+func (s *Sandbox) Match(ctx context.Context, query string, inventory []byte) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.Timeout <= 0 {
+		s.Timeout = DefaultTimeout
+	}
+	if s.cmd == nil {
+		if err := s.start(); err != nil {
+			return false, fmt.Errorf("start the query worker: %w", err)
+		}
+	}
+	line, err := json.Marshal(request{Query: query, Inventory: inventory})
+	if err != nil {
+		return false, err
+	}
+	if _, err := s.in.Write(append(line, '\n')); err != nil {
+		return false, s.lost("it could not be sent the query")
+	}
+	answer := make(chan []byte, 1)
+	go func(out *bufio.Reader) {
+		b, err := out.ReadBytes('\n')
+		if err != nil {
+			b = nil
+		}
+		answer <- b
+	}(s.out)
+	select {
+	case b := <-answer:
+		if b == nil {
+			memory := s.Memory
+			if memory <= 0 {
+				memory = DefaultWorkerMemory
+			}
+			return false, s.lost(fmt.Sprintf("the query used more memory than the query worker may (%d MiB), or the worker failed", memory>>20))
+		}
+		var r response
+		if err := json.Unmarshal(b, &r); err != nil {
+			return false, s.lost("its answer was malformed")
+		}
+		if r.Error != "" {
+			return false, errors.New(r.Error)
+		}
+		return r.Match, nil
+	case <-time.After(s.Timeout + time.Second):
+		return false, s.lost(fmt.Sprintf("the query ran longer than %s", s.Timeout))
+	case <-ctx.Done():
+		_ = s.lost("")
+		return false, ctx.Err()
+	}
+}
+
+// lost kills the worker (the next query starts another) and says why.
+func (s *Sandbox) lost(why string) error {
+	if s.cmd != nil {
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+		s.cmd = nil
+	}
+	return errors.New(why)
+}
+
+func (s *Sandbox) start() error {
+	cmd := s.Command()
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	// A query past the cap ends the worker with the Go runtime's "out of
+	// memory": that message only, not a dump of every goroutine.
+	cmd.Env = append(cmd.Environ(), "GOTRACEBACK=none")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	s.cmd, s.in, s.out, s.exited = cmd, in, bufio.NewReaderSize(out, 64<<10), exited
+	return nil
+}
+
+// Close stops the worker.
+func (s *Sandbox) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_ = s.lost("")
+}
+
+// Worker is the query worker's main: it caps its own address space at
+// memory bytes, then answers one request a line from in on out until in
+// ends. Compiled queries are kept for the next Agents.
+func Worker(in io.Reader, out io.Writer, memory int64, timeout time.Duration) error {
+	if err := unix.Setrlimit(unix.RLIMIT_AS, &unix.Rlimit{Cur: uint64(memory), Max: uint64(memory)}); err != nil {
+		return fmt.Errorf("cap the address space: %w", err)
+	}
+	codes := map[string]*gojq.Code{}
+	r := bufio.NewReaderSize(in, 64<<10)
+	w := bufio.NewWriter(out)
+	enc := json.NewEncoder(w)
+	for {
+		line, err := r.ReadBytes('\n')
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var req request
+		var resp response
+		if err := json.Unmarshal(line, &req); err != nil {
+			resp.Error = "malformed request: " + err.Error()
+		} else {
+			resp.Match, err = func() (bool, error) {
+				code := codes[req.Query]
+				if code == nil {
+					c, err := Compile(req.Query)
+					if err != nil {
+						return false, err
+					}
+					if len(codes) >= 256 {
+						clear(codes)
+					}
+					code, codes[req.Query] = c, c
+				}
+				var v any
+				if err := json.Unmarshal(req.Inventory, &v); err != nil {
+					return false, err
+				}
+				return Match(context.Background(), code, v, timeout)
+			}()
+			if err != nil {
+				resp.Error = err.Error()
+			}
+		}
+		if err := enc.Encode(resp); err != nil {
+			return err
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,24 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/agentboot/agentboot/agentclassification"
+)
+
+// runClassifyWorker answers the manager's AgentClassification queries in a
+// process of their own, its address space capped (docs/agents.md).
+func runClassifyWorker(_ context.Context, args []string) error {
+	fs := flag.NewFlagSet("classify-worker", flag.ContinueOnError)
+	memory := fs.Int64("memory-mib", agentclassification.DefaultWorkerMemory>>20, "MiB of address space this worker may use")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *memory < 64 {
+		return fmt.Errorf("--memory-mib %d: at least 64 (the Go runtime alone needs some)", *memory)
+	}
+	return agentclassification.Worker(os.Stdin, os.Stdout, *memory<<20, agentclassification.DefaultTimeout)
+}
