@@ -1,11 +1,11 @@
 package agentclassification_test
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
-	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
