@@ -30,6 +30,7 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/eventnote"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/internal/observe"
 	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/internal/signing"
@@ -205,6 +206,9 @@ func setupController(mgr manager.Manager, cfg Config) error {
 }
 
 func setupAPI(mgr manager.Manager, cfg Config) error {
+	// Sanitizations are counted from zero, so that the first failure is
+	// an increase an alert sees.
+	poolmetrics.Register()
 	owed := &debts.Store{Client: mgr.GetClient(), Namespace: cfg.Namespace, Now: time.Now}
 	// Bound hosts install what the manager hands over for them (package
 	// handover); hosts that owe an erase get it first.

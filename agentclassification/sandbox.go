@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,8 +46,11 @@ func (m InProcess) Match(ctx context.Context, query string, inventory []byte) (b
 	return Match(ctx, code, v, m.Timeout)
 }
 
-// DefaultWorkerMemory is the address space a query worker may use.
-const DefaultWorkerMemory = 512 << 20
+// DefaultWorkerMemory is the address space a query worker may use beyond
+// what it uses once started: with the manager's own (about 140 MiB with
+// 2000 hosts), well inside the manager container's 512 MiB limit, which
+// the kernel enforces on both processes together.
+const DefaultWorkerMemory = 128 << 20
 
 type request struct {
 	Query     string          `json:"query"`
@@ -73,6 +77,31 @@ type Sandbox struct {
 	in     io.WriteCloser
 	out    *bufio.Reader
 	exited chan struct{}
+	stderr *firstLine
+}
+
+// firstLine keeps the first line a worker writes on stderr (the Go
+// runtime's "fatal error: runtime: out of memory"), not the goroutine
+// dump after it.
+type firstLine struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (f *firstLine) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if room := 512 - len(f.buf); room > 0 {
+		f.buf = append(f.buf, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (f *firstLine) first() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	line, _, _ := strings.Cut(string(f.buf), "\n")
+	return strings.TrimSpace(line)
 }
 
 // Match runs query in the worker, starting one when none runs.
@@ -109,7 +138,11 @@ func (s *Sandbox) Match(ctx context.Context, query string, inventory []byte) (bo
 			if memory <= 0 {
 				memory = DefaultWorkerMemory
 			}
-			return false, s.lost(fmt.Sprintf("the query used more memory than the query worker may (%d MiB), or the worker failed", memory>>20))
+			why := fmt.Sprintf("the query used more memory than the query worker may (%d MiB), or the worker failed", memory>>20)
+			if line := s.stderr.first(); line != "" {
+				why += ": " + line
+			}
+			return false, s.lost(why)
 		}
 		var r response
 		if err := json.Unmarshal(b, &r); err != nil {
@@ -148,16 +181,35 @@ func (s *Sandbox) start() error {
 		return err
 	}
 	// A query past the cap ends the worker with the Go runtime's "out of
-	// memory": that message only, not a dump of every goroutine.
-	cmd.Env = append(cmd.Environ(), "GOTRACEBACK=none")
-	cmd.Stderr = os.Stderr
+	// memory" and a dump of its goroutines: the first line goes into the
+	// query's error, the rest nowhere.
+	stderr := &firstLine{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	s.cmd, s.in, s.out, s.exited = cmd, in, bufio.NewReaderSize(out, 64<<10), exited
+	s.cmd, s.in, s.out, s.exited, s.stderr = cmd, in, bufio.NewReaderSize(out, 64<<10), exited, stderr
 	return nil
+}
+
+// addressSpace is the process's virtual size (VmSize), in bytes.
+func addressSpace() (int64, error) {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmSize:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kb); err != nil {
+				return 0, fmt.Errorf("VmSize %q: %w", v, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no VmSize in /proc/self/status")
 }
 
 // Close stops the worker.
@@ -168,10 +220,17 @@ func (s *Sandbox) Close() {
 }
 
 // Worker is the query worker's main: it caps its own address space at
-// memory bytes, then answers one request a line from in on out until in
-// ends. Compiled queries are kept for the next Agents.
+// what it uses once started plus memory bytes (the executable and the Go
+// runtime's own reservations are not the queries'), then answers one
+// request a line from in on out until in ends. Compiled queries are kept
+// for the next Agents.
 func Worker(in io.Reader, out io.Writer, memory int64, timeout time.Duration) error {
-	if err := unix.Setrlimit(unix.RLIMIT_AS, &unix.Rlimit{Cur: uint64(memory), Max: uint64(memory)}); err != nil {
+	used, err := addressSpace()
+	if err != nil {
+		return err
+	}
+	limit := uint64(used + memory)
+	if err := unix.Setrlimit(unix.RLIMIT_AS, &unix.Rlimit{Cur: limit, Max: limit}); err != nil {
 		return fmt.Errorf("cap the address space: %w", err)
 	}
 	codes := map[string]*gojq.Code{}

@@ -36,6 +36,10 @@ const (
 	addrTTL  = time.Hour
 )
 
+// postBatch is how many observations one post carries: at the largest
+// texts, well inside the image service's boottrace.MaxBatchBytes.
+const postBatch = 300
+
 type obsKey struct{ mac, hop string }
 
 type macAt struct {
@@ -94,7 +98,8 @@ func (o *observer) add(obs boottrace.Observation) {
 // dhcp records what the DHCP handler did, and the address the client uses.
 func (o *observer) dhcp(d dhcp.Observation) {
 	now := time.Now()
-	if d.Addr.IsValid() {
+	// Only an answered client's address: a packet can name any.
+	if d.Addr.IsValid() && d.Answered {
 		o.learn(d.Addr, d.MAC, now)
 	}
 	o.add(boottrace.Observation{MAC: d.MAC, Hop: boottrace.DHCP, At: now, OK: d.Answered, Outcome: d.Outcome, Detail: d.Detail})
@@ -179,7 +184,7 @@ func (o *observer) flush(ctx context.Context) {
 	var batch []boottrace.Observation
 	for _, obs := range pending {
 		batch = append(batch, *obs)
-		if len(batch) == boottrace.MaxBatch {
+		if len(batch) == postBatch {
 			o.post(ctx, batch)
 			batch = nil
 		}

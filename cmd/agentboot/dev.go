@@ -228,7 +228,11 @@ func runDev(ctx context.Context, args []string) error {
 			return fmt.Errorf("hosts page: %w (choose another with --ui-addr)", err)
 		}
 		hs := &http.Server{Handler: page.Handler(), ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = page.Start(mgrCtx) }()
+		go func() {
+			if err := page.Start(mgrCtx); err != nil {
+				log.Error(err, "the hosts page stopped")
+			}
+		}()
 		go func() { _ = hs.Serve(l) }()
 		defer hs.Close()
 		fmt.Fprintf(os.Stderr, "The hosts page: %s\n\n", page.URL(l.Addr().String()))

@@ -74,8 +74,8 @@ func (p *pxeFlags) observations(cfg *pxe.Config, flagErr func(name, format strin
 		return nil
 	}
 	u, err := url.Parse(p.observationsURL)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
-		return flagErr("boot-observations-url", "%q is not an http(s):// URL of the image service", p.observationsURL)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil {
+		return flagErr("boot-observations-url", "%q is not an https:// URL of the image service (its token must not cross the boot network in clear)", p.observationsURL)
 	}
 	if p.observationsTokenFile == "" {
 		return flagErr("boot-observations-token-file", "required with --boot-observations-url")

@@ -66,7 +66,14 @@ func runUI(ctx context.Context, args []string) error {
 		_ = hs.Shutdown(shut)
 	}()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Start(ctx) }()
+	go func() {
+		err := srv.Start(ctx)
+		if err != nil {
+			// The page would wait for data forever: stop, saying why.
+			_ = hs.Close()
+		}
+		errc <- err
+	}()
 	fmt.Fprintf(os.Stderr, "agentboot ui: open %s\n", srv.URL(l.Addr().String()))
 	if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err

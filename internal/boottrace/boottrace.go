@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -97,9 +99,20 @@ func (o *Observation) Check(now time.Time) error {
 	if o.At.IsZero() || o.At.Before(now.Add(-time.Hour)) || o.At.After(now.Add(time.Minute)) {
 		o.At = now
 	}
-	o.Outcome = clip.Text(o.Outcome, MaxOutcome)
-	o.Detail = clip.Text(o.Detail, MaxDetail)
+	o.Outcome = clip.Text(printable(o.Outcome), MaxOutcome)
+	o.Detail = clip.Text(printable(o.Detail), MaxDetail)
 	return nil
+}
+
+// printable replaces control characters (a host's vendor class, a boot
+// loader's arch: a terminal showing `agentboot trace` must not obey them).
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || r == utf8.RuneError {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 // Name is the BootTrace's name for a MAC.

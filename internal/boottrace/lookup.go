@@ -49,9 +49,14 @@ func Lookup(ctx context.Context, c client.Reader, arg, namespace, home string) (
 		if len(traces) > 0 {
 			r.Trace = latestTrace(traces)
 		}
+		// The Agent with the MAC in the trace's namespace (a host's MACs
+		// are what it reports: never one of another namespace's).
 		nss := []string{namespace}
-		if r.Trace != nil && r.Trace.Namespace != home {
-			nss = append(nss, r.Trace.Namespace)
+		if r.Trace != nil {
+			nss = []string{r.Trace.Namespace}
+			if r.Trace.Namespace == home {
+				nss = nil
+			}
 		}
 		for _, ns := range nss {
 			if ns == "" || r.Agent != nil {
@@ -83,13 +88,16 @@ func Lookup(ctx context.Context, c client.Reader, arg, namespace, home string) (
 	var out []Report
 	for _, mac := range agentMACs(&a) {
 		r := Report{MAC: mac, Agent: &a}
-		traces, hidden, err := traces(ctx, c, mac, namespace)
-		if err != nil {
+		// Its trace in its own namespace only.
+		var list v1alpha1.BootTraceList
+		err := c.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{v1alpha1.MACLabel: Label(mac)})
+		switch {
+		case apierrors.IsForbidden(err):
+			r.Hidden = append(r.Hidden, "BootTraces in namespace "+namespace)
+		case err != nil:
 			return nil, err
-		}
-		r.Hidden = hidden
-		if len(traces) > 0 {
-			r.Trace = latestTrace(traces)
+		case len(list.Items) > 0:
+			r.Trace = latestTrace(list.Items)
 		}
 		r.finish(home)
 		out = append(out, r)

@@ -33,10 +33,14 @@ type Stalls struct {
 	Events events.EventRecorder
 	// After is how long a boot may make no progress (default 10 min).
 	After time.Duration
-	Now   func() time.Time
+	// Home is agentboot's namespace: the traces of MACs nothing claims
+	// get no events (no BareMetalHost or Agent has them, and anyone can
+	// make them up); the page and agentboot trace show them.
+	Home string
+	Now  func() time.Time
 
 	mu   sync.Mutex
-	told map[types.UID]time.Time // the LastSeen each trace was evented for
+	told map[types.NamespacedName]time.Time // the LastSeen each trace was evented for
 }
 
 // SetupWithManager watches BootTraces.
@@ -47,7 +51,7 @@ func (s *Stalls) SetupWithManager(mgr manager.Manager) error {
 	if s.Now == nil {
 		s.Now = time.Now
 	}
-	s.told = map[types.UID]time.Time{}
+	s.told = map[types.NamespacedName]time.Time{}
 	if err := macindex.Register(mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
@@ -58,9 +62,14 @@ func (s *Stalls) SetupWithManager(mgr manager.Manager) error {
 func (s *Stalls) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var t v1alpha1.BootTrace
 	if err := s.Client.Get(ctx, req.NamespacedName, &t); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			s.mu.Lock()
+			delete(s.told, req.NamespacedName)
+			s.mu.Unlock()
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if t.Status.LastSeen == nil {
+	if t.Status.LastSeen == nil || t.Namespace == s.Home {
 		return reconcile.Result{}, nil
 	}
 	seen := t.Status.LastSeen.Time
@@ -68,7 +77,7 @@ func (s *Stalls) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
 	s.mu.Lock()
-	already := s.told[t.UID].Equal(seen)
+	already := s.told[req.NamespacedName].Equal(seen)
 	s.mu.Unlock()
 	if already {
 		return reconcile.Result{}, nil
@@ -101,13 +110,7 @@ func (s *Stalls) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		s.Events.Eventf(agent, nil, corev1.EventTypeWarning, StallReason, "Boot", "%s", note)
 	}
 	s.mu.Lock()
-	s.told[t.UID] = seen
-	// Forget traces told of long ago: they were deleted, or boot again.
-	for uid, at := range s.told {
-		if s.Now().Sub(at) > 7*24*time.Hour {
-			delete(s.told, uid)
-		}
-	}
+	s.told[req.NamespacedName] = seen
 	s.mu.Unlock()
 	return reconcile.Result{}, nil
 }

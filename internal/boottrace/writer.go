@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentboot/agentboot/api/agentboot/v1alpha1"
+	"github.com/agentboot/agentboot/internal/clip"
 )
 
 // Claim is where a MAC's trace lives: the namespace of the InfraEnv it
@@ -25,6 +26,20 @@ type Claim struct {
 	Namespace, InfraEnv string
 	// Why says what claims it, or why nothing does.
 	Why string
+	// ByDefault: only the namespace's PXE-default InfraEnv claims it, as
+	// it claims any MAC a host on the boot network makes up.
+	ByDefault bool
+}
+
+// kind is the ClaimLabel value.
+func (c Claim) kind() string {
+	switch {
+	case c.InfraEnv == "":
+		return v1alpha1.ClaimNone
+	case c.ByDefault:
+		return v1alpha1.ClaimPXEDefault
+	}
+	return v1alpha1.ClaimBareMetalHost
 }
 
 // Writer writes the journal's observations into BootTraces, every
@@ -46,15 +61,18 @@ type Writer struct {
 	Interval    time.Duration
 	PerInterval int
 	// Retention: traces not seen for this long are deleted (default
-	// 7 days). MaxUnclaimed bounds the traces of unclaimed MACs (default
-	// 1000): past it the least recently seen go.
+	// 7 days). MaxUnclaimed bounds the traces of unclaimed MACs, and
+	// MaxByDefault those a PXE-default InfraEnv claims in each namespace
+	// (default 1000 each): past it the least recently seen go.
 	Retention    time.Duration
 	MaxUnclaimed int
+	MaxByDefault int
 	// SweepEvery is how often old traces are deleted (default 1 min).
 	SweepEvery time.Duration
-	// NewUnclaimed limits the traces of unclaimed MACs created, a second
-	// (default 1, bursts of 100): with the sweep, what bounds the traces
-	// a flood of made-up MACs leaves. Their observations wait meanwhile.
+	// NewUnclaimed limits the traces created for MACs nothing claims or
+	// only a PXE default claims, a second (default 1, bursts of 100): with
+	// the sweep, what bounds the traces a flood of made-up MACs leaves.
+	// Their observations wait meanwhile.
 	NewUnclaimed *rate.Limiter
 	Now          func() time.Time
 	Log          logr.Logger
@@ -72,6 +90,9 @@ func (w *Writer) defaults() {
 	}
 	if w.MaxUnclaimed <= 0 {
 		w.MaxUnclaimed = 1000
+	}
+	if w.MaxByDefault <= 0 {
+		w.MaxByDefault = 1000
 	}
 	if w.SweepEvery <= 0 {
 		w.SweepEvery = time.Minute
@@ -116,6 +137,11 @@ func (w *Writer) Flush(ctx context.Context) {
 	w.defaults()
 	for mac, hops := range w.Journal.take(w.PerInterval) {
 		if err := w.write(ctx, mac, hops); err != nil {
+			if apierrors.IsInvalid(err) {
+				// Written again it would be refused again.
+				w.Log.Error(err, "boot trace refused by the apiserver; its observations are dropped", "mac", mac)
+				continue
+			}
 			if err != errUnclaimedLimit {
 				w.Log.Error(err, "write boot trace", "mac", mac)
 			}
@@ -134,39 +160,55 @@ func (w *Writer) write(ctx context.Context, mac string, hops []v1alpha1.BootTrac
 		ns = w.Namespace
 	}
 	key := client.ObjectKey{Namespace: ns, Name: Name(mac)}
+	kind := claim.kind()
+	// A new trace of a MAC anyone could have made up waits for the
+	// limiter, before anything is asked of the apiserver (the cache knows
+	// the traces that exist).
+	if kind != v1alpha1.ClaimBareMetalHost {
+		var cached v1alpha1.BootTrace
+		if err := w.Client.Get(ctx, key, &cached); apierrors.IsNotFound(err) && !w.NewUnclaimed.Allow() {
+			return errUnclaimedLimit
+		}
+	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var t v1alpha1.BootTrace
 		err := w.Reader.Get(ctx, key, &t)
 		if apierrors.IsNotFound(err) {
-			if claim.InfraEnv == "" && !w.NewUnclaimed.Allow() {
-				return errUnclaimedLimit
-			}
-			t = v1alpha1.BootTrace{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name, Labels: map[string]string{v1alpha1.MACLabel: Label(mac)}}}
+			t = v1alpha1.BootTrace{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name,
+				Labels: map[string]string{v1alpha1.MACLabel: Label(mac), v1alpha1.ClaimLabel: kind}}}
 			if err := w.Client.Create(ctx, &t); err != nil {
-				return err // a conflict when another replica created it
+				if apierrors.IsAlreadyExists(err) {
+					// Another replica made it: read it again.
+					return apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("boottraces").GroupResource(), key.Name, err)
+				}
+				return err
 			}
 		} else if err != nil {
 			return err
 		}
+		if t.Labels[v1alpha1.ClaimLabel] != kind {
+			if t.Labels == nil {
+				t.Labels = map[string]string{}
+			}
+			t.Labels[v1alpha1.ClaimLabel] = kind
+			if err := w.Client.Update(ctx, &t); err != nil {
+				return err
+			}
+		}
 		Apply(&t.Status, mac, hops)
-		t.Status.InfraEnv, t.Status.Claim = "", claim.Why
+		t.Status.InfraEnv, t.Status.Claim = "", clip.Text(claim.Why, 512)
 		if claim.InfraEnv != "" {
 			t.Status.InfraEnv = claim.Namespace + "/" + claim.InfraEnv
 		}
-		if err := w.Client.Status().Update(ctx, &t); err != nil {
-			if apierrors.IsAlreadyExists(err) {
-				return apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("boottraces").GroupResource(), key.Name, err)
-			}
-			return err
-		}
-		return nil
+		return w.Client.Status().Update(ctx, &t)
 	})
 }
 
 var errUnclaimedLimit = errors.New("traces of unclaimed MACs are created faster than NewUnclaimed allows")
 
 // Sweep deletes the traces not seen for Retention, and the least recently
-// seen unclaimed ones past MaxUnclaimed.
+// seen past MaxUnclaimed of unclaimed MACs and past MaxByDefault of MACs
+// a namespace's PXE default claims.
 func (w *Writer) Sweep(ctx context.Context) error {
 	w.defaults()
 	var list v1alpha1.BootTraceList
@@ -174,30 +216,32 @@ func (w *Writer) Sweep(ctx context.Context) error {
 		return err
 	}
 	now := w.Now()
-	var unclaimed []*v1alpha1.BootTrace
+	capped := map[string][]*v1alpha1.BootTrace{} // by namespace, the traces of MACs anyone can make up
 	for i := range list.Items {
 		t := &list.Items[i]
-		seen := t.CreationTimestamp.Time
-		if t.Status.LastSeen != nil {
-			seen = t.Status.LastSeen.Time
-		}
-		if now.Sub(seen) > w.Retention {
+		if now.Sub(lastSeen(t)) > w.Retention {
 			if err := client.IgnoreNotFound(w.Client.Delete(ctx, t)); err != nil {
 				return err
 			}
 			continue
 		}
-		if t.Namespace == w.Namespace {
-			unclaimed = append(unclaimed, t)
+		if t.Namespace == w.Namespace || t.Labels[v1alpha1.ClaimLabel] == v1alpha1.ClaimPXEDefault {
+			capped[t.Namespace] = append(capped[t.Namespace], t)
 		}
 	}
-	if len(unclaimed) <= w.MaxUnclaimed {
-		return nil
-	}
-	slices.SortFunc(unclaimed, func(a, b *v1alpha1.BootTrace) int { return lastSeen(a).Compare(lastSeen(b)) })
-	for _, t := range unclaimed[:len(unclaimed)-w.MaxUnclaimed] {
-		if err := client.IgnoreNotFound(w.Client.Delete(ctx, t)); err != nil {
-			return err
+	for ns, traces := range capped {
+		max := w.MaxByDefault
+		if ns == w.Namespace {
+			max = w.MaxUnclaimed
+		}
+		if len(traces) <= max {
+			continue
+		}
+		slices.SortFunc(traces, func(a, b *v1alpha1.BootTrace) int { return lastSeen(a).Compare(lastSeen(b)) })
+		for _, t := range traces[:len(traces)-max] {
+			if err := client.IgnoreNotFound(w.Client.Delete(ctx, t)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -51,8 +51,17 @@ var (
 )
 
 func register() {
-	registerOnce.Do(func() { metrics.Registry.MustRegister(phaseSeconds, sanitizations, eraseSecondsPerGiB) })
+	registerOnce.Do(func() {
+		metrics.Registry.MustRegister(phaseSeconds, sanitizations, eraseSecondsPerGiB)
+		// From 0: the first failure is an increase an alert sees.
+		sanitizations.WithLabelValues(SanitizationDone)
+		sanitizations.WithLabelValues(SanitizationFailed)
+	})
 }
+
+// Register reports the metrics from the start, zeros included (the agent
+// API calls it when it starts).
+func Register() { register() }
 
 // ObservePhase records that a host took from since to now for phase;
 // nothing when since is unknown (zero) or after now.

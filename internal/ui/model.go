@@ -102,13 +102,16 @@ func build(o objects, home string) []Group {
 		}
 		return nil
 	}
-	tracesByMAC := map[string]*v1alpha1.BootTrace{}
+	// A host's MACs are what it reports: its trace is looked for in its
+	// own namespace only, never taken from another team's.
+	tracesByMAC := map[[2]string]*v1alpha1.BootTrace{}
 	for _, t := range o.traces {
-		if cur := tracesByMAC[t.Status.MACAddress]; cur == nil || seen(t).After(seen(cur)) {
-			tracesByMAC[t.Status.MACAddress] = t
+		k := [2]string{t.Namespace, t.Status.MACAddress}
+		if cur := tracesByMAC[k]; cur == nil || seen(t).After(seen(cur)) {
+			tracesByMAC[k] = t
 		}
 	}
-	withAgent := map[string]bool{}
+	withAgent := map[[2]string]bool{}
 	for _, a := range o.agents {
 		rec := lifecycle.Registration(a)
 		ie := rec.InfraEnv
@@ -118,8 +121,9 @@ func build(o objects, home string) []Group {
 		h := agentRow(a, bmhOf(a))
 		var trace *v1alpha1.BootTrace
 		for _, mac := range h.MACs {
-			withAgent[mac] = true
-			if t := tracesByMAC[mac]; t != nil && (trace == nil || seen(t).After(seen(trace))) {
+			k := [2]string{a.Namespace, mac}
+			withAgent[k] = true
+			if t := tracesByMAC[k]; t != nil && (trace == nil || seen(t).After(seen(trace))) {
 				trace = t
 			}
 		}
@@ -128,10 +132,11 @@ func build(o objects, home string) []Group {
 		g.Hosts = append(g.Hosts, h)
 		g.Counts[h.State]++
 	}
-	for mac, t := range tracesByMAC {
-		if withAgent[mac] {
+	for k, t := range tracesByMAC {
+		if withAgent[k] {
 			continue
 		}
+		mac := k[1]
 		ns, ie := t.Namespace, ""
 		if _, name, ok := strings.Cut(t.Status.InfraEnv, "/"); ok {
 			ie = name

@@ -130,6 +130,14 @@ func TestPageShowsHostsLive(t *testing.T) {
 		resp.Body.Close()
 		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, req.URL.String())
 	}
+	// A wrong token opens nothing, on any path.
+	base := strings.Split(url, "?")[0]
+	for _, u := range []string{base + "?token=wrong", base + "snapshot.json?token=wrong", base + "events?token=x"} {
+		resp, err = http.DefaultClient.Do(mustRequest(t, u, ""))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, u)
+	}
 	resp, err = http.DefaultClient.Do(mustRequest(t, url, "attacker.example"))
 	require.NoError(t, err)
 	resp.Body.Close()

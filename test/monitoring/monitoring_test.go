@@ -145,6 +145,7 @@ func TestComponent(t *testing.T) {
 	endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
 	require.Len(t, endpoints, 1)
 	port := endpoints[0].(map[string]any)["port"].(string)
+	require.Equal(t, true, endpoints[0].(map[string]any)["honorLabels"], "the InfraEnv's namespace label must survive the operator's relabelling")
 
 	base := render(t, env, "")
 	var selected []string
@@ -370,7 +371,7 @@ func TestPrometheusScrapesAgentboot(t *testing.T) {
 	require.Equal(t, "https", ep["scheme"])
 	require.Equal(t, "/var/run/secrets/kubernetes.io/serviceaccount/token", ep["bearerTokenFile"], "the pod's own token, which the test writes to a file")
 	job := map[string]any{
-		"job_name": "agentboot-manager-metrics", "scheme": ep["scheme"], "metrics_path": ep["path"],
+		"job_name": "agentboot-manager-metrics", "scheme": ep["scheme"], "metrics_path": ep["path"], "honor_labels": ep["honorLabels"],
 		"authorization":  map[string]any{"credentials_file": tokenFile},
 		"tls_config":     map[string]any{"insecure_skip_verify": ep["tlsConfig"].(map[string]any)["insecureSkipVerify"]},
 		"static_configs": []any{map[string]any{"targets": []string{u.Host}}},
@@ -465,13 +466,15 @@ func TestPrometheusScrapesAgentboot(t *testing.T) {
 		require.NotEqual(t, "AgentbootTargetDown", a.Labels["alertname"])
 	}
 
-	// Every dashboard query evaluates; the pool's have data.
+	// Every dashboard query evaluates; the pool's have data (a rate needs
+	// two samples of a series: the boot path's is checked as it is).
 	for _, e := range dashboardExprs(t) {
 		result := query(t, api, e)
-		if strings.Contains(e, "agentboot_agents{") || strings.Contains(e, "agentboot_boot_path_total") {
+		if strings.Contains(e, "agentboot_agents{") {
 			require.NotEmpty(t, result, "no data for %s", e)
 		}
 	}
+	require.NotEmpty(t, query(t, api, `agentboot_boot_path_total{hop="registered"} > 0`), "the host's registration, on the boot path")
 	require.Len(t, query(t, api, fmt.Sprintf(`agentboot_agents{namespace=%q, infraenv=%q, state="bound"} == 1`, ie.Namespace, ie.Name)), 1)
 }
 

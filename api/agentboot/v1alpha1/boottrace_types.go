@@ -9,6 +9,20 @@ import (
 // agentboot.io/mac=52-54-00-aa-00-01`.
 const MACLabel = "agentboot.io/mac"
 
+// ClaimLabel on a BootTrace says what claims its MAC: ClaimBareMetalHost
+// (a BareMetalHost names it as its boot MAC), ClaimPXEDefault (only the
+// namespace's agentboot.io/pxe-default InfraEnv: any MAC on the boot network
+// is claimed so), or ClaimNone (nothing: the trace is in agentboot's
+// namespace). Traces of the last two are limited in number.
+const ClaimLabel = "agentboot.io/claim"
+
+// ClaimLabel's values.
+const (
+	ClaimBareMetalHost = "baremetalhost"
+	ClaimPXEDefault    = "pxe-default"
+	ClaimNone          = "none"
+)
+
 // BootTrace is one network interface's way through agentboot's boot path
 // before its host registers, as agentboot's services saw it: DHCP, the
 // boot file over TFTP, the boot script, the kernel, initrd, root file

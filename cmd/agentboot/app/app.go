@@ -203,7 +203,7 @@ func Add(mgr manager.Manager, c Components, log logr.Logger) error {
 		}
 		// A host stalled on its boot path is told of where people look.
 		if err := (&boottrace.Stalls{Client: mgr.GetClient(), Events: eventnote.Recorder(mgr.GetEventRecorder("agentboot-boot-trace")),
-			After: c.BootStallAfter}).SetupWithManager(mgr); err != nil {
+			After: c.BootStallAfter, Home: c.Namespace}).SetupWithManager(mgr); err != nil {
 			return err
 		}
 		// AgentClassifications label Agents by their inventory.

@@ -205,7 +205,10 @@ func (h *Handler) routes(secure bool) http.Handler {
 		mux.HandleFunc(routeAgent, h.serveAgent)
 	}
 	mux.HandleFunc(routeHealth, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc(routeObservations, h.serveObservations)
+	if secure {
+		// Its token must not cross the boot network in clear.
+		mux.HandleFunc(routeObservations, h.serveObservations)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "not found", http.StatusNotFound) })
 	return h.count(mux)
 }

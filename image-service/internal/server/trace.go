@@ -11,7 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/internal/boottrace"
+	"github.com/agentboot/agentboot/internal/macindex"
 )
 
 // The boot trace (docs/trace.md): the image service records the hops it
@@ -163,5 +167,18 @@ func (h *Handler) Claim(ctx context.Context, mac string) (boottrace.Claim, error
 	if ie == nil {
 		return boottrace.Claim{Why: outcome + ": " + why}, nil
 	}
-	return boottrace.Claim{Namespace: ie.Namespace, InfraEnv: ie.Name, Why: "boots InfraEnv " + ie.Namespace + "/" + ie.Name}, nil
+	claim := boottrace.Claim{Namespace: ie.Namespace, InfraEnv: ie.Name, Why: "boots InfraEnv " + ie.Namespace + "/" + ie.Name, ByDefault: true}
+	// A BareMetalHost of the InfraEnv's namespace that names the MAC
+	// claims it; otherwise only the PXE default does.
+	var hosts metal3.BareMetalHostList
+	if err := h.opts.Reader.List(ctx, &hosts, client.InNamespace(ie.Namespace), client.MatchingFields{macindex.BootMAC: mac}); err != nil {
+		return boottrace.Claim{}, err
+	}
+	if len(hosts.Items) > 0 {
+		claim.ByDefault = false
+		claim.Why += " (BareMetalHost " + hosts.Items[0].Name + ")"
+	} else {
+		claim.Why += " (its PXE default)"
+	}
+	return claim, nil
 }

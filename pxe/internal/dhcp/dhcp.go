@@ -248,9 +248,14 @@ func (h *Handler) Respond(req *dhcpv4.DHCPv4, port int) *dhcpv4.DHCPv4 {
 		h.drop(why)
 	}
 	// A client that is not network booting (an installed system, the live
-	// system's own DHCP) is no hop of a boot path.
-	if h.cfg.Observe != nil && why != "not-pxe" {
-		h.cfg.Observe(observation(req, port, reply, why))
+	// system's own DHCP, answered with an address in authoritative mode)
+	// is no hop of a boot path; nor is a packet dropped before it was
+	// looked at (rate limits, an unknown relay), which anyone can send
+	// from any MAC.
+	if h.cfg.Observe != nil && !notTraced[why] {
+		if _, kind := h.boot(identify(req), req.ClientHWAddr.String()); kind != "not-pxe" {
+			h.cfg.Observe(observation(req, port, reply, why))
+		}
 	}
 	return reply
 }
@@ -296,17 +301,14 @@ func observation(req *dhcpv4.DHCPv4, port int, reply *dhcpv4.DHCPv4, why string)
 	return o
 }
 
+// notTraced are the drop reasons whose packets are not observed.
+var notTraced = map[string]bool{"not-pxe": true, "rate-limited": true, "new-client-rate-limited": true, "unknown-relay": true}
+
 // whyText says a drop reason in words.
 func whyText(why string) string {
 	switch why {
 	case "unsupported-arch":
 		return "its firmware's architecture (option 93) is one this PXE service has no boot file for"
-	case "unknown-relay":
-		return "it came through a DHCP relay not in --dhcp-relays"
-	case "rate-limited":
-		return "this MAC sends too many packets"
-	case "new-client-rate-limited":
-		return "too many packets from MACs not seen lately (--dhcp-new-clients-per-second)"
 	}
 	return why
 }
