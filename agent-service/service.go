@@ -30,8 +30,8 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/eventnote"
-	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/internal/observe"
+	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/internal/serve"
 	"github.com/agentboot/agentboot/internal/signing"
 )
