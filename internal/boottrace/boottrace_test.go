@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -61,9 +62,13 @@ func TestSweep(t *testing.T) {
 	s, err := scheme.New()
 	require.NoError(t, err)
 	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
-	trace := func(ns string, n int, seen time.Time) client.Object {
+	trace := func(ns string, n int, seen time.Time, claim ...string) client.Object {
 		t := metav1.NewTime(seen)
-		return &v1alpha1.BootTrace{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("mac-%d", n)}, Status: v1alpha1.BootTraceStatus{LastSeen: &t}}
+		bt := &v1alpha1.BootTrace{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("mac-%d", n)}, Status: v1alpha1.BootTraceStatus{LastSeen: &t}}
+		if len(claim) > 0 {
+			bt.Labels = map[string]string{v1alpha1.ClaimLabel: claim[0]}
+		}
+		return bt
 	}
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(
 		trace("agentboot-system", 1, now.Add(-time.Minute)),
@@ -71,8 +76,14 @@ func TestSweep(t *testing.T) {
 		trace("agentboot-system", 3, now.Add(-3*time.Minute)),
 		trace("team", 4, now.Add(-8*24*time.Hour)),
 		trace("team", 5, now.Add(-time.Hour)),
+		// A PXE default claims any MAC: capped per namespace; what a
+		// BareMetalHost names is not.
+		trace("team", 6, now.Add(-time.Minute), v1alpha1.ClaimPXEDefault),
+		trace("team", 7, now.Add(-2*time.Minute), v1alpha1.ClaimPXEDefault),
+		trace("team", 8, now.Add(-3*time.Minute), v1alpha1.ClaimPXEDefault),
+		trace("team", 9, now.Add(-4*time.Minute), v1alpha1.ClaimBareMetalHost),
 	).Build()
-	w := &Writer{Client: c, Namespace: "agentboot-system", MaxUnclaimed: 2, Now: func() time.Time { return now }, Log: logr.Discard()}
+	w := &Writer{Client: c, Namespace: "agentboot-system", MaxUnclaimed: 2, MaxByDefault: 2, Now: func() time.Time { return now }, Log: logr.Discard()}
 	require.NoError(t, w.Sweep(context.Background()))
 	var list v1alpha1.BootTraceList
 	require.NoError(t, c.List(context.Background(), &list))
@@ -80,5 +91,31 @@ func TestSweep(t *testing.T) {
 	for _, bt := range list.Items {
 		left = append(left, bt.Namespace+"/"+bt.Name)
 	}
-	require.ElementsMatch(t, []string{"agentboot-system/mac-1", "agentboot-system/mac-2", "team/mac-5"}, left)
+	require.ElementsMatch(t, []string{"agentboot-system/mac-1", "agentboot-system/mac-2", "team/mac-5", "team/mac-6", "team/mac-7", "team/mac-9"}, left)
+}
+
+// A flood of made-up MACs that a PXE default claims creates traces no
+// faster than the limiter allows; the rest wait in the journal.
+func TestNewTracesOfMadeUpMACsAreLimited(t *testing.T) {
+	s, err := scheme.New()
+	require.NoError(t, err)
+	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1alpha1.BootTrace{}).Build()
+	j := &Journal{}
+	at := time.Now()
+	for i := 0; i < 5; i++ {
+		require.NoError(t, j.Add(SourcePXE, Observation{MAC: fmt.Sprintf("52:54:00:00:01:%02x", i), Hop: DHCP, At: at, Count: 1}))
+	}
+	w := &Writer{Client: c, Reader: c, Journal: j, Namespace: "agentboot-system", NewUnclaimed: rate.NewLimiter(0, 2), Log: logr.Discard(),
+		Claim: func(context.Context, string) (Claim, error) {
+			return Claim{Namespace: "team", InfraEnv: "pool", Why: "boots InfraEnv team/pool (its PXE default)", ByDefault: true}, nil
+		}}
+	w.Flush(context.Background())
+	var list v1alpha1.BootTraceList
+	require.NoError(t, c.List(context.Background(), &list))
+	require.Len(t, list.Items, 2)
+	for _, bt := range list.Items {
+		require.Equal(t, v1alpha1.ClaimPXEDefault, bt.Labels[v1alpha1.ClaimLabel])
+		require.Equal(t, "team/pool", bt.Status.InfraEnv)
+	}
+	require.Equal(t, 3, j.Len(), "the others wait")
 }
