@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -51,18 +52,12 @@ func traceCommand(ctx context.Context, args []string, out io.Writer) error {
 		fs.Usage()
 		return fmt.Errorf("want one MAC address or Agent name, got %d arguments", len(positional))
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = *kubeconfig
-	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
-	cfg, err := loader.ClientConfig()
+	cfg, ns, err := operatorKubeconfig(*kubeconfig)
 	if err != nil {
-		return fmt.Errorf("load kubeconfig: %w", err)
+		return err
 	}
-	ns := *namespace
-	if ns == "" {
-		if ns, _, err = loader.Namespace(); err != nil {
-			return err
-		}
+	if *namespace != "" {
+		ns = *namespace
 	}
 	s, err := scheme.New()
 	if err != nil {
@@ -83,6 +78,23 @@ func traceCommand(ctx context.Context, args []string, out io.Writer) error {
 		writeReport(out, r, time.Now())
 	}
 	return nil
+}
+
+// operatorKubeconfig loads an operator's kubeconfig (the path, or
+// $KUBECONFIG, or ~/.kube/config) and its context's namespace.
+func operatorKubeconfig(path string) (*rest.Config, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = path
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
+	cfg, err := loader.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("load kubeconfig: %w", err)
+	}
+	ns, _, err := loader.Namespace()
+	if err != nil {
+		return nil, "", err
+	}
+	return cfg, ns, nil
 }
 
 func writeReport(out io.Writer, r boottrace.Report, now time.Time) {

@@ -10,8 +10,6 @@ import (
 	"os"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/agentboot/agentboot/internal/ui"
 )
 
@@ -38,14 +36,7 @@ func runUI(ctx context.Context, args []string) error {
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return fmt.Errorf("--listen %s: the page acts with your credentials, so it is served on a loopback address only (use an SSH tunnel to view it from elsewhere)", *listen)
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = *kubeconfig
-	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
-	cfg, err := loader.ClientConfig()
-	if err != nil {
-		return fmt.Errorf("load kubeconfig: %w", err)
-	}
-	fallback, _, err := loader.Namespace()
+	cfg, fallback, err := operatorKubeconfig(*kubeconfig)
 	if err != nil {
 		return err
 	}
