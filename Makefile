@@ -157,11 +157,15 @@ bench-images: testbin dev-image build ## customised-ISO throughput vs http.Serve
 
 HOSTS ?= 50
 AGENTS ?= 2000
+# InfraEnvs the hosts are spread over, and how long they take to start
+# (AGENTS/RAMP arrivals a second): 2000 over 40 s is 50/s.
+INFRAENVS ?= 1
+RAMP ?= 40s
 HONEST ?= 500
 
 .PHONY: bench-agents
 bench-agents: testbin build ## AGENTS simulated hosts (2000) against the agent API: registration latency, apiserver writes
-	go run ./test/bench/agents -agents $(AGENTS)
+	go run ./test/bench/agents -agents $(AGENTS) -infraenvs $(INFRAENVS) -ramp $(RAMP)
 
 .PHONY: bench-abuse
 bench-abuse: testbin build ## HONEST (500) heartbeating hosts while one registration token's holder writes at full speed: etcd write bytes/s and growth, honest heartbeat p99

@@ -56,7 +56,7 @@ func runAbuse(n int, ramp, poll, window time.Duration) error {
 			defer wg.Done()
 			time.Sleep(time.Duration(int64(ramp) * int64(i) / int64(n)))
 			h := &host{c: b.hc, base: b.base, i: i}
-			if _, err := h.register(runCtx, honestIE, honestToken); err != nil {
+			if _, err := h.register(runCtx, honestIE, honestToken, &retryCounts{}); err != nil {
 				failed.Add(1)
 				return
 			}

@@ -34,6 +34,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	agentclient "github.com/agentboot/agentboot/agent/client"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
@@ -47,6 +48,7 @@ func main() {
 	ramp := flag.Duration("ramp", 40*time.Second, "hosts start evenly over this time, as racks powering on")
 	poll := flag.Duration("poll", 20*time.Second, "heartbeat interval")
 	window := flag.Duration("window", 90*time.Second, "steady-state measurement window")
+	infraEnvs := flag.Int("infraenvs", 1, "InfraEnvs the hosts are spread over, each in a namespace of its own (a site's teams or racks)")
 	abuse := flag.Bool("abuse", false, "make bench-abuse: the honest hosts heartbeat while a holder of another InfraEnv's registration token writes at full speed (abuse.go)")
 	flag.Parse()
 	if *abuse {
@@ -56,7 +58,7 @@ func main() {
 		}
 		return
 	}
-	if err := run(*n, *ramp, *poll, *window); err != nil {
+	if err := run(*n, *infraEnvs, *ramp, *poll, *window); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-agents:", err)
 		os.Exit(1)
 	}
@@ -157,7 +159,7 @@ func (b *bench) stop() {
 	})
 }
 
-func run(n int, ramp, poll, window time.Duration) error {
+func run(n, k int, ramp, poll, window time.Duration) error {
 	// The hosts stay unapproved, as on a site that approves by hand: the
 	// cap on unapproved Agents (500) is lifted for them, and so is the
 	// per-InfraEnv write budget, which would spread their registration
@@ -169,16 +171,29 @@ func run(n int, ramp, poll, window time.Duration) error {
 	defer b.stop()
 	ctx := context.Background()
 	env, c, hc, base, mgr := b.env, b.env.Client, b.hc, b.base, b.mgr
-	ie, token, err := infraEnv(ctx, c, "bench", nil)
-	if err != nil {
-		return fmt.Errorf("%w (manager log: %s)", err, tail(filepath.Join(b.dir, "manager.log")))
+	k = max(k, 1)
+	ies, tokens := make([]*v1beta1.InfraEnv, k), make([]string, k)
+	var namespaces []string
+	for j := range k {
+		name := "bench"
+		if k > 1 {
+			name = fmt.Sprintf("bench-%d", j)
+		}
+		if ies[j], tokens[j], err = infraEnv(ctx, c, name, nil); err != nil {
+			return fmt.Errorf("%w (manager log: %s)", err, tail(filepath.Join(b.dir, "manager.log")))
+		}
+		namespaces = append(namespaces, name)
 	}
 
-	fmt.Printf("agentboot bench-agents (%s, %d CPUs): %d simulated hosts starting over %s, heartbeat every %s\n\n", time.Now().UTC().Format(time.RFC3339), numCPU(), n, ramp, poll)
+	fmt.Printf("agentboot bench-agents (%s, %d CPUs): %d simulated hosts over %d InfraEnvs starting over %s (%.0f a second), heartbeat every %s; "+
+		"a failed registration is retried with the agent's backoff (1 s to 1 min, jittered)\n\n",
+		time.Now().UTC().Format(time.RFC3339), numCPU(), n, k, ramp, float64(n)/ramp.Seconds(), poll)
 	var (
-		lat      = make([]time.Duration, n)
+		lat      = make([]time.Duration, n) // the successful request
+		waited   = make([]time.Duration, n) // first attempt to registered, retries included
 		failures atomic.Int64
 		done     atomic.Int64
+		retries  = &retryCounts{}
 	)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -190,20 +205,23 @@ func run(n int, ramp, poll, window time.Duration) error {
 			defer wg.Done()
 			time.Sleep(time.Duration(int64(ramp) * int64(i) / int64(n)))
 			h := &host{c: hc, base: base, i: i}
-			d, err := h.register(runCtx, ie, token)
+			first := time.Now()
+			d, err := h.register(runCtx, ies[i%k], tokens[i%k], retries)
 			if err != nil {
 				failures.Add(1)
-				fmt.Fprintf(os.Stderr, "host %d: %v\n", i, err)
+				if runCtx.Err() == nil {
+					fmt.Fprintf(os.Stderr, "host %d: %v\n", i, err)
+				}
 				return
 			}
-			lat[i] = d
+			lat[i], waited[i] = d, time.Since(first)
 			done.Add(1)
 			h.live(runCtx, poll, nil)
 		}()
 	}
 	// Everyone registered and every Agent known: the pool is settled.
 	settle := time.Now().Add(ramp + 5*time.Minute)
-	for time.Now().Before(settle) && (done.Load()+failures.Load() < int64(n) || known(ctx, c, ie.Namespace) < int(done.Load())) {
+	for time.Now().Before(settle) && (done.Load()+failures.Load() < int64(n) || known(ctx, c, namespaces) < int(done.Load())) {
 		time.Sleep(time.Second)
 	}
 	settled := time.Since(start)
@@ -242,24 +260,29 @@ func run(n int, ramp, poll, window time.Duration) error {
 	stop()
 	wg.Wait()
 
-	ok := lat[:0]
-	for _, d := range lat {
-		if d > 0 {
-			ok = append(ok, d)
+	percentiles := func(all []time.Duration) func(int) time.Duration {
+		var ok []time.Duration
+		for _, d := range all {
+			if d > 0 {
+				ok = append(ok, d)
+			}
+		}
+		sort.Slice(ok, func(a, b int) bool { return ok[a] < ok[b] })
+		return func(q int) time.Duration {
+			if len(ok) == 0 {
+				return 0
+			}
+			return ok[(len(ok)-1)*q/100].Round(time.Millisecond)
 		}
 	}
-	sort.Slice(ok, func(a, b int) bool { return ok[a] < ok[b] })
-	p := func(q int) time.Duration {
-		if len(ok) == 0 {
-			return 0
-		}
-		return ok[(len(ok)-1)*q/100].Round(time.Millisecond)
-	}
+	p, w := percentiles(lat), percentiles(waited)
+	registered := int(done.Load())
 	writesPerSec := float64(w1-w0) / elapsed
-	fmt.Printf("registered %d of %d hosts (%d failed); all Agents known after %s\n", len(ok), n, failures.Load(), settled.Round(time.Second))
-	fmt.Printf("registration latency: p50 %s, p99 %s, max %s (target p99 < 1s)\n", p(50), p(99), p(100))
-	fmt.Printf("steady state over %.0fs: %.1f apiserver writes/s for %d hosts = N/%.0f (target <= N/40 = %.1f/s)\n",
-		elapsed, writesPerSec, n, float64(n)/max(writesPerSec, 0.001), float64(n)/40)
+	fmt.Printf("registered %d of %d hosts (%d not by the end); all Agents known after %s\n", registered, n, failures.Load(), settled.Round(time.Second))
+	fmt.Printf("registration request: p50 %s, p99 %s, max %s (target p99 < 1s)\n", p(50), p(99), p(100))
+	fmt.Printf("first attempt to registered, retries included: p50 %s, p99 %s, max %s; failed attempts retried: %s\n", w(50), w(99), w(100), retries)
+	fmt.Printf("steady state over %.0fs: %.1f apiserver writes/s for the %d registered hosts = N/%.0f (target <= N/40 = %.1f/s)\n",
+		elapsed, writesPerSec, registered, float64(registered)/max(writesPerSec, 0.001), float64(registered)/40)
 	var parts []string
 	for res, v := range r1 {
 		if d := v - r0[res]; d > 0 {
@@ -321,23 +344,81 @@ func (h *host) do(ctx context.Context, method, path, token string, in, out any) 
 	return nil
 }
 
-func (h *host) register(ctx context.Context, ie *v1beta1.InfraEnv, token string) (time.Duration, error) {
+// register registers the host and uploads its inventory, retrying as the
+// agent does: any failure waits the agent's backoff (1 s doubling to a
+// minute, jittered) and tries again, until ctx ends. It returns how long
+// the request that succeeded took.
+func (h *host) register(ctx context.Context, ie *v1beta1.InfraEnv, token string, retries *retryCounts) (time.Duration, error) {
 	req := agentwire.RegisterRequest{InfraEnvUID: string(ie.UID), HostID: stack.HostID(h.i + 1), Identity: agentwire.HostIdentity{MACAddresses: []string{stack.MAC(h.i + 1)}}}
 	var resp agentwire.RegisterResponse
 	path := "/api/v1/infraenvs/" + ie.Namespace + "/" + ie.Name + "/hosts"
-	for attempt := 0; ; attempt++ {
+	backoff := agentclient.Backoff{Min: time.Second, Max: time.Minute}
+	var took time.Duration
+	for h.token == "" {
 		start := time.Now()
 		err := h.do(ctx, http.MethodPost, path, token, req, &resp)
 		if err == nil {
-			h.ns, h.id, h.token = resp.Namespace, resp.HostID, resp.AgentToken
-			inv := stack.FakeInventory(fmt.Sprintf("host-%d", h.i+1), stack.MAC(h.i+1))
-			return time.Since(start), h.do(ctx, http.MethodPut, "/api/v1/namespaces/"+h.ns+"/agents/"+h.id+"/inventory", h.token, inv, nil)
+			h.ns, h.id, h.token, took = resp.Namespace, resp.HostID, resp.AgentToken, time.Since(start)
+			backoff.Reset()
+			break
 		}
-		if !strings.Contains(err.Error(), " 429 ") || attempt > 20 {
+		retries.add(err)
+		if agentclient.Sleep(ctx, backoff.Next()) != nil {
 			return 0, err
 		}
-		time.Sleep(time.Second)
 	}
+	inv := stack.FakeInventory(fmt.Sprintf("host-%d", h.i+1), stack.MAC(h.i+1))
+	for {
+		err := h.do(ctx, http.MethodPut, "/api/v1/namespaces/"+h.ns+"/agents/"+h.id+"/inventory", h.token, inv, nil)
+		if err == nil {
+			return took, nil
+		}
+		retries.add(err)
+		if agentclient.Sleep(ctx, backoff.Next()) != nil {
+			return 0, err
+		}
+	}
+}
+
+// retryCounts counts failed attempts by what failed them.
+type retryCounts struct {
+	mu sync.Mutex
+	by map[string]int
+}
+
+func (r *retryCounts) add(err error) {
+	kind := "other"
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "Client.Timeout") || strings.Contains(msg, "deadline exceeded"):
+		kind = "timeout"
+	case strings.Contains(msg, " 429 "):
+		kind = "429"
+	case strings.Contains(msg, " 403 "):
+		kind = "403"
+	case strings.Contains(msg, " 500 ") || strings.Contains(msg, " 503 "):
+		kind = "5xx"
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.by == nil {
+		r.by = map[string]int{}
+	}
+	r.by[kind]++
+}
+
+func (r *retryCounts) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.by) == 0 {
+		return "none"
+	}
+	var parts []string
+	for k, v := range r.by {
+		parts = append(parts, fmt.Sprintf("%s %d", k, v))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
 }
 
 // live heartbeats every poll until ctx ends, recording each heartbeat's
@@ -400,15 +481,17 @@ func infraEnv(ctx context.Context, c client.Client, ns string, change func(*v1be
 	return nil, "", fmt.Errorf("InfraEnv image not created: %+v", ie.Status.Conditions)
 }
 
-func known(ctx context.Context, c client.Client, ns string) int {
-	var list v1beta1.AgentList
-	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
-		return 0
-	}
+func known(ctx context.Context, c client.Client, namespaces []string) int {
 	n := 0
-	for _, a := range list.Items {
-		if a.Status.DebugInfo.State == "known-unbound" {
-			n++
+	for _, ns := range namespaces {
+		var list v1beta1.AgentList
+		if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return 0
+		}
+		for _, a := range list.Items {
+			if a.Status.DebugInfo.State == "known-unbound" {
+				n++
+			}
 		}
 	}
 	return n
