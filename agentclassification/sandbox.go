@@ -47,9 +47,9 @@ func (m InProcess) Match(ctx context.Context, query string, inventory []byte) (b
 }
 
 // DefaultWorkerMemory is the address space a query worker may use beyond
-// what it uses once started: with the manager's own (about 140 MiB with
-// 2000 hosts), well inside the manager container's 512 MiB limit, which
-// the kernel enforces on both processes together.
+// what it uses once started: with the manager's own (about 425 MiB with
+// 10,000 hosts), inside the manager container's 1 GiB limit, which the
+// kernel enforces on both processes together.
 const DefaultWorkerMemory = 128 << 20
 
 type request struct {
