@@ -270,3 +270,20 @@ func TestClassificationsLabelAgents(t *testing.T) {
 		return s.Client.List(ctx, &list, client.InNamespace(ie.Namespace)) == nil && len(list.Items) == 0
 	}, time.Minute, 100*time.Millisecond)
 }
+
+// A query that makes its error as large as the worker's memory allows
+// reaches the manager clipped.
+func TestSandboxClipsErrors(t *testing.T) {
+	sb := &agentclassification.Sandbox{Timeout: time.Second, Memory: workerMemory, Command: func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "AGENTBOOT_QUERY_WORKER=1")
+		return cmd
+	}}
+	defer sb.Close()
+	_, err := sb.Match(context.Background(), `error("x" * 10000000)`, []byte(`{}`))
+	require.Error(t, err)
+	require.Less(t, len(err.Error()), 2048)
+	ok, err := sb.Match(context.Background(), `. == {}`, []byte(`{}`))
+	require.NoError(t, err)
+	require.True(t, ok)
+}

@@ -2,6 +2,7 @@ package agentclassification
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/itchyny/gojq"
 	"golang.org/x/sys/unix"
@@ -125,11 +127,13 @@ func (s *Sandbox) Match(ctx context.Context, query string, inventory []byte) (bo
 	}
 	answer := make(chan []byte, 1)
 	go func(out *bufio.Reader) {
-		b, err := out.ReadBytes('\n')
+		// An answer is a line of at most the reader's 64 KiB: a longer
+		// one (a query's error made huge) ends the worker.
+		b, err := out.ReadSlice('\n')
 		if err != nil {
 			b = nil
 		}
-		answer <- b
+		answer <- bytes.Clone(b)
 	}(s.out)
 	select {
 	case b := <-answer:
@@ -139,10 +143,12 @@ func (s *Sandbox) Match(ctx context.Context, query string, inventory []byte) (bo
 				memory = DefaultWorkerMemory
 			}
 			why := fmt.Sprintf("the query used more memory than the query worker may (%d MiB), or the worker failed", memory>>20)
-			if line := s.stderr.first(); line != "" {
-				why += ": " + line
+			stderr := s.stderr
+			err := s.lost(why) // waits for the worker: its stderr is all there
+			if line := stderr.first(); line != "" {
+				err = fmt.Errorf("%w: %s", err, line)
 			}
-			return false, s.lost(why)
+			return false, err
 		}
 		var r response
 		if err := json.Unmarshal(b, &r); err != nil {
@@ -194,6 +200,17 @@ func (s *Sandbox) start() error {
 	return nil
 }
 
+// clip shortens s to at most n bytes, on a rune boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
 // addressSpace is the process's virtual size (VmSize), in bytes.
 func addressSpace() (int64, error) {
 	status, err := os.ReadFile("/proc/self/status")
@@ -229,7 +246,11 @@ func Worker(in io.Reader, out io.Writer, memory int64, timeout time.Duration) er
 	if err != nil {
 		return err
 	}
-	limit := uint64(used + memory)
+	var cur unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_AS, &cur); err != nil {
+		return err
+	}
+	limit := min(uint64(used+memory), cur.Max)
 	if err := unix.Setrlimit(unix.RLIMIT_AS, &unix.Rlimit{Cur: limit, Max: limit}); err != nil {
 		return fmt.Errorf("cap the address space: %w", err)
 	}
@@ -269,7 +290,8 @@ func Worker(in io.Reader, out io.Writer, memory int64, timeout time.Duration) er
 				return Match(context.Background(), code, v, timeout)
 			}()
 			if err != nil {
-				resp.Error = err.Error()
+				// A query can make its error as large as its memory.
+				resp.Error = clip(err.Error(), 1024)
 			}
 		}
 		if err := enc.Encode(resp); err != nil {

@@ -161,7 +161,8 @@ func (j *Journal) Add(source string, o Observation) error {
 	return nil
 }
 
-// Dropped is how many observations of new MACs found the journal full.
+// Dropped is how many observations were given up: of new MACs that found
+// the journal full, and of made-up MACs past the writer's limit.
 func (j *Journal) Dropped() int64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -190,6 +191,13 @@ func (j *Journal) take(n int) map[string][]v1alpha1.BootTraceHop {
 		delete(j.pending, mac)
 	}
 	return out
+}
+
+// drop counts observations given up.
+func (j *Journal) drop(n int) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.dropped += int64(n)
 }
 
 // putBack returns hops that could not be written, unless the journal

@@ -69,7 +69,8 @@ func (s *Stalls) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if t.Status.LastSeen == nil || t.Namespace == s.Home {
+	claim := t.Labels[v1alpha1.ClaimLabel]
+	if t.Status.LastSeen == nil || claim == v1alpha1.ClaimNone || claim == "" && t.Namespace == s.Home {
 		return reconcile.Result{}, nil
 	}
 	seen := t.Status.LastSeen.Time
@@ -95,6 +96,11 @@ func (s *Stalls) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	}
 	d := Diagnose(&t, agent)
 	if d.Done || d.Stopped == Heartbeat {
+		return reconcile.Result{}, nil
+	}
+	// A MAC only a PXE default claims may be made up: told of only once
+	// a host with it registered.
+	if claim == v1alpha1.ClaimPXEDefault && agent == nil {
 		return reconcile.Result{}, nil
 	}
 	note := "MAC " + mac + " stopped at " + d.Stopped + " (" + d.Since.UTC().Format(time.RFC3339) + "): " + d.Reason + ". `agentboot trace " + mac + "` shows its whole boot path"

@@ -142,9 +142,15 @@ func (w *Writer) Flush(ctx context.Context) {
 				w.Log.Error(err, "boot trace refused by the apiserver; its observations are dropped", "mac", mac)
 				continue
 			}
-			if err != errUnclaimedLimit {
-				w.Log.Error(err, "write boot trace", "mac", mac)
+			if err == errUnclaimedLimit {
+				// A MAC anyone could have made up, past the limit: its
+				// observations are dropped (and counted), so that a flood
+				// cannot fill the journal and crowd out the hosts
+				// BareMetalHosts name.
+				w.Journal.drop(len(hops))
+				continue
 			}
+			w.Log.Error(err, "write boot trace", "mac", mac)
 			w.Journal.putBack(mac, hops)
 		}
 	}
@@ -164,16 +170,27 @@ func (w *Writer) write(ctx context.Context, mac string, hops []v1alpha1.BootTrac
 	// A new trace of a MAC anyone could have made up waits for the
 	// limiter, before anything is asked of the apiserver (the cache knows
 	// the traces that exist).
+	allowed := false
 	if kind != v1alpha1.ClaimBareMetalHost {
 		var cached v1alpha1.BootTrace
-		if err := w.Client.Get(ctx, key, &cached); apierrors.IsNotFound(err) && !w.NewUnclaimed.Allow() {
-			return errUnclaimedLimit
+		if err := w.Client.Get(ctx, key, &cached); err != nil {
+			if !w.NewUnclaimed.Allow() {
+				return errUnclaimedLimit
+			}
+			allowed = true
 		}
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var t v1alpha1.BootTrace
 		err := w.Reader.Get(ctx, key, &t)
 		if apierrors.IsNotFound(err) {
+			// The cache may still show one the sweep just deleted.
+			if kind != v1alpha1.ClaimBareMetalHost && !allowed {
+				if !w.NewUnclaimed.Allow() {
+					return errUnclaimedLimit
+				}
+				allowed = true
+			}
 			t = v1alpha1.BootTrace{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name,
 				Labels: map[string]string{v1alpha1.MACLabel: Label(mac), v1alpha1.ClaimLabel: kind}}}
 			if err := w.Client.Create(ctx, &t); err != nil {
@@ -204,6 +221,10 @@ func (w *Writer) write(ctx context.Context, mac string, hops []v1alpha1.BootTrac
 	})
 }
 
+// unclaimedKey groups the traces of unclaimed MACs in Sweep (no namespace
+// is named so).
+const unclaimedKey = "_unclaimed"
+
 var errUnclaimedLimit = errors.New("traces of unclaimed MACs are created faster than NewUnclaimed allows")
 
 // Sweep deletes the traces not seen for Retention, and the least recently
@@ -225,13 +246,16 @@ func (w *Writer) Sweep(ctx context.Context) error {
 			}
 			continue
 		}
-		if t.Namespace == w.Namespace || t.Labels[v1alpha1.ClaimLabel] == v1alpha1.ClaimPXEDefault {
+		switch claim := t.Labels[v1alpha1.ClaimLabel]; {
+		case claim == v1alpha1.ClaimPXEDefault:
 			capped[t.Namespace] = append(capped[t.Namespace], t)
+		case claim == v1alpha1.ClaimNone || claim == "" && t.Namespace == w.Namespace:
+			capped[unclaimedKey] = append(capped[unclaimedKey], t)
 		}
 	}
 	for ns, traces := range capped {
 		max := w.MaxByDefault
-		if ns == w.Namespace {
+		if ns == unclaimedKey {
 			max = w.MaxUnclaimed
 		}
 		if len(traces) <= max {
