@@ -233,26 +233,16 @@ func read(ctx context.Context, c cache.Cache, watched []client.Object) (objects,
 	return o, nil
 }
 
-// cookieName is the page's cookie, one per port: two pages on one machine
-// (make run's and agentboot ui's) keep theirs apart.
-func (s *Server) cookieName(r *http.Request) string {
-	_, port, _ := net.SplitHostPort(r.Host)
-	return "agentboot-ui-" + port
-}
 
 // Handler serves the page, its snapshot and its stream of snapshots to
-// whoever shows the token (the URL's, then a cookie), on a loopback host
-// name only (a page elsewhere that resolves its name to 127.0.0.1 is
-// refused).
+// whoever shows the token in each request's URL (the page passes it on:
+// no cookie, which a browser would also send to any other service on the
+// loopback host name), on a loopback host name only (a page elsewhere
+// that resolves its name to 127.0.0.1 is refused).
 func (s *Server) Handler() http.Handler {
 	s.init()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		if t := r.URL.Query().Get("token"); t != "" && s.tokenOK(t) {
-			http.SetCookie(w, &http.Cookie{Name: s.cookieName(r), Value: s.Token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-			http.Redirect(w, r, "/", http.StatusSeeOther)
-			return
-		}
 		page, _ := static.ReadFile("static/index.html")
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = w.Write(page)
@@ -284,16 +274,7 @@ func (s *Server) guard(next http.Handler) http.Handler {
 		w.Header().Set("X-Frame-Options", "DENY")
 		w.Header().Set("Referrer-Policy", "no-referrer")
 		w.Header().Set("Cache-Control", "no-store")
-		if t := r.URL.Query().Get("token"); t != "" && r.URL.Path == "/" {
-			if !s.tokenOK(t) {
-				http.Error(w, "unauthorized: the token is not this page's (open the URL agentboot ui printed)", http.StatusUnauthorized)
-				return
-			}
-			next.ServeHTTP(w, r) // the page sets the cookie
-			return
-		}
-		c, err := r.Cookie(s.cookieName(r))
-		if err != nil || !s.tokenOK(c.Value) {
+		if !s.tokenOK(r.URL.Query().Get("token")) {
 			http.Error(w, "unauthorized: open the URL agentboot ui printed (it carries the page's token)", http.StatusUnauthorized)
 			return
 		}

@@ -130,14 +130,20 @@ func TestPageShowsHostsLive(t *testing.T) {
 		resp.Body.Close()
 		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, req.URL.String())
 	}
-	// A wrong token opens nothing, on any path.
+	// A wrong token opens nothing, on any path; the right one sets no
+	// cookie (a browser would send it to other loopback services too).
 	base := strings.Split(url, "?")[0]
-	for _, u := range []string{base + "?token=wrong", base + "snapshot.json?token=wrong", base + "events?token=x"} {
+	for _, u := range []string{base + "?token=wrong", base + "snapshot.json?token=wrong", base + "events?token=x", base + "snapshot.json"} {
 		resp, err = http.DefaultClient.Do(mustRequest(t, u, ""))
 		require.NoError(t, err)
 		resp.Body.Close()
 		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, u)
 	}
+	resp, err = http.DefaultClient.Do(mustRequest(t, url, ""))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Empty(t, resp.Cookies())
 	resp, err = http.DefaultClient.Do(mustRequest(t, url, "attacker.example"))
 	require.NoError(t, err)
 	resp.Body.Close()

@@ -77,8 +77,7 @@ func pageCost(cfg *rest.Config) (string, error) {
 	go func() { _ = hs.Serve(l) }()
 	url := srv.URL(l.Addr().String())
 	// The first snapshot: the watches listed and the page's data built.
-	req, _ := http.NewRequest(http.MethodGet, strings.Split(url, "?")[0]+"snapshot.json", nil)
-	req.AddCookie(&http.Cookie{Name: "agentboot-ui-" + strings.Split(l.Addr().String(), ":")[1], Value: srv.Token})
+	req, _ := http.NewRequest(http.MethodGet, strings.Split(url, "?")[0]+"snapshot.json?token="+srv.Token, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return "", err
