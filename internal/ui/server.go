@@ -233,7 +233,6 @@ func read(ctx context.Context, c cache.Cache, watched []client.Object) (objects,
 	return o, nil
 }
 
-
 // Handler serves the page, its snapshot and its stream of snapshots to
 // whoever shows the token in each request's URL (the page passes it on:
 // no cookie, which a browser would also send to any other service on the
