@@ -181,6 +181,13 @@ GIB ?= 2
 bench-sanitize: testbin dev-image build ## agent disk erase on the VM lab's disks (GIB each, 2): seconds per GiB per method vs dd
 	go test -tags bench -run TestBenchSanitize -count=1 -timeout 90m -v ./test/bench/sanitize -args -gib $(GIB)
 
+.PHONY: bench-smoke
+bench-smoke: testbin dev-image build ## every benchmark at a small size, as CI runs them: each runs end to end (no timing is asserted; the figures mean nothing at this size)
+	go run ./test/bench/agents -agents 100 -ramp 5s -poll 5s -window 10s
+	go run ./test/bench/images -clients 1,4 -duration 1s -repeats 1
+	go test -tags bench -run TestBenchBMC -count=1 -timeout 20m -v ./test/bench/bmc -args -hosts 3 -window 20s
+	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/pxe -duration 1s -repeats 1 -real-client-runs 2; else echo "bench-smoke: bench-pxe skipped (it needs root)"; fi
+
 .PHONY: bench-pxe
 bench-pxe: build ## DHCP offers/s and TFTP throughput vs dnsmasq in network namespaces (root)
 	@[ "$$(id -u)" = 0 ] || { echo "make bench-pxe needs root (network namespaces)"; exit 1; }
