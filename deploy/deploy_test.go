@@ -234,3 +234,41 @@ spec:
 		require.Equal(t, want["spec"], stored["spec"], "stored as written")
 	}
 }
+
+// docs/trace.md's overlay, as written there, gives the image service the
+// boot observations token: the flag names a file in the Secret's volume,
+// and a real apiserver accepts it all.
+func TestBootObservationsOverlay(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "trace.md"))
+	require.NoError(t, err)
+	section := strings.SplitN(strings.SplitN(string(doc), "## Deploying it", 2)[1], "## Limits", 2)[0]
+	block := strings.SplitN(strings.SplitN(section, "```yaml\n", 2)[1], "```", 2)[0]
+	dir := t.TempDir()
+	base, err := filepath.Rel(dir, filepath.Join(testenv.RepoRoot(), "deploy"))
+	require.NoError(t, err)
+	overlay := "resources:\n  - " + base + "\nsecretGenerator:\n  - name: agentboot-boot-observations\n    namespace: agentboot-system\n" +
+		"    options: {disableNameSuffixHash: true}\n    literals: [token=observations-token-0123456789]\n" + block
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(overlay), 0o644))
+
+	env := testenv.StartT(t, testenv.Options{NoCRDs: true})
+	ctx := context.Background()
+	out, err := env.Kubectl(ctx, "", "kustomize", dir)
+	require.NoError(t, err, out)
+	var found bool
+	for _, d := range strings.Split(out, "\n---\n") {
+		if !strings.Contains(d, "name: agentboot-image-service\n") || !strings.Contains(d, "kind: Deployment") {
+			continue
+		}
+		found = true
+		require.Contains(t, d, "--boot-observations-token-file=/etc/agentboot/observations/token")
+		require.Contains(t, d, "mountPath: /etc/agentboot/observations")
+		require.Contains(t, d, "secretName: agentboot-boot-observations")
+	}
+	require.True(t, found, "the image service's Deployment")
+	_, err = env.Kubectl(ctx, "", "create", "namespace", "agentboot-system")
+	require.NoError(t, err)
+	out, stderr, err := env.KubectlWithStderr(ctx, "", "apply", "--dry-run=server", "-k", dir)
+	require.NoError(t, err, stderr)
+	require.Contains(t, out, "deployment.apps/agentboot-image-service created (server dry run)")
+	require.Contains(t, out, "secret/agentboot-boot-observations created (server dry run)")
+}
