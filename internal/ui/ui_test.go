@@ -76,8 +76,9 @@ func browser(t *testing.T) context.Context {
 func text(t *testing.T, ctx context.Context, sel, want string) {
 	t.Helper()
 	var got string
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); <-tick.C {
 		c, cancel := context.WithTimeout(ctx, 5*time.Second)
 		var err error
 		got, err = chromedp.Run(c, chromedp.Text(chromedp.CSS(sel)))
@@ -85,7 +86,6 @@ func text(t *testing.T, ctx context.Context, sel, want string) {
 		if err == nil && strings.Contains(got, want) {
 			return
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("%s never showed %q; it showed %q", sel, want, got)
 }
