@@ -11,10 +11,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/agentboot/agentboot/api/agentboot/v1alpha1"
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
+	"github.com/agentboot/agentboot/internal/macindex"
 	"github.com/agentboot/agentboot/internal/scheme"
 )
 
@@ -119,4 +124,61 @@ func TestNewTracesOfMadeUpMACsAreLimited(t *testing.T) {
 	}
 	require.Zero(t, j.Len(), "the others are dropped, not kept to crowd out the hosts BareMetalHosts name")
 	require.EqualValues(t, 3, j.Dropped())
+}
+
+// A stalled boot is told of once, on the trace and on the BareMetalHost
+// whose boot MAC it is; a new stall (the host moved on, then stopped again)
+// once more; a MAC nothing claims never.
+func TestStallsTellOnce(t *testing.T) {
+	s, err := scheme.New()
+	require.NoError(t, err)
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	mac := "52:54:00:aa:20:01"
+	trace := func(ns, claim string) *v1alpha1.BootTrace {
+		seen := metav1.NewTime(now.Add(-20 * time.Minute))
+		return &v1alpha1.BootTrace{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: Name(mac), Labels: map[string]string{v1alpha1.ClaimLabel: claim}},
+			Status: v1alpha1.BootTraceStatus{MACAddress: mac, LastSeen: &seen, Hops: []v1alpha1.BootTraceHop{
+				{Hop: BootScript, Source: SourceImageService, OK: true, Outcome: "discovery", First: seen, Last: seen, Count: 1}}}}
+	}
+	claimed := trace("team", v1alpha1.ClaimBareMetalHost)
+	host := &metal3.BareMetalHost{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "worker-0"}, Spec: metal3.BareMetalHostSpec{BootMACAddress: mac}}
+	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1alpha1.BootTrace{}).
+		WithObjects(claimed, trace("agentboot-system", v1alpha1.ClaimNone), host).
+		WithIndex(&v1beta1.Agent{}, macindex.AgentMAC, macindex.AgentMACs).
+		WithIndex(&metal3.BareMetalHost{}, macindex.BootMAC, macindex.HostBootMAC).Build()
+	rec := events.NewFakeRecorder(10)
+	st := &Stalls{Client: c, Events: rec, After: 10 * time.Minute, Home: "agentboot-system", Now: func() time.Time { return now }}
+	ctx := context.Background()
+	told := func() []string {
+		var out []string
+		for {
+			select {
+			case e := <-rec.Events:
+				out = append(out, e)
+			default:
+				return out
+			}
+		}
+	}
+	pass := func(ns string) {
+		_, err := st.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: Name(mac)}})
+		require.NoError(t, err)
+	}
+	pass("team")
+	got := told()
+	require.Len(t, got, 2, "the trace and the BareMetalHost")
+	require.Contains(t, got[0], "BootStalled MAC "+mac+" stopped at boot_script")
+	pass("team")
+	require.Empty(t, told(), "once per stall")
+	pass("agentboot-system")
+	require.Empty(t, told(), "a MAC nothing claims")
+
+	// The host moved on and stopped again: a new stall.
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(claimed), claimed))
+	later := metav1.NewTime(now.Add(-15 * time.Minute))
+	claimed.Status.Hops = append(claimed.Status.Hops, v1alpha1.BootTraceHop{Hop: Kernel, Source: SourceImageService, OK: true, First: later, Last: later, Count: 1})
+	claimed.Status.LastSeen = &later
+	require.NoError(t, c.Status().Update(ctx, claimed))
+	pass("team")
+	require.Len(t, told(), 2)
 }

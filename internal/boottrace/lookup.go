@@ -54,7 +54,7 @@ func Lookup(ctx context.Context, c client.Reader, arg, namespace, home string) (
 		nss := []string{namespace}
 		if r.Trace != nil {
 			nss = []string{r.Trace.Namespace}
-			if r.Trace.Namespace == home {
+			if Unclaimed(r.Trace, home) {
 				nss = nil
 			}
 		}
@@ -111,7 +111,7 @@ func Lookup(ctx context.Context, c client.Reader, arg, namespace, home string) (
 }
 
 func (r *Report) finish(home string) {
-	r.Unclaimed = r.Trace != nil && r.Trace.Namespace == home
+	r.Unclaimed = r.Trace != nil && Unclaimed(r.Trace, home)
 	r.Diagnosis = Diagnose(r.Trace, r.Agent)
 }
 

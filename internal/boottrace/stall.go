@@ -51,7 +51,6 @@ func (s *Stalls) SetupWithManager(mgr manager.Manager) error {
 	if s.Now == nil {
 		s.Now = time.Now
 	}
-	s.told = map[types.NamespacedName]time.Time{}
 	if err := macindex.Register(mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
@@ -69,8 +68,7 @@ func (s *Stalls) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	claim := t.Labels[v1alpha1.ClaimLabel]
-	if t.Status.LastSeen == nil || claim == v1alpha1.ClaimNone || claim == "" && t.Namespace == s.Home {
+	if t.Status.LastSeen == nil || Unclaimed(&t, s.Home) {
 		return reconcile.Result{}, nil
 	}
 	seen := t.Status.LastSeen.Time
@@ -78,6 +76,9 @@ func (s *Stalls) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
 	s.mu.Lock()
+	if s.told == nil {
+		s.told = map[types.NamespacedName]time.Time{}
+	}
 	already := s.told[req.NamespacedName].Equal(seen)
 	s.mu.Unlock()
 	if already {
@@ -100,7 +101,7 @@ func (s *Stalls) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	}
 	// A MAC only a PXE default claims may be made up: told of only once
 	// a host with it registered.
-	if claim == v1alpha1.ClaimPXEDefault && agent == nil {
+	if t.Labels[v1alpha1.ClaimLabel] == v1alpha1.ClaimPXEDefault && agent == nil {
 		return reconcile.Result{}, nil
 	}
 	note := "MAC " + mac + " stopped at " + d.Stopped + " (" + d.Since.UTC().Format(time.RFC3339) + "): " + d.Reason + ". `agentboot trace " + mac + "` shows its whole boot path"

@@ -31,6 +31,14 @@ type Claim struct {
 	ByDefault bool
 }
 
+// Unclaimed reports whether nothing claimed the trace's MAC when it was
+// last written: its claim label says so, or (a trace written before the
+// label) it is in home, agentboot's namespace.
+func Unclaimed(t *v1alpha1.BootTrace, home string) bool {
+	claim := t.Labels[v1alpha1.ClaimLabel]
+	return claim == v1alpha1.ClaimNone || claim == "" && t.Namespace == home
+}
+
 // kind is the ClaimLabel value.
 func (c Claim) kind() string {
 	switch {
@@ -246,10 +254,10 @@ func (w *Writer) Sweep(ctx context.Context) error {
 			}
 			continue
 		}
-		switch claim := t.Labels[v1alpha1.ClaimLabel]; {
-		case claim == v1alpha1.ClaimPXEDefault:
+		switch {
+		case t.Labels[v1alpha1.ClaimLabel] == v1alpha1.ClaimPXEDefault:
 			capped[t.Namespace] = append(capped[t.Namespace], t)
-		case claim == v1alpha1.ClaimNone || claim == "" && t.Namespace == w.Namespace:
+		case Unclaimed(t, w.Namespace):
 			capped[unclaimedKey] = append(capped[unclaimedKey], t)
 		}
 	}

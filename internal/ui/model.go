@@ -141,7 +141,7 @@ func build(o objects, home string) []Group {
 		if _, name, ok := strings.Cut(t.Status.InfraEnv, "/"); ok {
 			ie = name
 		}
-		if t.Namespace == home && t.Status.InfraEnv == "" {
+		if boottrace.Unclaimed(t, home) {
 			ns, ie = "", ""
 		}
 		g := group(ns, ie)
