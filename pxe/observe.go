@@ -30,10 +30,6 @@ const (
 	// maxPendingObservations bounds what waits to be posted: past it,
 	// observations of new (MAC, hop) pairs are dropped and counted.
 	maxPendingObservations = 10000
-	// maxAddrs bounds the client addresses remembered, to tie a TFTP
-	// transfer (which names no MAC) to the MAC that asked for the address.
-	maxAddrs = 50000
-	addrTTL  = time.Hour
 )
 
 // postBatch is how many observations one post carries: at the largest
@@ -41,11 +37,6 @@ const (
 const postBatch = 300
 
 type obsKey struct{ mac, hop string }
-
-type macAt struct {
-	mac string
-	at  time.Time
-}
 
 type observer struct {
 	url, token string
@@ -55,7 +46,9 @@ type observer struct {
 
 	mu      sync.Mutex
 	pending map[obsKey]*boottrace.Observation
-	addrs   map[netip.Addr]macAt
+	// addrs ties a TFTP transfer (which names no MAC) to the MAC that
+	// asked for the client's address.
+	addrs boottrace.Addresses
 
 	sent, dropped *prometheus.CounterVec
 	lastErr       time.Time
@@ -63,7 +56,7 @@ type observer struct {
 
 func newObserver(url, token string, client *http.Client, reg prometheus.Registerer, log logr.Logger) *observer {
 	o := &observer{url: url, token: token, client: client, log: log, every: time.Second,
-		pending: map[obsKey]*boottrace.Observation{}, addrs: map[netip.Addr]macAt{},
+		pending: map[obsKey]*boottrace.Observation{},
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentboot_boot_observations_sent_total",
 			Help: "Boot observations the PXE service posted to the image service, by hop."}, []string{"hop"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentboot_boot_observations_dropped_total",
@@ -100,42 +93,16 @@ func (o *observer) dhcp(d dhcp.Observation) {
 	now := time.Now()
 	// Only an answered client's address: a packet can name any.
 	if d.Addr.IsValid() && d.Answered {
-		o.learn(d.Addr, d.MAC, now)
+		o.addrs.Put(d.Addr.String(), d.MAC, now)
 	}
 	o.add(boottrace.Observation{MAC: d.MAC, Hop: boottrace.DHCP, At: now, OK: d.Answered, Outcome: d.Outcome, Detail: d.Detail})
-}
-
-func (o *observer) learn(addr netip.Addr, mac string, now time.Time) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if _, ok := o.addrs[addr]; !ok && len(o.addrs) >= maxAddrs {
-		for a, e := range o.addrs {
-			if now.Sub(e.at) > addrTTL {
-				delete(o.addrs, a)
-			}
-		}
-		if len(o.addrs) >= maxAddrs {
-			return // the oldest stay: an address flood cannot evict them
-		}
-	}
-	o.addrs[addr] = macAt{mac: mac, at: now}
-}
-
-func (o *observer) macOf(addr netip.Addr) string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	e, ok := o.addrs[addr]
-	if !ok || time.Since(e.at) > addrTTL {
-		return ""
-	}
-	return e.mac
 }
 
 // tftp records a finished transfer for the MAC that has the client's
 // address: the boot loader, or for arm64 GRUB hosts the files it fetches
 // through this service (its boot decision is the image service's to see).
 func (o *observer) tftp(client netip.Addr, file, result string, bytes int64) {
-	mac := o.macOf(client.Unmap())
+	mac := o.addrs.MAC(client.Unmap().String(), time.Now())
 	if mac == "" {
 		return
 	}

@@ -269,3 +269,56 @@ func Apply(st *v1alpha1.BootTraceStatus, mac string, hops []v1alpha1.BootTraceHo
 		}
 	}
 }
+
+// Addresses remembers which MAC each client address belongs to, as the
+// MAC's DHCP or boot script request showed it, for the requests that name
+// no MAC (a TFTP transfer, a kernel download). It holds at most MaxAddrs
+// for an hour each: when full, the expired go, and a new address is not
+// remembered while the known ones are live (a flood of addresses cannot
+// evict them).
+type Addresses struct {
+	mu sync.Mutex
+	m  map[string]addrMAC
+}
+
+type addrMAC struct {
+	mac string
+	at  time.Time
+}
+
+// Limits of Addresses.
+const (
+	MaxAddrs = 50000
+	AddrTTL  = time.Hour
+)
+
+// Put remembers that addr is mac's, seen now.
+func (a *Addresses) Put(addr, mac string, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[string]addrMAC{}
+	}
+	if _, ok := a.m[addr]; !ok && len(a.m) >= MaxAddrs {
+		for k, e := range a.m {
+			if now.Sub(e.at) > AddrTTL {
+				delete(a.m, k)
+			}
+		}
+		if len(a.m) >= MaxAddrs {
+			return
+		}
+	}
+	a.m[addr] = addrMAC{mac: mac, at: now}
+}
+
+// MAC is addr's MAC, or "" when none is known.
+func (a *Addresses) MAC(addr string, now time.Time) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, ok := a.m[addr]
+	if !ok || now.Sub(e.at) > AddrTTL {
+		return ""
+	}
+	return e.mac
+}

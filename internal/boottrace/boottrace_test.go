@@ -182,3 +182,19 @@ func TestStallsTellOnce(t *testing.T) {
 	pass("team")
 	require.Len(t, told(), 2)
 }
+
+// A flood of addresses cannot evict the known ones; expired ones make room.
+func TestAddressesKeepTheKnown(t *testing.T) {
+	var a Addresses
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	a.Put("198.18.0.1", "52:54:00:00:00:01", now)
+	for i := 0; i < MaxAddrs+10; i++ {
+		a.Put(fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255), "52:54:00:00:00:02", now)
+	}
+	require.Equal(t, "52:54:00:00:00:01", a.MAC("198.18.0.1", now))
+	require.Empty(t, a.MAC("10.0.195.90", now), "past the bound, not remembered")
+	later := now.Add(AddrTTL + time.Minute)
+	require.Empty(t, a.MAC("198.18.0.1", later), "expired")
+	a.Put("198.18.0.9", "52:54:00:00:00:09", later)
+	require.Equal(t, "52:54:00:00:00:09", a.MAC("198.18.0.9", later), "the expired made room")
+}

@@ -128,7 +128,7 @@ func (h *Handler) serveBootDecision(w http.ResponseWriter, r *http.Request, d di
 		// host's: the PXE service records the files it fetches.
 		loader = "GRUB (" + arch + ")"
 	} else {
-		h.macs.put(h.clientAddr(r), mac, time.Now())
+		h.macs.Put(h.clientAddr(r), mac, time.Now())
 	}
 	obs := boottrace.Observation{MAC: mac, Hop: boottrace.BootScript, At: time.Now(), OK: outcome == BootDiscovery, Outcome: outcome, Detail: loader + " from " + h.clientAddr(r)}
 	if why != "" {

@@ -120,7 +120,7 @@ type Handler struct {
 	clients            map[string]int // downloads in flight per client address
 	infraEnvs          map[string]int // per-InfraEnv downloads in flight per InfraEnv UID
 	renders            *renderCache
-	macs               macByAddr // for the boot trace
+	macs               boottrace.Addresses // for the boot trace
 }
 
 var (

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,57 +23,6 @@ import (
 
 // routeObservations takes the PXE service's observations.
 const routeObservations = "POST /boot-observations"
-
-// macByAddr remembers which MAC each client address last asked for its
-// boot script: iPXE then fetches the kernel, initrd and root file system
-// from the same address, by URLs that name the InfraEnv, not the host.
-// Bounded: past maxAddrs, entries older than addrTTL go, then the oldest.
-type macByAddr struct {
-	mu sync.Mutex
-	m  map[string]addrMAC
-}
-
-type addrMAC struct {
-	mac string
-	at  time.Time
-}
-
-const (
-	maxAddrs = 50000
-	addrTTL  = time.Hour
-)
-
-func (c *macByAddr) put(addr, mac string, now time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[string]addrMAC{}
-	}
-	if _, ok := c.m[addr]; !ok && len(c.m) >= maxAddrs {
-		oldest, oldestAt := "", now
-		for a, e := range c.m {
-			if now.Sub(e.at) > addrTTL {
-				delete(c.m, a)
-			} else if e.at.Before(oldestAt) {
-				oldest, oldestAt = a, e.at
-			}
-		}
-		if len(c.m) >= maxAddrs {
-			delete(c.m, oldest)
-		}
-	}
-	c.m[addr] = addrMAC{mac: mac, at: now}
-}
-
-func (c *macByAddr) get(addr string, now time.Time) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.m[addr]
-	if !ok || now.Sub(e.at) > addrTTL {
-		return ""
-	}
-	return e.mac
-}
 
 // observe records a hop the image service served, when tracing is on.
 func (h *Handler) observe(o boottrace.Observation) {
@@ -95,7 +43,7 @@ func (h *Handler) observeDownload(r *http.Request, file string, rec *statusRecor
 	if hop == "" || h.opts.Trace == nil || r.Method != http.MethodGet {
 		return
 	}
-	mac := h.macs.get(h.clientAddr(r), time.Now())
+	mac := h.macs.MAC(h.clientAddr(r), time.Now())
 	if mac == "" {
 		return
 	}
