@@ -430,3 +430,35 @@ func TestBootObservations(t *testing.T) {
 	mu.Unlock()
 	require.EqualValues(t, 3, discovers, "two DISCOVERs and the REQUEST, counted")
 }
+
+// In authoritative mode an installed system's DHCP is answered with an
+// address and is no hop of a boot path: only network-boot clients are
+// observed.
+func TestBootObservationsAuthoritative(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	images := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b boottrace.Batch
+		require.NoError(t, json.NewDecoder(r.Body).Decode(&b))
+		mu.Lock()
+		for _, o := range b.Observations {
+			seen[o.MAC] = true
+		}
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer images.Close()
+	s, _, _ := startServer(t, Authoritative, func(c *Config) {
+		c.ObservationsURL, c.ObservationsToken = images.URL+"/boot-observations", "observations-token-0123456789"
+	})
+	require.NotNil(t, s.Handle(discover(t, "52:54:00:aa:00:51", iana.INTEL_X86PC, "udhcp 1.35.0"), 67), "an address for the installed system")
+	require.NotNil(t, s.Handle(discover(t, "52:54:00:aa:00:52", iana.EFI_X86_64, "PXEClient:Arch:00007:UNDI:003016"), 67))
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen["52:54:00:aa:00:52"]
+	}, 10*time.Second, 50*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.False(t, seen["52:54:00:aa:00:51"], "posted in the same batch as the boot client's, had it been observed")
+}

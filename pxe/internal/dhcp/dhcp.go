@@ -243,19 +243,12 @@ func (h *Handler) Respond(req *dhcpv4.DHCPv4, port int) *dhcpv4.DHCPv4 {
 		h.drop("malformed")
 		return nil
 	}
-	reply, why := h.respond(req, port)
+	reply, why, booting := h.respond(req, port)
 	if why != "" {
 		h.drop(why)
 	}
-	// A client that is not network booting (an installed system, the live
-	// system's own DHCP, answered with an address in authoritative mode)
-	// is no hop of a boot path; nor is a packet dropped before it was
-	// looked at (rate limits, an unknown relay), which anyone can send
-	// from any MAC.
-	if h.cfg.Observe != nil && !notTraced[why] {
-		if _, kind := h.boot(identify(req), req.ClientHWAddr.String()); kind != "not-pxe" {
-			h.cfg.Observe(observation(req, port, reply, why))
-		}
+	if booting && h.cfg.Observe != nil {
+		h.cfg.Observe(observation(req, port, reply, why))
 	}
 	return reply
 }
@@ -301,9 +294,6 @@ func observation(req *dhcpv4.DHCPv4, port int, reply *dhcpv4.DHCPv4, why string)
 	return o
 }
 
-// notTraced are the drop reasons whose packets are not observed.
-var notTraced = map[string]bool{"not-pxe": true, "rate-limited": true, "new-client-rate-limited": true, "unknown-relay": true}
-
 // whyText says a drop reason in words.
 func whyText(why string) string {
 	switch why {
@@ -313,24 +303,31 @@ func whyText(why string) string {
 	return why
 }
 
-func (h *Handler) respond(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, string) {
+// respond answers req, or says why not; booting says whether req is a hop
+// of a boot path (for the boot trace): not from a client that is not
+// network booting (an installed system, the live system's own DHCP, which
+// authoritative mode answers with an address), nor a packet dropped before
+// it was looked at (rate limits, an unknown relay), which anyone can send
+// from any MAC.
+func (h *Handler) respond(req *dhcpv4.DHCPv4, port int) (reply *dhcpv4.DHCPv4, why string, booting bool) {
 	mac := req.ClientHWAddr.String()
 	if gw := addr(req.GatewayIPAddr); gw.IsValid() && !slices.Contains(h.cfg.Relays, gw) {
-		return nil, "unknown-relay"
+		return nil, "unknown-relay", false
 	}
 	if ok, why := h.allow(mac); !ok {
-		return nil, why
+		return nil, why, false
 	}
 	h.noticeOtherServer(req)
 	f := identify(req)
 	bi, why := h.boot(f, mac)
 	bootable := why == ""
+	booting = why != "not-pxe"
 
 	if h.cfg.Mode == Authoritative && port != 4011 {
-		return h.authoritative(req, mac, f, bi, bootable), ""
+		return h.authoritative(req, mac, f, bi, bootable), "", booting
 	}
 	if !bootable {
-		return nil, why
+		return nil, why, booting
 	}
 	var t dhcpv4.MessageType
 	switch req.MessageType() {
@@ -339,17 +336,17 @@ func (h *Handler) respond(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, string)
 	case dhcpv4.MessageTypeRequest, dhcpv4.MessageTypeInform:
 		if port != 4011 {
 			// On port 67 a REQUEST is for the site's DHCP server.
-			return nil, ""
+			return nil, "", booting
 		}
 		t = dhcpv4.MessageTypeAck
 	default:
-		return nil, ""
+		return nil, "", booting
 	}
 	reply, err := h.reply(req, t, netip.Addr{}, f, bi)
 	if err != nil {
-		return nil, "reply-error"
+		return nil, "reply-error", booting
 	}
-	return reply, ""
+	return reply, "", booting
 }
 
 // reply builds a reply with the boot information; ip is the address given
