@@ -67,6 +67,10 @@ type Config struct {
 	// second the agent API may write to the apiserver for one InfraEnv's
 	// hosts, and in all (the defaults below; negative: no limit).
 	WriteBudgetPerInfraEnv, WriteBudgetPerProcess int
+	// WritesInFlight bounds the registrations and inventory uploads the
+	// agent API serves at once (DefaultWritesInFlight; negative: no bound):
+	// past it a host waits a moment, then gets 429 and when to come back.
+	WritesInFlight int
 	// PollInterval is how often hosts heartbeat (20s); LeaseRenewInterval
 	// the most often their Lease is written (45s: every third heartbeat); DisconnectAfter how long
 	// a silent host stays connected (3m).
@@ -99,6 +103,10 @@ const (
 	DefaultMaxUnapprovedPerInfraEnv = 500
 	DefaultWriteBudgetPerInfraEnv   = 256 << 10
 	DefaultWriteBudgetPerProcess    = 1 << 20
+	// DefaultWritesInFlight: enough to keep the apiserver busy, few
+	// enough that a host served waits for a handful of writes, not for
+	// a whole rack's.
+	DefaultWritesInFlight = 32
 )
 
 // orDefault is v, def when v is 0, and 0 (none) when v is negative.
@@ -228,6 +236,7 @@ func setupAPI(mgr manager.Manager, cfg Config) error {
 		MaxUnapproved:          orDefault(cfg.MaxUnapprovedPerInfraEnv, DefaultMaxUnapprovedPerInfraEnv),
 		WriteBudgetPerInfraEnv: orDefault(cfg.WriteBudgetPerInfraEnv, DefaultWriteBudgetPerInfraEnv),
 		WriteBudgetPerProcess:  orDefault(cfg.WriteBudgetPerProcess, DefaultWriteBudgetPerProcess),
+		WritesInFlight:         orDefault(cfg.WritesInFlight, DefaultWritesInFlight),
 		PollInterval:           cfg.PollInterval,
 		LeaseRenewInterval:     cfg.LeaseRenewInterval,
 		Steps:                  install,

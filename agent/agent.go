@@ -139,7 +139,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				return nil
 			}
 		default:
-			wait := a.backoff.Next()
+			wait := a.backoff.After(err)
 			a.log.Warn("agent API unavailable; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
 			if client.Sleep(ctx, wait) != nil {
 				return nil

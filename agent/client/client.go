@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -77,6 +78,9 @@ type StatusError struct {
 	Status int
 	Code   string
 	Msg    string
+	// RetryAfter is when the service asked to be called again
+	// (Retry-After, in seconds; 0 when it did not say).
+	RetryAfter time.Duration
 }
 
 func (e *StatusError) Error() string {
@@ -123,7 +127,7 @@ func (c *Client) do(ctx context.Context, method, path, bearer string, in, out an
 		return err
 	}
 	if resp.StatusCode >= 300 {
-		se := &StatusError{Status: resp.StatusCode}
+		se := &StatusError{Status: resp.StatusCode, RetryAfter: RetryAfter(resp.Header)}
 		var e agentwire.Error
 		if json.Unmarshal(raw, &e) == nil && e.Message != "" {
 			se.Code, se.Msg = e.Code, e.Message
@@ -136,6 +140,20 @@ func (c *Client) do(ctx context.Context, method, path, bearer string, in, out an
 		return json.Unmarshal(raw, out)
 	}
 	return nil
+}
+
+// maxRetryAfter is the longest Retry-After taken: past it, a misbehaving
+// service would park the host for good.
+const maxRetryAfter = 10 * time.Minute
+
+// RetryAfter reads a Retry-After of delay-seconds (the agent API sends no
+// dates); anything else is 0.
+func RetryAfter(h http.Header) time.Duration {
+	n, err := strconv.Atoi(strings.TrimSpace(h.Get("Retry-After")))
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return min(time.Duration(n)*time.Second, maxRetryAfter)
 }
 
 func fill(p string, kv ...string) string {
@@ -188,6 +206,19 @@ func (b *Backoff) Next() time.Duration {
 	d := b.next/2 + rand.N(b.next/2+1)
 	b.next = min(b.next*2, b.Max)
 	return d
+}
+
+// After returns how long to wait after err: the time the service asked for
+// in a 429 or 503 (Retry-After) with up to a second of jitter, since many
+// hosts are given the same second; else the next backoff. A service that
+// schedules the host's return is followed, not second-guessed: its turns
+// spread a boot storm at the rate the apiserver takes writes.
+func (b *Backoff) After(err error) time.Duration {
+	var se *StatusError
+	if errors.As(err, &se) && se.RetryAfter > 0 && (se.Status == http.StatusTooManyRequests || se.Status == http.StatusServiceUnavailable) {
+		return se.RetryAfter + rand.N(time.Second)
+	}
+	return b.Next()
 }
 
 // Reset starts over after a success.

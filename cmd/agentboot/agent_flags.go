@@ -29,6 +29,7 @@ func (a *agentFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&a.cfg.MaxUnapprovedPerInfraEnv, "max-unapproved-agents-per-infraenv", agentservice.DefaultMaxUnapprovedPerInfraEnv, "most unapproved Agents one InfraEnv may have (an InfraEnv that approves automatically has none); registrations past it are refused with 403 until some are approved or deleted (-1: no cap)")
 	fs.IntVar(&a.cfg.WriteBudgetPerInfraEnv, "agent-api-write-budget-per-infraenv", agentservice.DefaultWriteBudgetPerInfraEnv, "bytes per second the agent API may write to the apiserver for one InfraEnv's hosts, with a minute's worth at once; over it, 429 (-1: no limit; docs/security.md)")
 	fs.IntVar(&a.cfg.WriteBudgetPerProcess, "agent-api-write-budget", agentservice.DefaultWriteBudgetPerProcess, "bytes per second the agent API of this replica may write to the apiserver in all, with a minute's worth at once (-1: no limit)")
+	fs.IntVar(&a.cfg.WritesInFlight, "agent-api-writes-in-flight", agentservice.DefaultWritesInFlight, "registrations and inventory uploads the agent API serves at once; past it a host waits up to 250ms, then gets 429 with a Retry-After that spreads the refused at the rate they finish (-1: no bound; docs/agents.md#boot-storms)")
 	fs.DurationVar(&a.cfg.PollInterval, "agent-poll-interval", 0, "how often hosts heartbeat (default "+agentwire.DefaultPollInterval.String()+")")
 	fs.DurationVar(&a.cfg.DisconnectAfter, "agent-disconnect-after", 0, "how long a silent host stays Connected (default 3m)")
 }
@@ -46,7 +47,7 @@ func (a *agentFlags) files() []string {
 
 // apiOnly are the flags only an agent API reads.
 var apiOnly = []string{"agent-api-tls-cert-file", "agent-api-tls-key-file", "max-agents-per-infraenv",
-	"max-unapproved-agents-per-infraenv", "agent-api-write-budget-per-infraenv", "agent-api-write-budget", "agent-poll-interval"}
+	"max-unapproved-agents-per-infraenv", "agent-api-write-budget-per-infraenv", "agent-api-write-budget", "agent-api-writes-in-flight", "agent-poll-interval"}
 
 // checkServed refuses agent API settings given to a process that serves no
 // agent API (--agent-api-addr empty): they would be ignored without a word,

@@ -97,6 +97,8 @@ type Options struct {
 	// likewise (agent-service Config).
 	MaxUnapprovedPerInfraEnv                      int
 	WriteBudgetPerInfraEnv, WriteBudgetPerProcess int
+	// WritesInFlight likewise (agent-service Config).
+	WritesInFlight int
 	// BootNetworkNamespaces are the namespaces that may claim
 	// network-booting hosts (--boot-network-namespaces); default "*".
 	BootNetworkNamespaces string
@@ -387,6 +389,7 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 			PollInterval: opts.AgentPollInterval, LeaseRenewInterval: opts.AgentLeaseRenewInterval, DisconnectAfter: opts.AgentDisconnectAfter,
 			MaxAgentsPerInfraEnv: opts.MaxAgentsPerInfraEnv, MaxUnapprovedPerInfraEnv: opts.MaxUnapprovedPerInfraEnv,
 			WriteBudgetPerInfraEnv: opts.WriteBudgetPerInfraEnv, WriteBudgetPerProcess: opts.WriteBudgetPerProcess,
+			WritesInFlight:   opts.WritesInFlight,
 			ControllerPasses: opts.AgentControllerPasses, DiskBootPasses: opts.DiskBootPasses,
 		},
 		InfraEnvPullSecretRecheck: time.Second,

@@ -52,6 +52,9 @@ type Options struct {
 	// second the API may write to the apiserver for one InfraEnv's hosts,
 	// and in all (budget.go); 0 means no limit.
 	WriteBudgetPerInfraEnv, WriteBudgetPerProcess int
+	// WritesInFlight bounds the registrations and inventory uploads
+	// served at once (gate.go); 0 means no bound.
+	WritesInFlight int
 	// PollInterval is how often agents heartbeat.
 	PollInterval time.Duration
 	// LeaseRenewInterval is the most often a Lease is written.
@@ -112,6 +115,7 @@ type Server struct {
 	o        Options
 	limiters sync.Map // key → *limiter
 	budget   *budget
+	gate     *gate
 }
 
 type limiter struct {
@@ -150,7 +154,7 @@ func New(o Options) *Server {
 	if o.LeaseRenewInterval == 0 {
 		o.LeaseRenewInterval = 45 * time.Second
 	}
-	return &Server{o: o, budget: newBudget(o.WriteBudgetPerInfraEnv, o.WriteBudgetPerProcess)}
+	return &Server{o: o, budget: newBudget(o.WriteBudgetPerInfraEnv, o.WriteBudgetPerProcess), gate: newGate(o.WritesInFlight, o.Now)}
 }
 
 // Handler has every route of the agent API.

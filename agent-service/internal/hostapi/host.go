@@ -203,6 +203,12 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	leave, retry := s.gate.enter(r.Context())
+	if leave == nil {
+		busy(w, retry)
+		return
+	}
+	defer leave()
 	if !s.allowWrite(a) {
 		tooMany(w)
 		return

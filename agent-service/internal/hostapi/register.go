@@ -64,6 +64,14 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		tooMany(w)
 		return
 	}
+	// Past every check that costs nothing, and with the body read: a
+	// slot is never held while a client sends.
+	leave, retry := s.gate.enter(r.Context())
+	if leave == nil {
+		busy(w, retry)
+		return
+	}
+	defer leave()
 	bootedBy, why := s.bootedBy(r.Context(), key, ns, req.BootProof)
 	if why != "" {
 		s.o.Log.Info("registration's boot proof not accepted", "infraEnv", ns+"/"+name, "agent", req.HostID, "why", why)

@@ -49,6 +49,7 @@ func main() {
 	poll := flag.Duration("poll", 20*time.Second, "heartbeat interval")
 	window := flag.Duration("window", 90*time.Second, "steady-state measurement window")
 	infraEnvs := flag.Int("infraenvs", 1, "InfraEnvs the hosts are spread over, each in a namespace of its own (a site's teams or racks)")
+	inFlight := flag.Int("writes-in-flight", 0, "the manager's --agent-api-writes-in-flight (0: its default)")
 	abuse := flag.Bool("abuse", false, "make bench-abuse: the honest hosts heartbeat while a holder of another InfraEnv's registration token writes at full speed (abuse.go)")
 	flag.Parse()
 	if *abuse {
@@ -58,7 +59,11 @@ func main() {
 		}
 		return
 	}
-	if err := run(*n, *infraEnvs, *ramp, *poll, *window); err != nil {
+	var extra []string
+	if *inFlight != 0 {
+		extra = append(extra, fmt.Sprintf("--agent-api-writes-in-flight=%d", *inFlight))
+	}
+	if err := run(*n, *infraEnvs, *ramp, *poll, *window, extra...); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-agents:", err)
 		os.Exit(1)
 	}
@@ -159,12 +164,12 @@ func (b *bench) stop() {
 	})
 }
 
-func run(n, k int, ramp, poll, window time.Duration) error {
+func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 	// The hosts stay unapproved, as on a site that approves by hand: the
 	// cap on unapproved Agents (500) is lifted for them, and so is the
 	// per-InfraEnv write budget, which would spread their registration
 	// over minutes (this bench measures the API, bench-abuse the budget).
-	b, err := start(n, poll, "--max-unapproved-agents-per-infraenv=-1", "--agent-api-write-budget-per-infraenv=-1")
+	b, err := start(n, poll, append([]string{"--max-unapproved-agents-per-infraenv=-1", "--agent-api-write-budget-per-infraenv=-1"}, extra...)...)
 	if err != nil {
 		return err
 	}
@@ -186,7 +191,7 @@ func run(n, k int, ramp, poll, window time.Duration) error {
 	}
 
 	fmt.Printf("agentboot bench-agents (%s, %d CPUs): %d simulated hosts over %d InfraEnvs starting over %s (%.0f a second), heartbeat every %s; "+
-		"a failed registration is retried with the agent's backoff (1 s to 1 min, jittered)\n\n",
+		"a failed registration is retried as the agent does: at the Retry-After the service gives, else with backoff (1 s to 1 min, jittered)\n\n",
 		time.Now().UTC().Format(time.RFC3339), numCPU(), n, k, ramp, float64(n)/ramp.Seconds(), poll)
 	var (
 		lat      = make([]time.Duration, n) // the successful request
@@ -195,6 +200,7 @@ func run(n, k int, ramp, poll, window time.Duration) error {
 		done     atomic.Int64
 		retries  = &retryCounts{}
 	)
+	rBurst, _ := apiserverWritesByResource(env.Config)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -227,6 +233,7 @@ func run(n, k int, ramp, poll, window time.Duration) error {
 	settled := time.Since(start)
 	// Let the registration burst's writes drain before measuring.
 	time.Sleep(poll)
+	rSettled, _ := apiserverWritesByResource(env.Config)
 
 	w0, err := apiserverWrites(env.Config)
 	if err != nil {
@@ -281,6 +288,7 @@ func run(n, k int, ramp, poll, window time.Duration) error {
 	fmt.Printf("registered %d of %d hosts (%d not by the end); all Agents known after %s\n", registered, n, failures.Load(), settled.Round(time.Second))
 	fmt.Printf("registration request: p50 %s, p99 %s, max %s (target p99 < 1s)\n", p(50), p(99), p(100))
 	fmt.Printf("first attempt to registered, retries included: p50 %s, p99 %s, max %s; failed attempts retried: %s\n", w(50), w(99), w(100), retries)
+	fmt.Printf("registering cost the apiserver %s\n", perHost(rBurst, rSettled, registered))
 	fmt.Printf("steady state over %.0fs: %.1f apiserver writes/s for the %d registered hosts = N/%.0f (target <= N/40 = %.1f/s)\n",
 		elapsed, writesPerSec, registered, float64(registered)/max(writesPerSec, 0.001), float64(registered)/40)
 	var parts []string
@@ -336,7 +344,8 @@ func (h *host) do(ctx context.Context, method, path, token string, in, out any) 
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, strings.TrimSpace(string(raw)))
+		return &agentclient.StatusError{Status: resp.StatusCode, RetryAfter: agentclient.RetryAfter(resp.Header),
+			Msg: fmt.Sprintf("%s %s: %d %s", method, path, resp.StatusCode, strings.TrimSpace(string(raw)))}
 	}
 	if out != nil {
 		return json.Unmarshal(raw, out)
@@ -363,7 +372,7 @@ func (h *host) register(ctx context.Context, ie *v1beta1.InfraEnv, token string,
 			break
 		}
 		retries.add(err)
-		if agentclient.Sleep(ctx, backoff.Next()) != nil {
+		if agentclient.Sleep(ctx, backoff.After(err)) != nil {
 			return 0, err
 		}
 	}
@@ -374,7 +383,7 @@ func (h *host) register(ctx context.Context, ie *v1beta1.InfraEnv, token string,
 			return took, nil
 		}
 		retries.add(err)
-		if agentclient.Sleep(ctx, backoff.Next()) != nil {
+		if agentclient.Sleep(ctx, backoff.After(err)) != nil {
 			return 0, err
 		}
 	}
@@ -517,6 +526,24 @@ func apiserverWrites(cfg *rest.Config) (int64, error) {
 		total += v
 	}
 	return total, err
+}
+
+// perHost is the writes between two readings of
+// apiserverWritesByResource, per host: in all and by resource.
+func perHost(r0, r1 map[string]int64, hosts int) string {
+	if hosts == 0 {
+		return "nothing (no host registered)"
+	}
+	var all int64
+	var parts []string
+	for res, v := range r1 {
+		if d := v - r0[res]; d > 0 {
+			all += d
+			parts = append(parts, fmt.Sprintf("%s %.2f", res, float64(d)/float64(hosts)))
+		}
+	}
+	sort.Strings(parts)
+	return fmt.Sprintf("%.1f writes per host (%s)", float64(all)/float64(hosts), strings.Join(parts, ", "))
 }
 
 func apiserverWritesByResource(cfg *rest.Config) (map[string]int64, error) {
