@@ -93,7 +93,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		}))
 	}
 	if err := (&prepare.Reconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Bindings: mgr.GetCache(),
 		Catalog: cfg.Catalog, Settings: cfg.Settings, Keys: cfg.Keys, Namespace: cfg.Namespace, Sanitization: cfg.Sanitization,
 		Refresh: cfg.HandoverRefresh, Log: cfg.Log.WithName("handover"),
 	}).SetupWithManager(mgr); err != nil {
@@ -102,6 +102,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 	if err := (&worker.Reconciler{
 		Client:        mgr.GetClient(),
 		APIReader:     mgr.GetAPIReader(),
+		Bindings:      mgr.GetCache(),
 		Events:        eventnote.Recorder(mgr.GetEventRecorder("agentboot-nodepool-worker")),
 		Timeouts:      cfg.Timeouts,
 		Poll:          cfg.Poll,

@@ -7,7 +7,12 @@
 // agentboot hands out a pointer Ignition or a token, approves a CSR or
 // touches a Node, the binding must hold here.
 //
-// It reads, uncached and fresh, and never writes.
+// It never writes. What it reads from decides what a resolution may be
+// used for: resolved through an informer cache (Resolve with a cache
+// reader, cheap enough for every poll of every host) it may show and wait
+// and prepare; anything handed out or approved on the binding's strength
+// is decided on a resolution read fresh from the apiserver (Confirm),
+// because a cache may not have seen a revocation yet.
 package binding
 
 import (
@@ -37,6 +42,7 @@ import (
 // Kinds read unstructured: agentboot reads a field or two of each and
 // ships no CRD for them (HyperShift and cluster-api-provider-agent do).
 var (
+	AgentMachineGVK        = schema.GroupVersionKind{Group: "capi-provider.agent-install.openshift.io", Version: "v1beta1", Kind: "AgentMachine"}
 	AgentMachineList       = schema.GroupVersionKind{Group: "capi-provider.agent-install.openshift.io", Version: "v1beta1", Kind: "AgentMachineList"}
 	HostedControlPlaneList = schema.GroupVersionKind{Group: "hypershift.openshift.io", Version: "v1beta1", Kind: "HostedControlPlaneList"}
 )
@@ -130,28 +136,78 @@ func Resolve(ctx context.Context, r client.Reader, a *v1beta1.Agent) (*Binding, 
 	return b, nil
 }
 
-// agentMachine finds the AgentMachine in ns that took the Agent.
+// Confirm is what a decision taken on a cached resolution rests on: the
+// Agent and its binding read again through fresh (the apiserver, not a
+// cache), holding, and the same binding (by Digest) as cached, resolved
+// from the same Agent. A binding revoked a moment ago, which the cache has
+// not seen yet, is refused here at once; one that changed is an error to
+// wait on, not a refusal: the cache catches up by the next look.
+func Confirm(ctx context.Context, fresh client.Reader, a *v1beta1.Agent, cached *Binding) (*Binding, error) {
+	cur := &v1beta1.Agent{}
+	if err := fresh.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
+		return nil, readError(err, "Agent %s/%s", a.Namespace, a.Name)
+	}
+	if cur.UID != a.UID {
+		return nil, refused("Agent %s/%s was replaced by another object of its name", a.Namespace, a.Name)
+	}
+	b, err := Resolve(ctx, fresh, cur)
+	if err != nil {
+		return nil, err
+	}
+	if b.Digest() != cached.Digest() {
+		return nil, fmt.Errorf("the binding of Agent %s/%s changed a moment ago (now AgentMachine %s/%s); looked at again once the cache has it", a.Namespace, a.Name, b.Namespace, b.AgentMachine)
+	}
+	return b, nil
+}
+
+// agentMachine finds the AgentMachine in ns that took the Agent: the one
+// the label names (cluster-api-provider-agent writes its name there), read
+// by name; else, as a label holding the UID also names one, the one of the
+// namespace that references the Agent. A namespace holds an AgentMachine
+// for each of its hosts, so only an Agent whose label names no
+// AgentMachine referencing it has the namespace's list read.
 func agentMachine(ctx context.Context, r client.Reader, a *v1beta1.Agent, ns, ref string) (*unstructured.Unstructured, error) {
+	named := &unstructured.Unstructured{}
+	named.SetGroupVersionKind(AgentMachineGVK)
+	err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref}, named)
+	switch {
+	case err == nil && references(named, a):
+		return checkAgentMachine(named, a, ref)
+	case err != nil && !apierrors.IsNotFound(err):
+		return nil, readError(err, "AgentMachine %s/%s named by the %s label", ns, ref, lifecycle.AgentMachineRefLabel)
+	}
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(AgentMachineList)
-	if err := r.List(ctx, list, client.InNamespace(ns)); err != nil {
+	// Read only, never changed: a cache need not copy the namespace's
+	// AgentMachines for it.
+	if err := r.List(ctx, list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, readError(err, "AgentMachines in namespace %s", ns)
 	}
-	for _, am := range list.Items {
-		name, _, _ := unstructured.NestedString(am.Object, "status", "agentRef", "name")
-		agentNS, _, _ := unstructured.NestedString(am.Object, "status", "agentRef", "namespace")
-		if name != a.Name || agentNS != a.Namespace {
-			continue
+	for i := range list.Items {
+		if am := &list.Items[i]; references(am, a) {
+			return checkAgentMachine(am, a, ref)
 		}
-		if ref != am.GetName() && ref != string(am.GetUID()) {
-			return nil, refused("AgentMachine %s/%s references this Agent, but its %s label names %q", ns, am.GetName(), lifecycle.AgentMachineRefLabel, ref)
-		}
-		if am.GetDeletionTimestamp() != nil {
-			return nil, refused("AgentMachine %s/%s is being deleted", ns, am.GetName())
-		}
-		return &am, nil
 	}
 	return nil, refused("no AgentMachine in namespace %s references this Agent in status.agentRef (yet)", ns)
+}
+
+// references reports whether AgentMachine am's status.agentRef is Agent a.
+func references(am *unstructured.Unstructured, a *v1beta1.Agent) bool {
+	name, _, _ := unstructured.NestedString(am.Object, "status", "agentRef", "name")
+	agentNS, _, _ := unstructured.NestedString(am.Object, "status", "agentRef", "namespace")
+	return name == a.Name && agentNS == a.Namespace
+}
+
+// checkAgentMachine checks an AgentMachine that references the Agent
+// against its label.
+func checkAgentMachine(am *unstructured.Unstructured, a *v1beta1.Agent, ref string) (*unstructured.Unstructured, error) {
+	if ref != am.GetName() && ref != string(am.GetUID()) {
+		return nil, refused("AgentMachine %s/%s references this Agent, but its %s label names %q", am.GetNamespace(), am.GetName(), lifecycle.AgentMachineRefLabel, ref)
+	}
+	if am.GetDeletionTimestamp() != nil {
+		return nil, refused("AgentMachine %s/%s is being deleted", am.GetNamespace(), am.GetName())
+	}
+	return am, nil
 }
 
 // servesAgentNamespace checks that the hosted control plane in ns takes its

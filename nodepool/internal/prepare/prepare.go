@@ -51,11 +51,16 @@ type Reconciler struct {
 	// Client reads Agents, InfraEnvs and the handovers (cached) and writes
 	// the handovers.
 	Client client.Client
-	// APIReader reads the binding and the Secrets, uncached.
+	// APIReader reads the Secrets, uncached.
 	APIReader client.Reader
-	Catalog   Catalog
-	Settings  discovery.Settings
-	Keys      signing.Source
+	// Bindings reads what a binding rests on (package binding): the
+	// manager's informer cache. Its resolution only prepares: the agent API
+	// resolves the binding afresh before it hands the installation out,
+	// and opens only a handover made from that same binding. Nil: APIReader.
+	Bindings client.Reader
+	Catalog  Catalog
+	Settings discovery.Settings
+	Keys     signing.Source
 	// Sanitization is the erase policy by InfraEnv.
 	Sanitization sanitize.Policy
 	// Namespace is agentboot's own, where handovers live.
@@ -192,7 +197,11 @@ func (r *Reconciler) prepare(ctx context.Context, a *v1beta1.Agent) (*corev1.Con
 	if err != nil {
 		return nil, 0, err
 	}
-	b, err := binding.Resolve(ctx, r.APIReader, a)
+	bindings := r.Bindings
+	if bindings == nil {
+		bindings = r.APIReader
+	}
+	b, err := binding.Resolve(ctx, bindings, a)
 	if err != nil {
 		if binding.IsRefused(err) {
 			return wait(err, r.Refresh)

@@ -128,8 +128,9 @@ func (cc csrContext) clientNotBefore() (time.Time, string) {
 // names and addresses are this host's. It returns how many pending CSRs
 // are this host's, and how many it approved. machineCreated is when its
 // AgentMachine was created, rebooted when the host reported Rebooting
-// (zero: not known).
-func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated, rebooted time.Time) (mine, approved int, err error) {
+// (zero: not known). confirm is asked before the first approval whether the
+// binding still holds.
+func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated, rebooted time.Time, confirm func() error) (mine, approved int, err error) {
 	items, err := listKubeletCSRs(ctx, hc)
 	if err != nil {
 		return 0, 0, err
@@ -176,6 +177,9 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 		if why != "" {
 			r.refuse(a, csr.Name, why)
 			continue
+		}
+		if err := confirm(); err != nil {
+			return mine, approved, err
 		}
 		csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
 			Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "AgentbootApproved",

@@ -9,9 +9,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -40,14 +42,24 @@ type hostedClient struct {
 	sum    [32]byte
 	client kubernetes.Interface
 	http   *http.Client
+	// read is when the kubeconfig was last read, from the Secret of
+	// secret named by the ClusterDeployment of UID cd.
+	read   time.Time
+	cd     types.UID
+	secret string
 }
 
 // hosted returns a client for the hosted cluster an Agent is bound to,
 // through the admin kubeconfig its ClusterDeployment names
 // (spec.clusterMetadata.adminKubeconfigSecretRef, key "kubeconfig"), once
-// the binding holds (binding.Resolve).
+// the binding holds (binding.Resolve, through the cache: callers confirm it
+// before they act on it).
 func (r *Reconciler) hosted(ctx context.Context, a *v1beta1.Agent) (kubernetes.Interface, *binding.Binding, error) {
-	b, err := binding.Resolve(ctx, r.APIReader, a)
+	bindings := r.Bindings
+	if bindings == nil {
+		bindings = r.APIReader
+	}
+	b, err := binding.Resolve(ctx, bindings, a)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -122,12 +134,22 @@ func restConfig(raw []byte) (*rest.Config, error) {
 
 // clientFor returns the client of ClusterDeployment cd's cluster: the one
 // made before while its kubeconfig is unchanged, a new one (closing the
-// old one's idle connections) when it rotated.
+// old one's idle connections) when it rotated. The kubeconfig Secret is
+// read at most once a Poll per cluster, not once per host and poll: a
+// cluster installing 200 hosts would otherwise have it read 20 times a
+// second.
 func (r *Reconciler) clientFor(ctx context.Context, cd *hivev1.ClusterDeployment) (kubernetes.Interface, error) {
 	key := client.ObjectKeyFromObject(cd)
 	md := cd.Spec.ClusterMetadata
 	if md == nil || md.AdminKubeconfigSecretRef.Name == "" {
 		return nil, waiting{fmt.Sprintf("ClusterDeployment %s has no spec.clusterMetadata.adminKubeconfigSecretRef yet", key)}
+	}
+	now := r.Now()
+	r.clients.mu.Lock()
+	cur, ok := r.clients.m[key]
+	r.clients.mu.Unlock()
+	if ok && cur.cd == cd.UID && cur.secret == md.AdminKubeconfigSecretRef.Name && now.Sub(cur.read) < r.Poll {
+		return cur.client, nil
 	}
 	var s corev1.Secret
 	sk := client.ObjectKey{Namespace: cd.Namespace, Name: md.AdminKubeconfigSecretRef.Name}
@@ -144,8 +166,10 @@ func (r *Reconciler) clientFor(ctx context.Context, cd *hivev1.ClusterDeployment
 	sum := sha256.Sum256(raw)
 	r.clients.mu.Lock()
 	defer r.clients.mu.Unlock()
-	cur, ok := r.clients.m[key]
+	cur, ok = r.clients.m[key]
 	if ok && cur.sum == sum {
+		cur.read, cur.cd, cur.secret = now, cd.UID, sk.Name
+		r.clients.m[key] = cur
 		return cur.client, nil
 	}
 	cfg, err := restConfig(raw)
@@ -167,6 +191,6 @@ func (r *Reconciler) clientFor(ctx context.Context, cd *hivev1.ClusterDeployment
 	if r.clients.m == nil {
 		r.clients.m = map[client.ObjectKey]hostedClient{}
 	}
-	r.clients.m[key] = hostedClient{sum: sum, client: c, http: httpClient}
+	r.clients.m[key] = hostedClient{sum: sum, client: c, http: httpClient, read: now, cd: cd.UID, secret: sk.Name}
 	return c, nil
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -25,7 +26,8 @@ import (
 )
 
 // One client per hosted cluster: reused while its kubeconfig is unchanged,
-// replaced (not added to) when it rotates.
+// replaced (not added to) when it rotates. The kubeconfig is read at most
+// once a poll interval per cluster.
 func TestHostedClientPerCluster(t *testing.T) {
 	env := testenv.StartT(t, testenv.Options{HyperShift: true})
 	ctx := context.Background()
@@ -37,9 +39,11 @@ func TestHostedClientPerCluster(t *testing.T) {
 	cd := &hivev1.ClusterDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: "clusters-vcluster2", Name: "vcluster2"},
 		Spec: hivev1.ClusterDeploymentSpec{Installed: true, ClusterMetadata: &hivev1.ClusterMetadata{AdminKubeconfigSecretRef: hivev1.LocalObjectReference{Name: secret.Name}}}}
 
-	r := &Reconciler{Client: env.Client, APIReader: env.Client}
+	now := time.Now()
+	r := &Reconciler{Client: env.Client, APIReader: env.Client, Poll: 10 * time.Second, Now: func() time.Time { return now }}
 	first, err := r.clientFor(ctx, cd)
 	require.NoError(t, err)
+	now = now.Add(r.Poll)
 	again, err := r.clientFor(ctx, cd)
 	require.NoError(t, err)
 	require.Same(t, first, again, "an unchanged kubeconfig reuses its client")
@@ -47,6 +51,11 @@ func TestHostedClientPerCluster(t *testing.T) {
 	for i := range 3 {
 		secret.Data["kubeconfig"] = append(append([]byte{}, kc...), []byte("\n# rotated "+string(rune('a'+i))+"\n")...)
 		require.NoError(t, env.Client.Update(ctx, secret))
+		now = now.Add(r.Poll - time.Second)
+		soon, err := r.clientFor(ctx, cd)
+		require.NoError(t, err)
+		require.Same(t, first, soon, "within a poll interval the kubeconfig is not read again")
+		now = now.Add(time.Second)
 		rotated, err := r.clientFor(ctx, cd)
 		require.NoError(t, err)
 		require.NotSame(t, first, rotated, "a rotated kubeconfig gets a new client")
@@ -56,7 +65,8 @@ func TestHostedClientPerCluster(t *testing.T) {
 	}
 	require.Len(t, r.clients.m, 1, "rotations replace the cluster's client")
 
-	// Missing or broken kubeconfigs are said, not guessed.
+	// Missing or broken kubeconfigs are said, not guessed: another
+	// Secret named is read at once.
 	cd.Spec.ClusterMetadata.AdminKubeconfigSecretRef.Name = "nope"
 	_, err = r.clientFor(ctx, cd)
 	require.ErrorContains(t, err, "kubeconfig Secret clusters-vcluster2/nope of ClusterDeployment clusters-vcluster2/vcluster2 does not exist")

@@ -52,8 +52,13 @@ type Timeouts struct {
 type Reconciler struct {
 	Client    client.Client
 	APIReader client.Reader
-	Events    events.EventRecorder
-	Timeouts  Timeouts
+	// Bindings reads what a binding rests on (package binding) for every
+	// poll: the manager's informer cache. A CSR is approved and a host
+	// counted joined only on the binding confirmed through APIReader.
+	// Nil: APIReader.
+	Bindings client.Reader
+	Events   events.EventRecorder
+	Timeouts Timeouts
 	// Poll is how often the hosted cluster is looked at (10s).
 	Poll time.Duration
 	// CallTimeout bounds each call to a hosted cluster (30s).
@@ -154,6 +159,19 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	if err != nil {
 		return r.wait(ctx, a, err)
 	}
+	// What the cache said holds is enough to look; to approve, or to call
+	// the host joined, the binding must still hold at the apiserver.
+	confirmed := false
+	confirm := func() error {
+		if confirmed {
+			return nil
+		}
+		if _, err := binding.Confirm(ctx, r.APIReader, a, b); err != nil {
+			return err
+		}
+		confirmed = true
+		return nil
+	}
 	node, err := hc.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -165,13 +183,16 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	if p.CurrentStage == v1beta1.StageRebooting && p.StageStartTime != nil {
 		rebooted = p.StageStartTime.Time
 	}
-	pending, approved, err := r.approveCSRs(ctx, hc, a, name, node != nil, b.AgentMachineCreated, rebooted)
+	pending, approved, err := r.approveCSRs(ctx, hc, a, name, node != nil, b.AgentMachineCreated, rebooted, confirm)
 	if err != nil {
 		return r.wait(ctx, a, err)
 	}
 	next, info := p.CurrentStage, p.ProgressInfo
 	switch {
 	case node != nil && nodeReady(node):
+		if err := confirm(); err != nil {
+			return r.wait(ctx, a, err)
+		}
 		if err := r.label(ctx, hc, a, node); err != nil {
 			return r.wait(ctx, a, err)
 		}

@@ -1,0 +1,77 @@
+package worker
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/lru"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/scheme"
+	"github.com/agentboot/agentboot/test/bindtest"
+	"github.com/agentboot/agentboot/test/testenv"
+)
+
+// The worker polls from a cache, which may not have seen a revocation
+// yet: a host whose binding was revoked a moment ago is not called joined,
+// nor its Node labelled, however ready its Node is; restored, it is.
+func TestJoinConfirmsTheBinding(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{HyperShift: true})
+	ctx := context.Background()
+	c := env.Client
+	sch, err := scheme.New()
+	require.NoError(t, err)
+	cl := bindtest.NewCluster(t, ctx, c)
+	// The hosted cluster is this control plane too.
+	kc, err := os.ReadFile(env.Kubeconfig)
+	require.NoError(t, err)
+	require.NoError(t, c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: bindtest.CP, Name: bindtest.KubeconfigSecret},
+		Data: map[string][]byte{"kubeconfig": kc}}))
+	a, am := cl.Bind(ctx, "00000000-0000-4000-8000-000000000001", "vcluster2-abcde")
+	a.Spec.NodeLabels = map[string]string{"pool": "a"}
+	require.NoError(t, c.Create(ctx, a))
+	now := metav1.Now()
+	a.Status.Registration = &v1beta1.AgentRegistration{NodeName: "host-1"}
+	a.Status.Progress = v1beta1.HostProgressInfo{CurrentStage: v1beta1.StageJoined, StageStartTime: &now, StageUpdateTime: &now}
+	require.NoError(t, c.Status().Update(ctx, a))
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "host-1"}}
+	require.NoError(t, c.Create(ctx, node))
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: now, LastTransitionTime: now}}
+	require.NoError(t, c.Status().Update(ctx, node))
+
+	rec := events.NewFakeRecorder(10)
+	r := &Reconciler{Client: c, APIReader: c, Events: rec, Poll: 10 * time.Second, Now: time.Now, refused: lru.New(16),
+		Timeouts: Timeouts{Install: 20 * time.Minute, Join: 30 * time.Minute, Ready: 20 * time.Minute}}
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(a)}
+
+	// Revoked (the AgentMachine deleted) while the cache still holds it.
+	r.Bindings = bindtest.Freeze(t, ctx, c, sch)
+	require.NoError(t, c.Delete(ctx, am))
+	_, err = r.Reconcile(ctx, req)
+	require.NoError(t, err)
+	got := &v1beta1.Agent{}
+	require.NoError(t, c.Get(ctx, req.NamespacedName, got))
+	require.Equal(t, v1beta1.StageJoined, got.Status.Progress.CurrentStage, "a host whose binding was revoked is not joined")
+	require.Contains(t, got.Status.Progress.ProgressInfo, "waiting: no AgentMachine in namespace clusters-vcluster2 references this Agent")
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(node), node))
+	require.NotContains(t, node.Labels, "pool", "its Node is not labelled")
+	require.Contains(t, <-rec.Events, "BindingRefused")
+
+	// Restored.
+	cl.AgentMachine(ctx, am.GetName(), a.Name)
+	r.Bindings = bindtest.Freeze(t, ctx, c, sch)
+	_, err = r.Reconcile(ctx, req)
+	require.NoError(t, err)
+	require.NoError(t, c.Get(ctx, req.NamespacedName, got))
+	require.Equal(t, v1beta1.StageDone, got.Status.Progress.CurrentStage)
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(node), node))
+	require.Equal(t, "a", node.Labels["pool"])
+}
