@@ -61,7 +61,7 @@ func (n Names) Objects() []client.Object {
 	hc := &hypershift.HostedCluster{ObjectMeta: metav1.ObjectMeta{Namespace: n.HCNamespace, Name: n.HCName},
 		Spec: hypershift.HostedClusterSpec{Platform: hypershift.PlatformSpec{Type: hypershift.AgentPlatform,
 			Agent: &hypershift.AgentPlatformSpec{AgentNamespace: n.AgentNamespace}}}}
-	return []client.Object{hc, n.hostedControlPlane(), n.clusterDeployment(), n.AgentClusterInstall()}
+	return []client.Object{hc, n.HostedControlPlane(), n.clusterDeployment(), n.AgentClusterInstall()}
 }
 
 // Cluster is a hosted cluster's objects in the management cluster.
@@ -137,7 +137,13 @@ func (n Names) Bound(a *v1beta1.Agent, machine string) {
 	a.Spec.ClusterDeploymentName = &v1beta1.ClusterReference{Namespace: n.CP(), Name: n.HCName}
 }
 
-func (n Names) hostedControlPlane() *unstructured.Unstructured {
+// InfraID is the infrastructure ID of hosted cluster name, as HyperShift
+// makes one up.
+func InfraID(name string) string { return name + "-x7k2p" }
+
+// HostedControlPlane is the cluster's HostedControlPlane, as HyperShift's
+// operator makes it (naming its HostedCluster), to create.
+func (n Names) HostedControlPlane() *unstructured.Unstructured {
 	hcp := &unstructured.Unstructured{}
 	hcp.SetGroupVersionKind(hcpGVK)
 	hcp.SetNamespace(n.CP())
@@ -146,7 +152,7 @@ func (n Names) hostedControlPlane() *unstructured.Unstructured {
 	hcp.Object["spec"] = map[string]any{
 		"dns":          map[string]any{"baseDomain": "example.com"},
 		"etcd":         map[string]any{"managementType": "Managed", "managed": map[string]any{"storage": map[string]any{"type": "PersistentVolume"}}},
-		"infraID":      n.HCName + "-x7k2p",
+		"infraID":      InfraID(n.HCName),
 		"issuerURL":    "https://kubernetes.default.svc",
 		"platform":     map[string]any{"type": "Agent", "agent": map[string]any{"agentNamespace": n.AgentNamespace}},
 		"pullSecret":   map[string]any{"name": "pull-secret"},

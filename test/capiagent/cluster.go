@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	hypershift "github.com/agentboot/agentboot/api/hypershift/v1beta1"
+	"github.com/agentboot/agentboot/test/bindtest"
 	"github.com/agentboot/agentboot/test/hosted"
 	"github.com/agentboot/agentboot/test/testenv"
 )
@@ -84,7 +85,7 @@ type Cluster struct {
 func Start(t testing.TB, env *testenv.Env, opts Options) *Cluster {
 	t.Helper()
 	ctx := context.Background()
-	c := &Cluster{T: t, Env: env, C: env.Client, Opts: opts, CP: opts.Namespace + "-" + opts.Name, InfraID: opts.Name + "-x7k2p"}
+	c := &Cluster{T: t, Env: env, C: env.Client, Opts: opts, CP: opts.Namespace + "-" + opts.Name, InfraID: bindtest.InfraID(opts.Name)}
 	for _, ns := range []string{opts.Namespace, c.CP, opts.AgentNamespace} {
 		if err := c.C.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			require.NoError(t, err)
@@ -108,27 +109,8 @@ func Start(t testing.TB, env *testenv.Env, opts Options) *Cluster {
 	c.HC.Status.IgnitionEndpoint = opts.IgnitionEndpoint
 	require.NoError(t, c.C.Status().Update(ctx, c.HC))
 
-	hcp := newObj(HostedControlPlaneGVK)
-	hcp.SetNamespace(c.CP)
-	hcp.SetName(opts.Name)
 	// HyperShift's operator names the HostedCluster on its control plane.
-	hcp.SetAnnotations(map[string]string{"hypershift.openshift.io/cluster": opts.Namespace + "/" + opts.Name})
-	hcp.Object["spec"] = map[string]any{
-		"dns":          map[string]any{"baseDomain": "example.com"},
-		"etcd":         map[string]any{"managementType": "Managed", "managed": map[string]any{"storage": map[string]any{"type": "PersistentVolume"}}},
-		"infraID":      c.InfraID,
-		"issuerURL":    "https://kubernetes.default.svc",
-		"platform":     map[string]any{"type": "Agent", "agent": map[string]any{"agentNamespace": opts.AgentNamespace}},
-		"pullSecret":   map[string]any{"name": "pull-secret"},
-		"releaseImage": "quay.io/openshift-release-dev/ocp-release:4.19.0-x86_64",
-		"services": []any{
-			map[string]any{"service": "APIServer", "servicePublishingStrategy": map[string]any{"type": "LoadBalancer"}},
-			map[string]any{"service": "OAuthServer", "servicePublishingStrategy": map[string]any{"type": "Route"}},
-			map[string]any{"service": "Konnectivity", "servicePublishingStrategy": map[string]any{"type": "Route"}},
-			map[string]any{"service": "Ignition", "servicePublishingStrategy": map[string]any{"type": "Route"}},
-		},
-		"sshKey": map[string]any{},
-	}
+	hcp := bindtest.Names{HCNamespace: opts.Namespace, HCName: opts.Name, AgentNamespace: opts.AgentNamespace}.HostedControlPlane()
 	require.NoError(t, c.C.Create(ctx, hcp))
 	_ = unstructured.SetNestedMap(hcp.Object, map[string]any{"name": "admin-kubeconfig", "key": "kubeconfig"}, "status", "kubeConfig")
 	require.NoError(t, c.C.Status().Update(ctx, hcp))
