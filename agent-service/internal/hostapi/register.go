@@ -489,6 +489,9 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 		// request, another replica). Asked again, not sent elsewhere.
 		return nil, "", kindNone, errRecordPending
 	}
+	if orphaned(a, ie) {
+		return s.adopt(ctx, a, ie, req, digest, from, bootedBy)
+	}
 	if recorded == "" || recorded != digest {
 		// Every Agent records its identity at creation; one without is
 		// nobody's to continue.
@@ -572,6 +575,41 @@ func (s *Server) resume(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.Infra
 // recordGrace is how long after its creation an Agent without a record is
 // taken to be one whose record is being written.
 const recordGrace = 30 * time.Second
+
+// orphaned reports whether Agent a is what a registration leaves when its
+// process stops between creating the Agent and writing its record (a
+// replica killed, a node lost): made for this InfraEnv as registrations
+// make Agents, and past recordGrace without any record of a registration.
+// Nobody holds a session of it (a token exists only in the answer sent
+// after the record), and it is bound to nothing. Left alone it would be
+// nobody's to continue, its host refused as HostIDConflict for good.
+func orphaned(a *v1beta1.Agent, ie *v1beta1.InfraEnv) bool {
+	o := a.OwnerReferences
+	return a.Status.Registration == nil && !lifecycle.Bound(a) && a.DeletionTimestamp.IsZero() &&
+		len(o) == 1 && o[0].UID == ie.UID && o[0].Kind == "InfraEnv" && a.Labels[v1beta1.InfraEnvNameLabel] == ie.Name
+}
+
+// adopt gives an orphaned Agent to the host registering with its host ID,
+// as its first registration would have: the record of a new session,
+// written only if the Agent is still an orphan then.
+func (s *Server) adopt(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, string, registration, error) {
+	secret, sess := s.newSession(ie, req, digest, from, bootedBy)
+	written, err := writeRecord(ctx, s.o.Client, s.o.APIReader, a, sess, func(fresh *v1beta1.Agent) error {
+		if !orphaned(fresh, ie) {
+			// Another registration adopted it first, or it changed.
+			return errRecordPending
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", kindNone, err
+	}
+	s.o.Log.Info("adopted an Agent a registration left without its record", "agent", a.Namespace+"/"+a.Name, "created", a.CreationTimestamp.Time, "from", from)
+	s.o.Events.Eventf(written, nil, corev1.EventTypeNormal, "Adopted", "Register",
+		"the registration that created this Agent at %s stopped before it recorded the host (its replica stopped); the host registering as it from %s has it now",
+		a.CreationTimestamp.UTC().Format(time.RFC3339), from)
+	return written, secret, kindCreated, nil
+}
 
 // newSession is a new session for an Agent's registration record
 // (lifecycle.BeginSession, written by writeRecord): the InfraEnv it
