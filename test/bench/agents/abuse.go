@@ -15,6 +15,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // runAbuse is make bench-abuse: n honest hosts of one InfraEnv register and
@@ -26,7 +27,7 @@ import (
 // latency and failures, in both windows: the write budget holds, and the
 // honest hosts are not starved.
 func runAbuse(n int, ramp, poll, window time.Duration) error {
-	b, err := start(n+64, poll)
+	b, err := start(n+64, poll, testenv.Options{}, "")
 	if err != nil {
 		return err
 	}
@@ -61,7 +62,7 @@ func runAbuse(n int, ramp, poll, window time.Duration) error {
 				return
 			}
 			registered.Add(1)
-			h.live(runCtx, poll, &beats)
+			h.live(runCtx, poll, &beats, nil)
 		}()
 	}
 	for registered.Load()+failed.Load() < int64(n) {

@@ -16,11 +16,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -50,6 +52,10 @@ func main() {
 	window := flag.Duration("window", 90*time.Second, "steady-state measurement window")
 	infraEnvs := flag.Int("infraenvs", 1, "InfraEnvs the hosts are spread over, each in a namespace of its own (a site's teams or racks)")
 	inFlight := flag.Int("writes-in-flight", 0, "the manager's --agent-api-writes-in-flight (0: its default)")
+	manager := flag.String("manager", "", "the agentboot binary to run as the manager (default bin/agentboot): another build as a baseline")
+	bound := flag.Float64("bound", 0, "share of the hosts bound to hosted clusters and installed, once all registered (bound.go)")
+	failover := flag.Bool("failover", false, "two managers (leader-elected, both serving the agent API) behind a load balancer; the leader is killed halfway through the ramp (failover.go)")
+	installing := flag.Float64("installing", 0, "share of the hosts bound and joining their hosted cluster, polled by the manager (bound.go)")
 	abuse := flag.Bool("abuse", false, "make bench-abuse: the honest hosts heartbeat while a holder of another InfraEnv's registration token writes at full speed (abuse.go)")
 	flag.Parse()
 	if *abuse {
@@ -59,31 +65,47 @@ func main() {
 		}
 		return
 	}
-	var extra []string
+	o := options{failover: *failover, manager: *manager, n: *n, infraEnvs: *infraEnvs, ramp: *ramp, poll: *poll, window: *window, bound: *bound, installing: *installing}
 	if *inFlight != 0 {
-		extra = append(extra, fmt.Sprintf("--agent-api-writes-in-flight=%d", *inFlight))
+		o.extra = append(o.extra, fmt.Sprintf("--agent-api-writes-in-flight=%d", *inFlight))
 	}
-	if err := run(*n, *infraEnvs, *ramp, *poll, *window, extra...); err != nil {
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-agents:", err)
 		os.Exit(1)
 	}
 }
 
-// bench is a control plane and `agentboot manager` serving the agent API.
+// bench is a control plane and `agentboot manager` serving the agent API:
+// one, or replicas behind a TCP load balancer, as a Service has them.
 type bench struct {
 	once sync.Once
 	env  *testenv.Env
 	dir  string
-	mgr  *exec.Cmd
+	mgr  *exec.Cmd // the one measured (the first, or the one left)
 	hc   *http.Client
 	base string
 	// metricsAddr serves the manager's metrics (plain HTTP, loopback).
 	metricsAddr string
+	// replicas are every manager started, with its metrics address, and
+	// lb the load balancer in front of them (when more than one).
+	replicas []replica
+	lb       net.Listener
 }
 
-// start starts the control plane and the manager (with extra flags), and
+type replica struct {
+	cmd         *exec.Cmd
+	metricsAddr string
+}
+
+// start starts the control plane (with the CRDs env asks for) and the manager (with extra flags), and
 // waits for the agent API; stop ends them.
-func start(n int, poll time.Duration, extra ...string) (*bench, error) {
+func start(n int, poll time.Duration, env testenv.Options, manager string, extra ...string) (*bench, error) {
+	return startReplicas(n, poll, env, manager, 1, extra...)
+}
+
+// startReplicas is start with several managers (leader-elected, each
+// serving the agent API) behind a load balancer.
+func startReplicas(n int, poll time.Duration, env testenv.Options, manager string, replicas int, extra ...string) (*bench, error) {
 	root := testenv.RepoRoot()
 	bin := filepath.Join(root, "bin")
 	iso, err := testenv.DevImage()
@@ -105,7 +127,7 @@ func start(n int, poll time.Duration, extra ...string) (*bench, error) {
 		b.stop()
 		os.Exit(130)
 	}()
-	b.env, err = testenv.Start(testenv.Options{})
+	b.env, err = testenv.Start(env)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -120,23 +142,44 @@ func start(n int, poll time.Duration, extra ...string) (*bench, error) {
 		b.stop()
 		return nil, err
 	}
-	args := append([]string{"manager",
-		"--kubeconfig", b.env.Kubeconfig, "--log-format", "text", "--log-level", "warn", "--leader-elect=false",
-		"--metrics-bind-address", b.metricsAddr, "--metrics-secure=false", "--health-probe-bind-address", "0",
-		"--os-image-stream", filepath.Join(filepath.Dir(iso), "stream.json"), "--image-cache-dir", filepath.Join(dir, "cache"),
-		"--agent-api-url", fmt.Sprintf("https://127.0.0.1:%d", apiPort),
-		"--image-service-url", "https://127.0.0.1:1", "--image-service-http-url", "http://127.0.0.1:1",
-		"--ca-bundle-file", filepath.Join(dir, "ca.crt"), "--agent-binary", filepath.Join(bin, "agent"),
-		"--agent-api-addr", fmt.Sprintf("127.0.0.1:%d", apiPort), "--agent-api-tls-cert-file", cert, "--agent-api-tls-key-file", key,
-		"--agent-poll-interval", poll.String()}, extra...)
-	b.mgr = exec.Command(filepath.Join(bin, "agentboot"), args...)
-	mgrLog, _ := os.Create(filepath.Join(dir, "manager.log"))
-	b.mgr.Stdout, b.mgr.Stderr = mgrLog, mgrLog
-	b.mgr.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := b.mgr.Start(); err != nil {
-		b.mgr = nil
-		b.stop()
-		return nil, err
+	if manager == "" {
+		manager = filepath.Join(bin, "agentboot")
+	}
+	var backends []string
+	for i := range replicas {
+		port, metricsAddr := apiPort, b.metricsAddr
+		if replicas > 1 {
+			port, metricsAddr = freePort(), fmt.Sprintf("127.0.0.1:%d", freePort())
+			backends = append(backends, fmt.Sprintf("127.0.0.1:%d", port))
+		}
+		args := append([]string{"manager",
+			"--kubeconfig", b.env.Kubeconfig, "--log-format", "text", "--log-level", "warn", fmt.Sprintf("--leader-elect=%t", replicas > 1),
+			"--metrics-bind-address", metricsAddr, "--metrics-secure=false", "--health-probe-bind-address", "0",
+			"--os-image-stream", filepath.Join(filepath.Dir(iso), "stream.json"), "--image-cache-dir", filepath.Join(dir, fmt.Sprintf("cache-%d", i)),
+			"--agent-api-url", fmt.Sprintf("https://127.0.0.1:%d", apiPort),
+			"--image-service-url", "https://127.0.0.1:1", "--image-service-http-url", "http://127.0.0.1:1",
+			"--ca-bundle-file", filepath.Join(dir, "ca.crt"), "--agent-binary", filepath.Join(bin, "agent"),
+			"--agent-api-addr", fmt.Sprintf("127.0.0.1:%d", port), "--agent-api-tls-cert-file", cert, "--agent-api-tls-key-file", key,
+			"--agent-poll-interval", poll.String()}, extra...)
+		cmd := exec.Command(manager, args...)
+		mgrLog, _ := os.Create(filepath.Join(dir, fmt.Sprintf("manager-%d.log", i)))
+		cmd.Stdout, cmd.Stderr = mgrLog, mgrLog
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			b.stop()
+			return nil, err
+		}
+		b.replicas = append(b.replicas, replica{cmd: cmd, metricsAddr: metricsAddr})
+	}
+	b.mgr, b.metricsAddr = b.replicas[0].cmd, b.replicas[0].metricsAddr
+	if replicas > 1 {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", apiPort))
+		if err != nil {
+			b.stop()
+			return nil, err
+		}
+		b.lb = ln
+		go balance(ln, backends)
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
@@ -153,9 +196,14 @@ func start(n int, poll time.Duration, extra ...string) (*bench, error) {
 
 func (b *bench) stop() {
 	b.once.Do(func() {
-		if b.mgr != nil {
-			_ = b.mgr.Process.Signal(os.Interrupt)
-			_ = b.mgr.Wait()
+		if b.lb != nil {
+			b.lb.Close()
+		}
+		for _, r := range b.replicas {
+			if r.cmd.ProcessState == nil {
+				_ = r.cmd.Process.Signal(os.Interrupt)
+				_ = r.cmd.Wait()
+			}
 		}
 		if b.env != nil {
 			_ = b.env.Stop()
@@ -164,18 +212,34 @@ func (b *bench) stop() {
 	})
 }
 
-func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
+// options are a bench-agents run's.
+type options struct {
+	n, infraEnvs       int
+	ramp, poll, window time.Duration
+	bound, installing  float64
+	extra              []string // the manager's flags
+	manager            string   // its binary ("": bin/agentboot)
+	failover           bool
+}
+
+func run(o options) error {
+	n, k, ramp, poll, window := o.n, o.infraEnvs, o.ramp, o.poll, o.window
 	// The hosts stay unapproved, as on a site that approves by hand: the
 	// cap on unapproved Agents (500) is lifted for them, and so is the
 	// per-InfraEnv write budget, which would spread their registration
 	// over minutes (this bench measures the API, bench-abuse the budget).
-	b, err := start(n, poll, append([]string{"--max-unapproved-agents-per-infraenv=-1", "--agent-api-write-budget-per-infraenv=-1"}, extra...)...)
+	// Bound hosts need HyperShift's, Cluster API's and hive's kinds.
+	replicas := 1
+	if o.failover {
+		replicas = 2
+	}
+	b, err := startReplicas(n, poll, testenv.Options{HyperShift: o.bound+o.installing > 0}, o.manager, replicas, append([]string{"--max-unapproved-agents-per-infraenv=-1", "--agent-api-write-budget-per-infraenv=-1"}, o.extra...)...)
 	if err != nil {
 		return err
 	}
 	defer b.stop()
 	ctx := context.Background()
-	env, c, hc, base, mgr := b.env, b.env.Client, b.hc, b.base, b.mgr
+	env, c, hc, base := b.env, b.env.Client, b.hc, b.base
 	k = max(k, 1)
 	ies, tokens := make([]*v1beta1.InfraEnv, k), make([]string, k)
 	var namespaces []string
@@ -185,7 +249,7 @@ func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 			name = fmt.Sprintf("bench-%d", j)
 		}
 		if ies[j], tokens[j], err = infraEnv(ctx, c, name, nil); err != nil {
-			return fmt.Errorf("%w (manager log: %s)", err, tail(filepath.Join(b.dir, "manager.log")))
+			return fmt.Errorf("%w (manager log: %s)", err, tail(filepath.Join(b.dir, "manager-0.log")))
 		}
 		namespaces = append(namespaces, name)
 	}
@@ -195,6 +259,8 @@ func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 		time.Now().UTC().Format(time.RFC3339), numCPU(), n, k, ramp, float64(n)/ramp.Seconds(), poll)
 	var (
 		lat      = make([]time.Duration, n) // the successful request
+		ended    = make([]time.Time, n)     // when it was answered
+		reauth   atomic.Int64               // heartbeats refused 401 or 404: the host would register again
 		waited   = make([]time.Duration, n) // first attempt to registered, retries included
 		failures atomic.Int64
 		done     atomic.Int64
@@ -205,12 +271,16 @@ func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 	defer stop()
 	var wg sync.WaitGroup
 	start := time.Now()
+	hosts, stops := make([]*host, n), make([]context.CancelFunc, n)
 	for i := 0; i < n; i++ {
 		wg.Add(1)
+		hostCtx, stopHost := context.WithCancel(runCtx)
+		stops[i] = stopHost
 		go func() {
 			defer wg.Done()
 			time.Sleep(time.Duration(int64(ramp) * int64(i) / int64(n)))
 			h := &host{c: hc, base: base, i: i}
+			hosts[i] = h
 			first := time.Now()
 			d, err := h.register(runCtx, ies[i%k], tokens[i%k], retries)
 			if err != nil {
@@ -220,10 +290,18 @@ func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 				}
 				return
 			}
-			lat[i], waited[i] = d, time.Since(first)
+			lat[i], waited[i], ended[i] = d, time.Since(first), time.Now()
 			done.Add(1)
-			h.live(runCtx, poll, nil)
+			h.live(hostCtx, poll, nil, &reauth)
 		}()
+	}
+	var killed time.Time
+	var handover time.Duration
+	if o.failover {
+		time.Sleep(ramp / 2)
+		if killed, handover, err = b.killLeader(); err != nil {
+			return fmt.Errorf("failover: %w", err)
+		}
 	}
 	// Everyone registered and every Agent known: the pool is settled.
 	settle := time.Now().Add(ramp + 5*time.Minute)
@@ -234,12 +312,32 @@ func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 	// Let the registration burst's writes drain before measuring.
 	time.Sleep(poll)
 	rSettled, _ := apiserverWritesByResource(env.Config)
+	boundLine := ""
+	if o.bound+o.installing > 0 {
+		t := time.Now()
+		nb, ni, err := bindSome(ctx, c, env.Config, env.Kubeconfig, hosts, stops, namespaces, o.bound, o.installing)
+		if err != nil {
+			return fmt.Errorf("bind: %w (manager log: %s)", err, tail(filepath.Join(b.dir, "manager-0.log")))
+		}
+		for deadline := time.Now().Add(5 * time.Minute); settledBound(ctx, c, namespaces) < nb+ni; {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("of %d bound hosts, the manager took in %d within 5 minutes (manager log: %s)", nb+ni, settledBound(ctx, c, namespaces), tail(filepath.Join(b.dir, "manager-0.log")))
+			}
+			time.Sleep(time.Second)
+		}
+		time.Sleep(poll)
+		boundLine = fmt.Sprintf("bound: %d hosts installed (stage Done) and %d joining (Joined, their Nodes not Ready, polled every 10 s), over %d hosted clusters; "+
+			"none heartbeats any more; bound and taken in after %s", nb, ni, k, time.Since(t).Round(time.Second))
+	}
 
 	w0, err := apiserverWrites(env.Config)
 	if err != nil {
 		return err
 	}
 	r0, _ := apiserverWritesByResource(env.Config)
+	reads0, _ := apiserverRequestsByResource(env.Config, "GET", "LIST")
+	// The manager measured: after a failover, the one that took over.
+	mgr := b.mgr
 	cpu0, t0 := cpuTicks(mgr.Process.Pid), time.Now()
 	peak := int64(0)
 	for time.Since(t0) < window {
@@ -254,6 +352,7 @@ func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 		return err
 	}
 	r1, _ := apiserverWritesByResource(env.Config)
+	reads1, _ := apiserverRequestsByResource(env.Config, "GET", "LIST")
 	cpu1 := cpuTicks(mgr.Process.Pid)
 	// What watching the pool costs, while the hosts still heartbeat.
 	metricsLine, err := metricsCost(mgr.Process.Pid, b.metricsAddr, float64(cpu1-cpu0)/elapsed)
@@ -283,6 +382,24 @@ func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 		}
 	}
 	p, w := percentiles(lat), percentiles(waited)
+	shown := 0
+	for i, h := range hosts {
+		if h != nil && waited[i] == 0 && shown < 5 {
+			fmt.Printf("host %d not registered; its last failure: %v\n", i, h.lastErr.Load())
+			shown++
+		}
+	}
+	if o.failover {
+		var during []time.Duration
+		for i, e := range ended {
+			if !e.Before(killed) && e.Before(killed.Add(handover+10*time.Second)) {
+				during = append(during, lat[i])
+			}
+		}
+		fmt.Printf("failover: the leader killed (SIGKILL, its lease not released) %s into the ramp; the other replica led %s later; "+
+			"registrations answered from the kill to 10 s after the handover: %d, p99 %s; heartbeats of registered hosts refused 401/404 (each a host that must register again): %d\n",
+			killed.Sub(start).Round(time.Second), handover.Round(100*time.Millisecond), len(during), percentiles(during)(99), reauth.Load())
+	}
 	registered := int(done.Load())
 	writesPerSec := float64(w1-w0) / elapsed
 	fmt.Printf("registered %d of %d hosts (%d not by the end); all Agents known after %s\n", registered, n, failures.Load(), settled.Round(time.Second))
@@ -291,14 +408,11 @@ func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 	fmt.Printf("registering cost the apiserver %s\n", perHost(rBurst, rSettled, registered))
 	fmt.Printf("steady state over %.0fs: %.1f apiserver writes/s for the %d registered hosts = N/%.0f (target <= N/40 = %.1f/s)\n",
 		elapsed, writesPerSec, registered, float64(registered)/max(writesPerSec, 0.001), float64(registered)/40)
-	var parts []string
-	for res, v := range r1 {
-		if d := v - r0[res]; d > 0 {
-			parts = append(parts, fmt.Sprintf("%s %.1f/s", res, float64(d)/elapsed))
-		}
+	fmt.Printf("  by resource: %s\n", perSecond(r0, r1, elapsed))
+	if boundLine != "" {
+		fmt.Println(boundLine)
 	}
-	sort.Strings(parts)
-	fmt.Printf("  by resource: %s\n", strings.Join(parts, ", "))
+	fmt.Printf("apiserver reads (GET and LIST) in steady state: %s\n", perSecond(reads0, reads1, elapsed))
 	fmt.Printf("manager: %.1f%% of one CPU, %d MiB resident (peak)\n", float64(cpu1-cpu0)/100/elapsed*100, peak>>20)
 	fmt.Println(metricsLine)
 	fmt.Println(pageLine)
@@ -322,12 +436,14 @@ func run(n, k int, ramp, poll, window time.Duration, extra ...string) error {
 }
 
 type host struct {
-	c     *http.Client
-	base  string
-	i     int
-	ns    string
-	id    string
-	token string
+	// lastErr is the last failure of its registration (a string).
+	lastErr atomic.Value
+	c       *http.Client
+	base    string
+	i       int
+	ns      string
+	id      string
+	token   string
 }
 
 func (h *host) do(ctx context.Context, method, path, token string, in, out any) error {
@@ -371,6 +487,7 @@ func (h *host) register(ctx context.Context, ie *v1beta1.InfraEnv, token string,
 			backoff.Reset()
 			break
 		}
+		h.lastErr.Store(err.Error())
 		retries.add(err)
 		if agentclient.Sleep(ctx, backoff.After(err)) != nil {
 			return 0, err
@@ -382,6 +499,7 @@ func (h *host) register(ctx context.Context, ie *v1beta1.InfraEnv, token string,
 		if err == nil {
 			return took, nil
 		}
+		h.lastErr.Store(err.Error())
 		retries.add(err)
 		if agentclient.Sleep(ctx, backoff.After(err)) != nil {
 			return 0, err
@@ -405,6 +523,8 @@ func (r *retryCounts) add(err error) {
 		kind = "429"
 	case strings.Contains(msg, " 403 "):
 		kind = "403"
+	case strings.Contains(msg, " 409 "):
+		kind = "409"
 	case strings.Contains(msg, " 500 ") || strings.Contains(msg, " 503 "):
 		kind = "5xx"
 	}
@@ -432,7 +552,7 @@ func (r *retryCounts) String() string {
 
 // live heartbeats every poll until ctx ends, recording each heartbeat's
 // latency in l when it is not nil.
-func (h *host) live(ctx context.Context, poll time.Duration, l *latencies) {
+func (h *host) live(ctx context.Context, poll time.Duration, l *latencies, reauth *atomic.Int64) {
 	path := "/api/v1/namespaces/" + h.ns + "/agents/" + h.id + "/instructions"
 	// Spread the first heartbeat over the interval, as real hosts are.
 	t := time.NewTimer(time.Duration(int64(poll) * int64(h.i%97) / 97))
@@ -447,6 +567,9 @@ func (h *host) live(ctx context.Context, poll time.Duration, l *latencies) {
 		err := h.do(ctx, http.MethodPost, path, h.token, agentwire.InstructionsRequest{Time: time.Now()}, nil)
 		if l != nil && ctx.Err() == nil {
 			l.add(time.Since(start), err)
+		}
+		if reauth != nil && (agentclient.IsStatus(err, http.StatusUnauthorized) || agentclient.IsStatus(err, http.StatusNotFound)) {
+			reauth.Add(1)
 		}
 		t.Reset(poll)
 	}
@@ -547,6 +670,12 @@ func perHost(r0, r1 map[string]int64, hosts int) string {
 }
 
 func apiserverWritesByResource(cfg *rest.Config) (map[string]int64, error) {
+	return apiserverRequestsByResource(cfg, "POST", "PUT", "PATCH", "DELETE")
+}
+
+// apiserverRequestsByResource reads the apiserver's count of requests of
+// the verbs by resource (and subresource, and status code when not 2xx).
+func apiserverRequestsByResource(cfg *rest.Config, verbs ...string) (map[string]int64, error) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, err
@@ -564,7 +693,7 @@ func apiserverWritesByResource(cfg *rest.Config) (map[string]int64, error) {
 		if !strings.HasPrefix(line, "apiserver_request_total{") {
 			continue
 		}
-		if !strings.Contains(line, `verb="POST"`) && !strings.Contains(line, `verb="PUT"`) && !strings.Contains(line, `verb="PATCH"`) && !strings.Contains(line, `verb="DELETE"`) {
+		if !slices.ContainsFunc(verbs, func(v string) bool { return strings.Contains(line, `verb="`+v+`"`) }) {
 			continue
 		}
 		f := strings.Fields(line)
