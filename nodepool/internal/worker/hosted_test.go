@@ -86,6 +86,7 @@ func TestKubeconfigTakesServerCAAndCredentialsOnly(t *testing.T) {
 	cfg, err := restConfig(good)
 	require.NoError(t, err, "the control plane's own kubeconfig")
 	require.NotEmpty(t, cfg.CAData)
+	require.GreaterOrEqual(t, cfg.QPS, float32(60), "200 hosts joining one cluster, polled every 10 s, are 60 requests a second")
 
 	kc, err := clientcmd.Load(good)
 	require.NoError(t, err)
