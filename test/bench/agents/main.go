@@ -416,6 +416,10 @@ func run(o options) error {
 	fmt.Printf("manager: %.1f%% of one CPU, %d MiB resident (peak)\n", float64(cpu1-cpu0)/100/elapsed*100, peak>>20)
 	fmt.Println(metricsLine)
 	fmt.Println(pageLine)
+	if o.failover && (registered < n || reauth.Load() > 0) {
+		// What a failover must not do, whatever the timing.
+		return fmt.Errorf("failover: %d of %d hosts registered, %d heartbeats refused 401/404", registered, n, reauth.Load())
+	}
 
 	agentBin := filepath.Join(testenv.RepoRoot(), "bin", "agent")
 	st, err := os.Stat(agentBin)
