@@ -76,8 +76,5 @@ func TestBootStormServedInTurns(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Positive(t, busy, "100 hosts at once against one slot: some were told to come back")
-	for _, d := range turns {
-		require.GreaterOrEqual(t, d, time.Second, "each refusal says when to come back")
-	}
 	t.Logf("%d refusals; Retry-After from %s to %s", busy, turns[0], turns[len(turns)-1])
 }

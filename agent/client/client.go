@@ -150,10 +150,13 @@ const maxRetryAfter = 10 * time.Minute
 // dates); anything else is 0.
 func RetryAfter(h http.Header) time.Duration {
 	n, err := strconv.Atoi(strings.TrimSpace(h.Get("Retry-After")))
-	if err != nil || n <= 0 {
+	switch {
+	case err != nil || n <= 0:
 		return 0
+	case n >= int(maxRetryAfter/time.Second):
+		return maxRetryAfter // and no overflow of a huge n
 	}
-	return min(time.Duration(n)*time.Second, maxRetryAfter)
+	return time.Duration(n) * time.Second
 }
 
 func fill(p string, kv ...string) string {

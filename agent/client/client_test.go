@@ -64,6 +64,7 @@ func TestRetryAfterIsFollowed(t *testing.T) {
 		{http.StatusTooManyRequests, "Fri, 31 Dec 1999 23:59:59 GMT", 0},
 		{http.StatusTooManyRequests, "-3", 0},
 		{http.StatusTooManyRequests, "86400", maxRetryAfter},
+		{http.StatusTooManyRequests, "9223372036854775807", maxRetryAfter},
 	} {
 		err := call(tc.code, tc.after)
 		d := b.After(err)

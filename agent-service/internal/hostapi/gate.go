@@ -20,17 +20,24 @@ import (
 // request holds one, as measured), so the refused come back spread at what
 // the apiserver takes, not all in the same second.
 // Heartbeats do not pass the gate: a host's liveness never waits on
-// another host's registration.
+// another host's registration. The gate is shared fairly between
+// InfraEnvs, which may be different tenants': one InfraEnv holds at most
+// half the slots, and each InfraEnv's refused get turns of their own, so a
+// storm of one tenant's hosts (or a holder of its registration token)
+// neither takes every slot nor pushes other tenants' turns back.
 type gate struct {
 	slots chan struct{}
+	share int // the most slots one InfraEnv holds
 	wait  time.Duration
 	now   func() time.Time
 
 	mu sync.Mutex
 	// held is the moving average of how long a request holds a slot.
 	held time.Duration
-	// next is the turn the next refused request is given.
-	next time.Time
+	// holding counts the slots each InfraEnv holds, and next is the turn
+	// the next refused request of each is given.
+	holding map[string]int
+	next    map[string]time.Time
 }
 
 const (
@@ -49,37 +56,58 @@ func newGate(slots int, now func() time.Time) *gate {
 	}
 	// Until a request was served, one that was refused held its slot
 	// for the whole wait at least.
-	return &gate{slots: make(chan struct{}, slots), wait: gateWait, now: now, held: gateWait}
+	return &gate{slots: make(chan struct{}, slots), share: max(slots/2, 1), wait: gateWait, now: now, held: gateWait,
+		holding: map[string]int{}, next: map[string]time.Time{}}
 }
 
-// enter takes a slot, waiting at most g.wait. It returns the function that
-// gives the slot back, or, refused, when the request should come again.
-func (g *gate) enter(ctx context.Context) (leave func(), retry time.Duration) {
+// enter takes a slot for a request of InfraEnv infraEnv, waiting at most
+// g.wait. It returns the function that gives the slot back, or, refused,
+// when the request should come again.
+func (g *gate) enter(ctx context.Context, infraEnv string) (leave func(), retry time.Duration) {
 	if g == nil {
 		return func() {}, 0
 	}
+	g.mu.Lock()
+	if g.holding[infraEnv] >= g.share {
+		g.mu.Unlock()
+		return nil, g.turn(infraEnv)
+	}
+	g.holding[infraEnv]++
+	g.mu.Unlock()
 	select {
 	case g.slots <- struct{}{}:
-		return g.entered(), 0
+		return g.entered(infraEnv), 0
 	default:
 	}
 	t := time.NewTimer(g.wait)
 	defer t.Stop()
 	select {
 	case g.slots <- struct{}{}:
-		return g.entered(), 0
+		return g.entered(infraEnv), 0
 	case <-ctx.Done():
+		g.release(infraEnv)
 		return nil, time.Second
 	case <-t.C:
-		return nil, g.turn()
+		g.release(infraEnv)
+		return nil, g.turn(infraEnv)
+	}
+}
+
+// release gives back infraEnv's claim on its share.
+func (g *gate) release(infraEnv string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.holding[infraEnv]--; g.holding[infraEnv] <= 0 {
+		delete(g.holding, infraEnv)
 	}
 }
 
 // entered is the leave of a request that took a slot now.
-func (g *gate) entered() func() {
+func (g *gate) entered(infraEnv string) func() {
 	start := g.now()
 	return func() {
 		<-g.slots
+		g.release(infraEnv)
 		d := g.now().Sub(start)
 		g.mu.Lock()
 		defer g.mu.Unlock()
@@ -87,18 +115,32 @@ func (g *gate) entered() func() {
 	}
 }
 
-// turn gives a refused request the next free turn, one per slot freed at
-// the rate the slots free up, never sooner than a second from now.
-func (g *gate) turn() time.Duration {
+// turn gives a refused request of infraEnv the next free turn of that
+// InfraEnv: one per slot of its share freed, at the rate slots free up,
+// never sooner than a second from now nor later than maxRetryAfter. A
+// queue of turns never runs further ahead than that either, so a burst
+// long over leaves no two-minute turns behind.
+func (g *gate) turn(infraEnv string) time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.now()
-	if g.next.Before(now) {
-		g.next = now
+	if len(g.next) > 1024 {
+		for k, t := range g.next {
+			if t.Before(now) {
+				delete(g.next, k)
+			}
+		}
 	}
-	g.next = g.next.Add(g.held / time.Duration(cap(g.slots)))
-	d := max(g.next.Sub(now), time.Second)
-	return min(d, maxRetryAfter)
+	next := g.next[infraEnv]
+	if next.Before(now) {
+		next = now
+	}
+	next = next.Add(g.held / time.Duration(g.share))
+	if limit := now.Add(maxRetryAfter); next.After(limit) {
+		next = limit
+	}
+	g.next[infraEnv] = next
+	return max(next.Sub(now), time.Second)
 }
 
 // busy answers a request the gate refused.

@@ -203,16 +203,17 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	leave, retry := s.gate.enter(r.Context())
+	// The host's own write limit first: a host over it takes no slot.
+	if !s.allowWrite(a) {
+		tooMany(w)
+		return
+	}
+	leave, retry := s.gate.enter(r.Context(), string(ref.InfraEnv.UID))
 	if leave == nil {
 		busy(w, retry)
 		return
 	}
 	defer leave()
-	if !s.allowWrite(a) {
-		tooMany(w)
-		return
-	}
 	patch := client.MergeFrom(a.DeepCopy())
 	lifecycle.RecordInventory(a, inv)
 	// Stored, then the Agent controller's validations of it: two writes.

@@ -66,7 +66,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	}
 	// Past every check that costs nothing, and with the body read: a
 	// slot is never held while a client sends.
-	leave, retry := s.gate.enter(r.Context())
+	leave, retry := s.gate.enter(r.Context(), string(ie.UID))
 	if leave == nil {
 		busy(w, retry)
 		return
@@ -593,6 +593,13 @@ func orphaned(a *v1beta1.Agent, ie *v1beta1.InfraEnv) bool {
 // as its first registration would have: the record of a new session,
 // written only if the Agent is still an orphan then.
 func (s *Server) adopt(ctx context.Context, a *v1beta1.Agent, ie *v1beta1.InfraEnv, req agentwire.RegisterRequest, digest, from, bootedBy string) (*v1beta1.Agent, string, registration, error) {
+	// As a first registration: under the InfraEnv's caps and budget.
+	if err := s.underCap(ctx, ie); err != nil {
+		return nil, "", kindNone, err
+	}
+	if wait := s.budget.spend(string(ie.UID), 2*size(a), s.o.Now()); wait > 0 {
+		return nil, "", kindNone, &budgetError{wait}
+	}
 	secret, sess := s.newSession(ie, req, digest, from, bootedBy)
 	written, err := writeRecord(ctx, s.o.Client, s.o.APIReader, a, sess, func(fresh *v1beta1.Agent) error {
 		if !orphaned(fresh, ie) {

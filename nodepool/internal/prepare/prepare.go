@@ -202,6 +202,12 @@ func (r *Reconciler) prepare(ctx context.Context, a *v1beta1.Agent) (*corev1.Con
 		bindings = r.APIReader
 	}
 	b, err := binding.Resolve(ctx, bindings, a)
+	if binding.IsRefused(err) && bindings != r.APIReader {
+		// The cache may not have what the provider wrote a moment ago
+		// (an AgentMachine's agentRef): a refusal is shown only once the
+		// apiserver says it too. Only refused Agents cost these reads.
+		b, err = binding.Resolve(ctx, r.APIReader, a)
+	}
 	if err != nil {
 		if binding.IsRefused(err) {
 			return wait(err, r.Refresh)

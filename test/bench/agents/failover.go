@@ -3,45 +3,10 @@ package main
 import (
 	"bufio"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 )
-
-// balance forwards each connection it accepts to the next backend that
-// takes it, round robin: a Service in front of the agent API's replicas.
-// A backend that is gone refuses the dial and the next one is tried.
-func balance(ln net.Listener, backends []string) {
-	var next atomic.Uint64
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			first := int(next.Add(1))
-			var b net.Conn
-			for i := range backends {
-				if b, err = net.DialTimeout("tcp", backends[(first+i)%len(backends)], time.Second); err == nil {
-					break
-				}
-			}
-			if b == nil {
-				return
-			}
-			defer b.Close()
-			go func() {
-				_, _ = io.Copy(b, c)
-				_ = b.(*net.TCPConn).CloseWrite()
-			}()
-			_, _ = io.Copy(c, b)
-		}()
-	}
-}
 
 // leading reports whether the manager serving metrics at addr is the
 // leader (controller-runtime's leader_election_master_status).

@@ -41,6 +41,7 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/signing"
+	"github.com/agentboot/agentboot/test/lb"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/testenv"
 )
@@ -179,7 +180,7 @@ func startReplicas(n int, poll time.Duration, env testenv.Options, manager strin
 			return nil, err
 		}
 		b.lb = ln
-		go balance(ln, backends)
+		go lb.Serve(ln, backends)
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)

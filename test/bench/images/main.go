@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -32,6 +33,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/test/lb"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/testenv"
 )
@@ -44,8 +46,9 @@ func main() {
 	clients := flag.String("clients", "1,16,128", "concurrent client counts")
 	duration := flag.Duration("duration", 4*time.Second, "how long each measurement downloads")
 	repeats := flag.Int("repeats", 3, "measurements per point (the median is reported)")
+	fail := flag.Int("failover", 0, "instead: this many clients download through a load balancer in front of two image-service replicas, one killed mid-download (failover.go)")
 	flag.Parse()
-	if err := run(*clients, *duration, *repeats); err != nil {
+	if err := run(*clients, *duration, *repeats, *fail); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-images:", err)
 		os.Exit(1)
 	}
@@ -106,7 +109,7 @@ func (p *proc) rss() int64 {
 	return 0
 }
 
-func run(clientList string, duration time.Duration, repeats int) (err error) {
+func run(clientList string, duration time.Duration, repeats, failoverClients int) (err error) {
 	root := testenv.RepoRoot()
 	bin := filepath.Join(root, "bin")
 	iso, err := testenv.DevImage()
@@ -134,11 +137,12 @@ func run(clientList string, duration time.Duration, repeats int) (err error) {
 	if err != nil {
 		return err
 	}
-	ports, err := testenv.FreePorts(5)
+	ports, err := testenv.FreePorts(8)
 	if err != nil {
 		return err
 	}
 	imgHTTPS, imgHTTP, baseHTTPS, baseHTTP, agentAPI := ports[0], ports[1], ports[2], ports[3], ports[4]
+	secondHTTPS, secondHTTP, balanced := ports[5], ports[6], ports[7]
 	common := []string{
 		"--kubeconfig", env.Kubeconfig, "--log-format", "text", "--leader-elect=false",
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
@@ -197,6 +201,25 @@ func run(clientList string, duration time.Duration, repeats int) (err error) {
 	}
 	if err := waitOK(tlsCfg, targets["https"]["customised"]); err != nil {
 		return err
+	}
+	if failoverClients > 0 {
+		second, err := start("image-service-2", dir, append([]string{filepath.Join(bin, "agentboot"), "image-service", "--image-cache-dir", filepath.Join(dir, "cache-images-2"),
+			"--https-addr", fmt.Sprintf("127.0.0.1:%d", secondHTTPS), "--http-addr", fmt.Sprintf("127.0.0.1:%d", secondHTTP),
+			"--tls-cert-file", cert, "--tls-key-file", key, "--max-concurrent-downloads", "1024", "--max-downloads-per-client", "1024"}, common...)...)
+		if err != nil {
+			return err
+		}
+		defer second.stop()
+		if err := waitOK(tlsCfg, fmt.Sprintf("https://127.0.0.1:%d%s", secondHTTPS, path)); err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", balanced))
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		go lb.Serve(ln, []string{fmt.Sprintf("127.0.0.1:%d", imgHTTPS), fmt.Sprintf("127.0.0.1:%d", secondHTTPS)})
+		return failover(tlsCfg, fmt.Sprintf("https://127.0.0.1:%d%s", balanced, path), failoverClients, svc)
 	}
 
 	counts := []int{}
