@@ -190,6 +190,7 @@ bench-smoke: testbin dev-image build ## every benchmark at a small size, as CI r
 	go run ./test/bench/agents -agents 100 -infraenvs 2 -ramp 5s -poll 5s -window 10s -bound 0.2 -installing 0.05
 	go run ./test/bench/agents -agents 100 -infraenvs 2 -ramp 10s -poll 5s -window 10s -failover
 	go run ./test/bench/images -clients 1,4 -duration 1s -repeats 1
+	go run ./test/bench/images -failover 4
 	go test -tags bench -run TestBenchBMC -count=1 -timeout 20m -v ./test/bench/bmc -args -hosts 3 -window 20s
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/pxe -duration 1s -repeats 1 -real-client-runs 2; else echo "bench-smoke: bench-pxe skipped (it needs root)"; fi
 

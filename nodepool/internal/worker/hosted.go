@@ -154,9 +154,14 @@ func (r *Reconciler) clientFor(ctx context.Context, cd *hivev1.ClusterDeployment
 		return nil, waiting{fmt.Sprintf("ClusterDeployment %s has no spec.clusterMetadata.adminKubeconfigSecretRef yet", key)}
 	}
 	now := r.Now()
+	// One reader at a time (the worker polls several hosts at once): a
+	// poll that read the Secret before a rotation must not put its client
+	// back after one that read it since, and a cluster's Secret is read
+	// once, not by every poll that found it due. A read is one GET of the
+	// management cluster's apiserver, once a poll interval per cluster.
 	r.clients.mu.Lock()
+	defer r.clients.mu.Unlock()
 	cur, ok := r.clients.m[key]
-	r.clients.mu.Unlock()
 	if ok && cur.cd == cd.UID && cur.secret == md.AdminKubeconfigSecretRef.Name && now.Sub(cur.read) < r.Poll {
 		return cur.client, nil
 	}
@@ -173,9 +178,6 @@ func (r *Reconciler) clientFor(ctx context.Context, cd *hivev1.ClusterDeployment
 		return nil, waiting{fmt.Sprintf("kubeconfig Secret %s of ClusterDeployment %s has no key \"kubeconfig\"", sk, key)}
 	}
 	sum := sha256.Sum256(raw)
-	r.clients.mu.Lock()
-	defer r.clients.mu.Unlock()
-	cur, ok = r.clients.m[key]
 	if ok && cur.sum == sum {
 		cur.read, cur.cd, cur.secret = now, cd.UID, sk.Name
 		r.clients.m[key] = cur
