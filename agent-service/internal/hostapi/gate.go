@@ -116,26 +116,31 @@ func (g *gate) entered(infraEnv string) func() {
 }
 
 // turn gives a refused request of infraEnv the next free turn of that
-// InfraEnv: one per slot of its share freed, at the rate slots free up,
-// never sooner than a second from now nor later than maxRetryAfter. A
-// queue of turns never runs further ahead than that either, so a burst
-// long over leaves no two-minute turns behind.
+// InfraEnv: the slots free up at slots/held a second, shared by the
+// InfraEnvs waiting (one alone gets at most its share), never sooner than
+// a second from now nor later than maxRetryAfter. A queue of turns never
+// runs further ahead than that either, so a burst long over leaves no
+// two-minute turns behind.
 func (g *gate) turn(infraEnv string) time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.now()
-	if len(g.next) > 1024 {
-		for k, t := range g.next {
-			if t.Before(now) {
-				delete(g.next, k)
-			}
+	waiting := 0
+	for k, t := range g.next {
+		switch {
+		case t.After(now):
+			waiting++
+		case len(g.next) > 1024:
+			delete(g.next, k)
 		}
 	}
 	next := g.next[infraEnv]
 	if next.Before(now) {
 		next = now
+		waiting++ // this one
 	}
-	next = next.Add(g.held / time.Duration(g.share))
+	step := max(g.held*time.Duration(waiting)/time.Duration(cap(g.slots)), g.held/time.Duration(g.share))
+	next = next.Add(step)
 	if limit := now.Add(maxRetryAfter); next.After(limit) {
 		next = limit
 	}

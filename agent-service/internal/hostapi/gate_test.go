@@ -87,6 +87,18 @@ func TestGate(t *testing.T) {
 	if retry := g.turn("a"); retry != time.Second {
 		t.Fatalf("two minutes after a flood of refusals, a turn is %s; want 1s", retry)
 	}
+	// Four InfraEnvs waiting share the slots: each one's turns come 40 ms
+	// apart (the four slots free up every 10 ms), the 100th four seconds
+	// out.
+	now = now.Add(maxRetryAfter + time.Second)
+	for range 100 {
+		for _, ie := range []string{"w", "x", "y", "z"} {
+			last = g.turn(ie)
+		}
+	}
+	if want := 4 * time.Second; last < want-100*time.Millisecond || last > want+100*time.Millisecond {
+		t.Fatalf("the 100th turn of four InfraEnvs waiting is %s, want about %s", last, want)
+	}
 	// A gate of no slots is no gate.
 	if leave, _ := newGate(0, time.Now).enter(ctx, "a"); leave == nil {
 		t.Fatal("no gate refused")
