@@ -152,25 +152,15 @@ func bindHost(ctx context.Context, c client.Client, n bindtest.Names, h *host, s
 // polled (the worker said why they are not done). An installing or
 // installed host stays Connected, as assisted-service has it.
 func settledBound(ctx context.Context, c client.Client, namespaces []string) int {
-	n := 0
-	for _, ns := range namespaces {
-		var list v1beta1.AgentList
-		if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
-			return 0
+	return countAgents(ctx, c, namespaces, func(a *v1beta1.Agent) bool {
+		switch p := a.Status.Progress; p.CurrentStage {
+		case v1beta1.StageDone:
+			return a.Status.DebugInfo.State == lifecycle.StateAddedToExistingCluster
+		case v1beta1.StageJoined:
+			return p.ProgressInfo != ""
 		}
-		for _, a := range list.Items {
-			p := a.Status.Progress
-			if p.CurrentStage != v1beta1.StageDone && p.CurrentStage != v1beta1.StageJoined {
-				continue
-			}
-			if p.CurrentStage == v1beta1.StageDone && a.Status.DebugInfo.State != lifecycle.StateAddedToExistingCluster ||
-				p.CurrentStage == v1beta1.StageJoined && p.ProgressInfo == "" {
-				continue
-			}
-			n++
-		}
-	}
-	return n
+		return false
+	})
 }
 
 // perSecond formats counts between two readings as rates, by resource.

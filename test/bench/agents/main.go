@@ -619,14 +619,20 @@ func infraEnv(ctx context.Context, c client.Client, ns string, change func(*v1be
 }
 
 func known(ctx context.Context, c client.Client, namespaces []string) int {
+	return countAgents(ctx, c, namespaces, func(a *v1beta1.Agent) bool { return a.Status.DebugInfo.State == "known-unbound" })
+}
+
+// countAgents counts the Agents in namespaces that match (0 when a list
+// fails: not settled).
+func countAgents(ctx context.Context, c client.Client, namespaces []string, match func(*v1beta1.Agent) bool) int {
 	n := 0
 	for _, ns := range namespaces {
 		var list v1beta1.AgentList
 		if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 			return 0
 		}
-		for _, a := range list.Items {
-			if a.Status.DebugInfo.State == "known-unbound" {
+		for i := range list.Items {
+			if match(&list.Items[i]) {
 				n++
 			}
 		}
