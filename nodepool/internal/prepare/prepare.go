@@ -56,7 +56,8 @@ type Reconciler struct {
 	// Bindings reads what a binding rests on (package binding): the
 	// manager's informer cache. Its resolution only prepares: the agent API
 	// resolves the binding afresh before it hands the installation out,
-	// and opens only a handover made from that same binding. Nil: APIReader.
+	// and opens only a handover made from that same binding. Nil:
+	// APIReader (SetupWithManager).
 	Bindings client.Reader
 	Catalog  Catalog
 	Settings discovery.Settings
@@ -80,6 +81,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.Downloading <= 0 {
 		r.Downloading = 5 * time.Second
+	}
+	if r.Bindings == nil {
+		r.Bindings = r.APIReader
 	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.ConfigMap{}, AgentIndex, agentrecord.IndexBy(handover.Label)); err != nil {
 		return err
@@ -197,12 +201,8 @@ func (r *Reconciler) prepare(ctx context.Context, a *v1beta1.Agent) (*corev1.Con
 	if err != nil {
 		return nil, 0, err
 	}
-	bindings := r.Bindings
-	if bindings == nil {
-		bindings = r.APIReader
-	}
-	b, err := binding.Resolve(ctx, bindings, a)
-	if binding.IsRefused(err) && bindings != r.APIReader {
+	b, err := binding.Resolve(ctx, r.Bindings, a)
+	if binding.IsRefused(err) && r.Bindings != r.APIReader {
 		// The cache may not have what the provider wrote a moment ago
 		// (an AgentMachine's agentRef): a refusal is shown only once the
 		// apiserver says it too. Only refused Agents cost these reads.

@@ -55,11 +55,7 @@ type hostedClient struct {
 // the binding holds (binding.Resolve, through the cache: callers confirm it
 // before they act on it).
 func (r *Reconciler) hosted(ctx context.Context, a *v1beta1.Agent) (kubernetes.Interface, *binding.Binding, error) {
-	bindings := r.Bindings
-	if bindings == nil {
-		bindings = r.APIReader
-	}
-	b, err := binding.Resolve(ctx, bindings, a)
+	b, err := binding.Resolve(ctx, r.Bindings, a)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -56,7 +56,7 @@ type Reconciler struct {
 	// Bindings reads what a binding rests on (package binding) for every
 	// poll: the manager's informer cache. A CSR is approved and a host
 	// counted joined only on the binding confirmed through APIReader.
-	// Nil: APIReader.
+	// Nil: APIReader (SetupWithManager).
 	Bindings client.Reader
 	Events   events.EventRecorder
 	Timeouts Timeouts
@@ -106,6 +106,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.Now == nil {
 		r.Now = time.Now
+	}
+	if r.Bindings == nil {
+		r.Bindings = r.APIReader
 	}
 	r.refused = lru.New(4096)
 	bound := predicate.NewPredicateFuncs(func(o client.Object) bool { return lifecycle.Bound(o.(*v1beta1.Agent)) })
