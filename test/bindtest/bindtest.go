@@ -28,10 +28,12 @@ import (
 	"github.com/agentboot/agentboot/internal/lifecycle"
 )
 
+// Kinds made unstructured: agentboot's api/ types hold only the fields it
+// reads, not all the CRDs require.
 var (
-	cdGVK  = schema.GroupVersionKind{Group: "hive.openshift.io", Version: "v1", Kind: "ClusterDeployment"}
-	aciGVK = schema.GroupVersionKind{Group: "extensions.hive.openshift.io", Version: "v1beta1", Kind: "AgentClusterInstall"}
-	hcpGVK = schema.GroupVersionKind{Group: "hypershift.openshift.io", Version: "v1beta1", Kind: "HostedControlPlane"}
+	ClusterDeploymentGVK  = schema.GroupVersionKind{Group: "hive.openshift.io", Version: "v1", Kind: "ClusterDeployment"}
+	ACIGVK                = schema.GroupVersionKind{Group: "extensions.hive.openshift.io", Version: "v1beta1", Kind: "AgentClusterInstall"}
+	HostedControlPlaneGVK = schema.GroupVersionKind{Group: "hypershift.openshift.io", Version: "v1beta1", Kind: "HostedControlPlane"}
 )
 
 // The hosted cluster's names.
@@ -145,7 +147,7 @@ func InfraID(name string) string { return name + "-x7k2p" }
 // operator makes it (naming its HostedCluster), to create.
 func (n Names) HostedControlPlane() *unstructured.Unstructured {
 	hcp := &unstructured.Unstructured{}
-	hcp.SetGroupVersionKind(hcpGVK)
+	hcp.SetGroupVersionKind(HostedControlPlaneGVK)
 	hcp.SetNamespace(n.CP())
 	hcp.SetName(n.HCName)
 	hcp.SetAnnotations(map[string]string{binding.HostedClusterAnnotation: n.HCNamespace + "/" + n.HCName})
@@ -170,7 +172,7 @@ func (n Names) HostedControlPlane() *unstructured.Unstructured {
 
 func (n Names) clusterDeployment() *unstructured.Unstructured {
 	cd := &unstructured.Unstructured{}
-	cd.SetGroupVersionKind(cdGVK)
+	cd.SetGroupVersionKind(ClusterDeploymentGVK)
 	cd.SetNamespace(n.CP())
 	cd.SetName(n.HCName)
 	cd.Object["spec"] = map[string]any{
@@ -178,7 +180,7 @@ func (n Names) clusterDeployment() *unstructured.Unstructured {
 		"clusterName":       n.HCName,
 		"baseDomain":        "example.com",
 		"platform":          map[string]any{"agentBareMetal": map[string]any{"agentSelector": map[string]any{}}},
-		"clusterInstallRef": map[string]any{"group": aciGVK.Group, "version": aciGVK.Version, "kind": aciGVK.Kind, "name": n.HCName},
+		"clusterInstallRef": map[string]any{"group": ACIGVK.Group, "version": ACIGVK.Version, "kind": ACIGVK.Kind, "name": n.HCName},
 		"pullSecretRef":     map[string]any{"name": "pull-secret"},
 		"clusterMetadata": map[string]any{"clusterID": "x7k2p", "infraID": "x7k2p",
 			"adminKubeconfigSecretRef": map[string]any{"name": KubeconfigSecret}},
@@ -189,7 +191,7 @@ func (n Names) clusterDeployment() *unstructured.Unstructured {
 // AgentClusterInstall is the cluster's AgentClusterInstall, to create.
 func (n Names) AgentClusterInstall() *unstructured.Unstructured {
 	aci := &unstructured.Unstructured{}
-	aci.SetGroupVersionKind(aciGVK)
+	aci.SetGroupVersionKind(ACIGVK)
 	aci.SetNamespace(n.CP())
 	aci.SetName(n.HCName)
 	aci.Object["spec"] = map[string]any{
@@ -213,7 +215,7 @@ type Frozen struct {
 func Freeze(t testing.TB, ctx context.Context, c client.Client, sch *runtime.Scheme) *Frozen {
 	t.Helper()
 	f := &Frozen{sch: sch, objs: map[string][]byte{}}
-	for _, gvk := range []schema.GroupVersionKind{cdGVK, aciGVK, hcpGVK, binding.AgentMachineGVK,
+	for _, gvk := range []schema.GroupVersionKind{ClusterDeploymentGVK, ACIGVK, HostedControlPlaneGVK, binding.AgentMachineGVK,
 		hypershift.GroupVersion.WithKind("HostedCluster"), v1beta1.GroupVersion.WithKind("Agent")} {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))

@@ -31,18 +31,20 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/agentboot/agentboot/internal/binding"
+	"github.com/agentboot/agentboot/test/bindtest"
 	"github.com/agentboot/agentboot/test/testenv"
 )
 
 // Kinds, labels and names of the contract.
 var (
-	AgentMachineGVK       = schema.GroupVersionKind{Group: "capi-provider.agent-install.openshift.io", Version: "v1beta1", Kind: "AgentMachine"}
+	AgentMachineGVK       = binding.AgentMachineGVK
 	AgentClusterGVK       = schema.GroupVersionKind{Group: "capi-provider.agent-install.openshift.io", Version: "v1beta1", Kind: "AgentCluster"}
 	MachineGVK            = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
 	ClusterGVK            = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}
-	HostedControlPlaneGVK = schema.GroupVersionKind{Group: "hypershift.openshift.io", Version: "v1beta1", Kind: "HostedControlPlane"}
-	ClusterDeploymentGVK  = schema.GroupVersionKind{Group: "hive.openshift.io", Version: "v1", Kind: "ClusterDeployment"}
-	ACIGVK                = schema.GroupVersionKind{Group: "extensions.hive.openshift.io", Version: "v1beta1", Kind: "AgentClusterInstall"}
+	HostedControlPlaneGVK = bindtest.HostedControlPlaneGVK
+	ClusterDeploymentGVK  = bindtest.ClusterDeploymentGVK
+	ACIGVK                = bindtest.ACIGVK
 )
 
 const (
