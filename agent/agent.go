@@ -133,7 +133,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.forgetSession()
 			a.log.Info("registering again", "reason", err)
 		case client.IsCode(err, agentwire.CodeHostActive), client.IsCode(err, agentwire.CodeIdentityInDoubt):
-			wait := a.backoff.Next()
+			wait := a.backoff.After(err)
 			a.log.Warn("registration refused; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
 			if client.Sleep(ctx, wait) != nil {
 				return nil

@@ -212,13 +212,14 @@ func (b *Backoff) Next() time.Duration {
 }
 
 // After returns how long to wait after err: the time the service asked for
-// in a 429 or 503 (Retry-After) with up to a second of jitter, since many
-// hosts are given the same second; else the next backoff. A service that
+// (Retry-After: a 429 Busy, a 503, a 409 HostActive until the earlier
+// session has been silent long enough) with up to a second of jitter, since
+// many hosts are given the same second; else the next backoff. A service that
 // schedules the host's return is followed, not second-guessed: its turns
 // spread a boot storm at the rate the apiserver takes writes.
 func (b *Backoff) After(err error) time.Duration {
 	var se *StatusError
-	if errors.As(err, &se) && se.RetryAfter > 0 && (se.Status == http.StatusTooManyRequests || se.Status == http.StatusServiceUnavailable) {
+	if errors.As(err, &se) && se.RetryAfter > 0 {
 		return se.RetryAfter + rand.N(time.Second)
 	}
 	return b.Next()

@@ -26,9 +26,9 @@ func TestDownloadsHaveNoOverallTimeout(t *testing.T) {
 	require.NotZero(t, d.Transport.(*http.Transport).ResponseHeaderTimeout, "a server that never answers is still given up on")
 }
 
-// A 429 or 503 with Retry-After is retried when the service said, with up
-// to a second of jitter, and leaves the backoff where it was; any other
-// failure waits the backoff. Retry-After that is no number of seconds, or
+// An answer with Retry-After (a 429, a 503, a 409 HostActive) is retried
+// when the service said, with up to a second of jitter, and leaves the
+// backoff where it was; any other failure waits the backoff. Retry-After that is no number of seconds, or
 // absurdly long, is not followed blindly.
 func TestRetryAfterIsFollowed(t *testing.T) {
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -43,7 +43,7 @@ func TestRetryAfterIsFollowed(t *testing.T) {
 		return c.do(context.Background(), http.MethodPost, "/?code="+strconv.Itoa(code)+"&after="+url.QueryEscape(after), "t", nil, nil)
 	}
 	b := &Backoff{Min: time.Minute, Max: time.Hour}
-	for _, code := range []int{http.StatusTooManyRequests, http.StatusServiceUnavailable} {
+	for _, code := range []int{http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusConflict} {
 		err := call(code, "7")
 		require.True(t, IsCode(err, "Busy"))
 		for range 20 {
@@ -59,7 +59,8 @@ func TestRetryAfterIsFollowed(t *testing.T) {
 		after string
 		want  time.Duration // 0: the backoff
 	}{
-		{http.StatusInternalServerError, "7", 0},
+		{http.StatusInternalServerError, "", 0},
+		{http.StatusInternalServerError, "7", 7 * time.Second},
 		{http.StatusTooManyRequests, "", 0},
 		{http.StatusTooManyRequests, "Fri, 31 Dec 1999 23:59:59 GMT", 0},
 		{http.StatusTooManyRequests, "-3", 0},
