@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -165,15 +163,6 @@ func settledBound(ctx context.Context, c client.Client, namespaces []string) int
 
 // perSecond formats counts between two readings as rates, by resource.
 func perSecond(r0, r1 map[string]int64, seconds float64) string {
-	var parts []string
-	for res, v := range r1 {
-		if d := v - r0[res]; d > 0 {
-			parts = append(parts, fmt.Sprintf("%s %.1f/s", res, float64(d)/seconds))
-		}
-	}
-	if len(parts) == 0 {
-		return "none"
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ", ")
+	parts, _ := per(r0, r1, seconds, "%s %.1f/s")
+	return parts
 }

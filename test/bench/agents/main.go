@@ -66,6 +66,10 @@ func main() {
 		}
 		return
 	}
+	if *bound < 0 || *installing < 0 || *bound+*installing > 1 {
+		fmt.Fprintf(os.Stderr, "bench-agents: -bound %g and -installing %g are shares of the hosts: each at least 0, together at most 1\n", *bound, *installing)
+		os.Exit(2)
+	}
 	o := options{failover: *failover, manager: *manager, n: *n, infraEnvs: *infraEnvs, ramp: *ramp, poll: *poll, window: *window, bound: *bound, installing: *installing}
 	if *inFlight != 0 {
 		o.extra = append(o.extra, fmt.Sprintf("--agent-api-writes-in-flight=%d", *inFlight))
@@ -668,16 +672,27 @@ func perHost(r0, r1 map[string]int64, hosts int) string {
 	if hosts == 0 {
 		return "nothing (no host registered)"
 	}
+	parts, all := per(r0, r1, float64(hosts), "%s %.2f")
+	return fmt.Sprintf("%.1f writes per host (%s)", all, parts)
+}
+
+// per is the counts between two readings of apiserverRequestsByResource,
+// each divided by by and formatted (resource, value), and their sum
+// divided by by.
+func per(r0, r1 map[string]int64, by float64, format string) (string, float64) {
 	var all int64
 	var parts []string
 	for res, v := range r1 {
 		if d := v - r0[res]; d > 0 {
 			all += d
-			parts = append(parts, fmt.Sprintf("%s %.2f", res, float64(d)/float64(hosts)))
+			parts = append(parts, fmt.Sprintf(format, res, float64(d)/by))
 		}
 	}
+	if len(parts) == 0 {
+		return "none", 0
+	}
 	sort.Strings(parts)
-	return fmt.Sprintf("%.1f writes per host (%s)", float64(all)/float64(hosts), strings.Join(parts, ", "))
+	return strings.Join(parts, ", "), float64(all) / by
 }
 
 func apiserverWritesByResource(cfg *rest.Config) (map[string]int64, error) {
