@@ -165,6 +165,8 @@ RAMP ?= 40s
 # hosted cluster (the manager polls those): 0.2 and 0.05 are issue 36's.
 BOUND ?= 0
 INSTALLING ?= 0
+# Clients of make bench-storm, all network-booting at once.
+STORM ?= 1000
 HONEST ?= 500
 
 .PHONY: bench-agents
@@ -193,11 +195,17 @@ bench-smoke: testbin dev-image build ## every benchmark at a small size, as CI r
 	go run ./test/bench/images -failover 4
 	go test -tags bench -run TestBenchBMC -count=1 -timeout 20m -v ./test/bench/bmc -args -hosts 3 -window 20s
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/pxe -duration 1s -repeats 1 -real-client-runs 2; else echo "bench-smoke: bench-pxe skipped (it needs root)"; fi
+	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/pxe -storm 20 -repeats 1; else echo "bench-smoke: bench-storm skipped (it needs root)"; fi
 
 .PHONY: bench-pxe
 bench-pxe: build ## DHCP offers/s and TFTP throughput vs dnsmasq in network namespaces (root)
 	@[ "$$(id -u)" = 0 ] || { echo "make bench-pxe needs root (network namespaces)"; exit 1; }
 	go run ./test/bench/pxe $(ARGS)
+
+.PHONY: bench-storm
+bench-storm: build ## a boot storm: STORM (1000) clients in network namespaces network-boot at once to their kernel, agentboot vs dnsmasq + a static HTTP server (root)
+	@[ "$$(id -u)" = 0 ] || { echo "make bench-storm needs root (network namespaces)"; exit 1; }
+	go run ./test/bench/pxe -storm $(STORM) $(ARGS)
 
 .PHONY: e2e
 e2e: testbin tools dev-image build pxe-grub ## the VM lab: real VMs in a network namespace, and the image run as its manifests run it (root)

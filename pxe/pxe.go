@@ -95,13 +95,14 @@ type Config struct {
 	// request through any other is dropped.
 	Relays []netip.Addr
 	// NewClientRate bounds the DHCP packets of MACs not seen lately, per
-	// second (50).
-	NewClientRate float64
-	Router        netip.Addr
-	DNS           []netip.Addr
-	LeaseTime     time.Duration
-	Reservations  map[string]netip.Addr
-	LeaseFile     string
+	// second (50), and NewClientBurst how many may come at once (1000).
+	NewClientRate  float64
+	NewClientBurst int
+	Router         netip.Addr
+	DNS            []netip.Addr
+	LeaseTime      time.Duration
+	Reservations   map[string]netip.Addr
+	LeaseFile      string
 
 	// Socket factories; the defaults open them on this host. Tests open
 	// them inside a network namespace.
@@ -214,7 +215,7 @@ func New(cfg Config) (*Server, error) {
 	} else if pfx, err := interfaceIPv4(cfg.Interface, cfg.ServerIP); err == nil {
 		dcfg.Subnet = pfx.Masked()
 	}
-	dcfg.Relays, dcfg.NewClientRate = cfg.Relays, cfg.NewClientRate
+	dcfg.Relays, dcfg.NewClientRate, dcfg.NewClientBurst = cfg.Relays, cfg.NewClientRate, cfg.NewClientBurst
 	if cfg.Mode == Authoritative {
 		if !cfg.PoolStart.IsValid() || !cfg.PoolEnd.IsValid() {
 			return nil, errors.New("pxe: authoritative mode needs an address pool")
@@ -361,6 +362,7 @@ func (s *Server) Start(ctx context.Context) error {
 			serve.StopAll(tasks)
 			return fmt.Errorf("DHCP: listen on %s port %d: %w (the PXE service needs root, or CAP_NET_BIND_SERVICE and CAP_NET_RAW)", s.cfg.Interface, p, err)
 		}
+		s.growReceiveBuffer(conn, fmt.Sprintf("DHCP port %d", p))
 		tasks = append(tasks, serve.Task{Name: fmt.Sprintf("DHCP port %d", p), Serve: func() error { return s.serveDHCP(conn, p) }, Stop: func(context.Context) { conn.Close() }})
 	}
 	tconn, err := s.cfg.ListenPacket("udp4", s.cfg.TFTPAddr)
@@ -368,6 +370,7 @@ func (s *Server) Start(ctx context.Context) error {
 		serve.StopAll(tasks)
 		return fmt.Errorf("TFTP: listen %s: %w", s.cfg.TFTPAddr, err)
 	}
+	s.growReceiveBuffer(tconn, "TFTP")
 	tasks = append(tasks, serve.Task{Name: "TFTP", Serve: func() error { return s.tftp.Serve(tconn) }, Stop: func(context.Context) { s.tftp.Shutdown(); tconn.Close() }})
 	hl, err := s.cfg.Listen("tcp", s.cfg.HTTPAddr)
 	if err != nil {
@@ -388,6 +391,19 @@ func (s *Server) Start(ctx context.Context) error {
 	s.cfg.Log.Info("PXE service running", "mode", string(s.cfg.Mode), "interface", s.cfg.Interface, "serverIP", s.cfg.ServerIP.String(),
 		"tftp", s.cfg.TFTPAddr, "http", s.cfg.HTTPAddr, "bootScript", s.cfg.BootScriptURL)
 	return serve.Run(ctx, 5*time.Second, tasks...)
+}
+
+// growReceiveBuffer makes room on a listening socket for a storm's requests
+// arriving together, and says at start when the kernel grants less.
+func (s *Server) growReceiveBuffer(conn net.PacketConn, name string) {
+	got, err := growReceiveBuffer(conn)
+	switch {
+	case err != nil:
+		s.cfg.Log.Info("could not size the socket's receive buffer; a boot storm may lose requests to retransmission", "socket", name, "error", err.Error())
+	case got < receiveBuffer:
+		s.cfg.Log.Info("the kernel grants the socket a smaller receive buffer than asked: requests of a boot storm beyond it wait for the firmware's retransmission (4 s); raise net.core.rmem_max, or grant CAP_NET_ADMIN",
+			"socket", name, "grantedKiB", got>>10, "askedKiB", receiveBuffer>>10)
+	}
 }
 
 // batch is how many packets one system call reads or writes under load.

@@ -25,6 +25,7 @@ import (
 type pxeFlags struct {
 	relays                               string
 	newClientRate                        float64
+	newClientBurst                       int
 	iface, serverIP, mode, bootScriptURL string
 	tftpDir, tftpAddr, httpAddr          string
 	tftpSinglePort                       bool
@@ -58,7 +59,8 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&p.prefixLen, prefix+"prefix-length", 0, "authoritative mode: the boot network's prefix length (default: the interface address's)")
 	fs.StringVar(&p.router, prefix+"router", "", "authoritative mode: default gateway given to clients")
 	fs.StringVar(&p.dns, prefix+"dns", "", "authoritative mode: comma-separated DNS servers given to clients")
-	fs.Float64Var(&p.newClientRate, prefix+"dhcp-new-clients-per-second", 50, "DHCP packets a second from MACs not seen lately, all together (burst: four times it, at least 200); clients with a lease or reservation are not counted, so a flood of made-up MACs delays only new clients")
+	fs.Float64Var(&p.newClientRate, prefix+"dhcp-new-clients-per-second", 50, "DHCP packets a second from MACs not seen lately, all together, once --dhcp-new-clients-burst is spent; clients with a lease or reservation are not counted, so a flood of made-up MACs delays only new clients")
+	fs.IntVar(&p.newClientBurst, prefix+"dhcp-new-clients-burst", 1000, "DHCP packets from MACs not seen lately served at once (machines powering on together for the first time), at least a second's worth of --dhcp-new-clients-per-second")
 	fs.StringVar(&p.relays, prefix+"dhcp-relays", "", "comma-separated DHCP relay agents (giaddr) whose clients are answered; requests through any other are dropped (empty: clients on the boot network only)")
 	fs.DurationVar(&p.leaseTime, prefix+"lease-time", 12*time.Hour, "authoritative mode: lease duration")
 	fs.Var(&p.reservations, prefix+"reservation", "authoritative mode: MAC=IP, always give this MAC this address (repeatable)")
@@ -139,10 +141,16 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 		Interface: p.iface, Mode: pxe.Mode(p.mode), BootScriptURL: p.bootScriptURL,
 		TFTPDir: p.tftpDir, TFTPAddr: p.tftpAddr, TFTPSinglePort: p.tftpSinglePort, HTTPAddr: p.httpAddr,
 		BIOSBinary: p.biosBinary, EFIBinary: p.efiBinary, ARM64Binary: p.arm64Binary,
-		PrefixLen: p.prefixLen, LeaseTime: p.leaseTime, LeaseFile: p.leaseFile, Log: log, NewClientRate: p.newClientRate,
+		PrefixLen: p.prefixLen, LeaseTime: p.leaseTime, LeaseFile: p.leaseFile, Log: log, NewClientRate: p.newClientRate, NewClientBurst: p.newClientBurst,
 	}
 	if p.iface == "" {
 		return cfg, flagErr("interface", "required: the interface on the boot network")
+	}
+	if !(p.newClientRate > 0) {
+		return cfg, flagErr("dhcp-new-clients-per-second", "%v: want more than 0", p.newClientRate)
+	}
+	if p.newClientBurst < 1 {
+		return cfg, flagErr("dhcp-new-clients-burst", "%d: want at least 1", p.newClientBurst)
 	}
 	if p.metricsTokenFile != "" {
 		var err error

@@ -67,6 +67,9 @@ func TestPXEFlags(t *testing.T) {
 		auth + "--reservation 52:54:00:00:00:01=198.18.0.2 --reservation 52:54:00:00:00:02=198.18.0.2": "198.18.0.2 is reserved for both",
 		auth + "--lease-time 10s":                                                                      "shorter than a minute",
 		"--interface br0 --boot-script-url ftp://x/boot.ipxe":                                          "not a plain http:// URL",
+		base + "--dhcp-new-clients-per-second 0":                                                       "--dhcp-new-clients-per-second: 0: want more than 0",
+		base + "--dhcp-new-clients-per-second -5":                                                      "--dhcp-new-clients-per-second: -5: want more than 0",
+		base + "--dhcp-new-clients-burst 0":                                                            "--dhcp-new-clients-burst: 0: want at least 1",
 	} {
 		_, err := parsePXEFlags(t, args)
 		require.ErrorContains(t, err, want, args)

@@ -9,6 +9,7 @@ package dhcp
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -67,9 +68,11 @@ type Config struct {
 	// made-up packets cannot send replies to arbitrary addresses.
 	Relays []netip.Addr
 	// NewClientRate is how many packets a second MACs not seen lately
-	// may send together (50; the burst is four times that, at least
-	// 200). Clients holding a lease or a reservation are not counted.
-	NewClientRate float64
+	// may send together (50), and NewClientBurst how many of them may come
+	// at once (1000; at least a second's worth). Clients holding a lease
+	// or a reservation are not counted.
+	NewClientRate  float64
+	NewClientBurst int
 	// Observe, when set, is told of each request from a network-boot
 	// client (PXE, HTTP boot or iPXE), for its boot trace: whether it was
 	// answered with a boot file and, when not, why; the address the
@@ -147,7 +150,10 @@ func New(cfg Config, m *Metrics) (*Handler, error) {
 	if cfg.NewClientRate <= 0 {
 		cfg.NewClientRate = newClientRate
 	}
-	burst := max(newClientBurst, int(4*cfg.NewClientRate))
+	if cfg.NewClientBurst <= 0 {
+		cfg.NewClientBurst = newClientBurst
+	}
+	burst := max(cfg.NewClientBurst, int(math.Ceil(cfg.NewClientRate)))
 	return &Handler{cfg: cfg, limiters: lru.New(maxTrackedMACs), newClients: rate.NewLimiter(rate.Limit(cfg.NewClientRate), burst),
 		others: map[string]time.Time{}, metrics: m}, nil
 }
@@ -157,12 +163,14 @@ func New(cfg Config, m *Metrics) (*Handler, error) {
 const (
 	macRate  = 5
 	macBurst = 10
-	// MACs not seen lately: a rack of 200 powering on at once is served
-	// at once, then 50 new clients a second. Clients holding a lease or a
-	// reservation are exempt: a flood of made-up MACs delays new clients
-	// (which retransmit), never the ones already served.
+	// MACs not seen lately: a thousand machines powering on together for
+	// the first time (a row of racks, or a whole site after a power cut
+	// in proxy mode, where nobody holds a lease) are served at once, then
+	// 50 new clients a second. Clients holding a lease or a reservation
+	// are exempt: a flood of made-up MACs delays new clients (which
+	// retransmit), never the ones already served.
 	newClientRate  = 50
-	newClientBurst = 200
+	newClientBurst = 1000
 	// maxTrackedMACs bounds the per-MAC state; the least recently seen
 	// MAC is forgotten first.
 	maxTrackedMACs = 65536

@@ -41,6 +41,7 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/internal/signing"
+	"github.com/agentboot/agentboot/test/bench/internal/proc"
 	"github.com/agentboot/agentboot/test/lb"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/testenv"
@@ -346,7 +347,7 @@ func run(o options) error {
 	cpu0, t0 := cpuTicks(mgr.Process.Pid), time.Now()
 	peak := int64(0)
 	for time.Since(t0) < window {
-		if r := rss(mgr.Process.Pid); r > peak {
+		if r := proc.RSS(mgr.Process.Pid); r > peak {
 			peak = r
 		}
 		time.Sleep(time.Second)
@@ -756,20 +757,6 @@ func cpuTicks(pid int) int64 {
 	u, _ := strconv.ParseInt(f[11], 10, 64)
 	k, _ := strconv.ParseInt(f[12], 10, 64)
 	return u + k
-}
-
-func rss(pid int) int64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			kb, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 func freePort() int {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/agentboot/agentboot/test/bench/internal/proc"
 )
 
 // failover downloads the customised ISO at u with n clients through a load
@@ -20,7 +22,7 @@ import (
 // curl -C does: the rest by Range, with If-Range naming the ETag it
 // started with. Every client's bytes are checked against one whole
 // download. It prints the two times and what resuming cost.
-func failover(tlsCfg *tls.Config, u string, n int, victim *proc) error {
+func failover(tlsCfg *tls.Config, u string, n int, victim *proc.Proc) error {
 	sum, size, etag, err := whole(tlsCfg, u)
 	if err != nil {
 		return err
@@ -36,7 +38,7 @@ func failover(tlsCfg *tls.Config, u string, n int, victim *proc) error {
 		if received*10 >= int64(n)*size*4 {
 			once.Do(func() {
 				killedAt = time.Now()
-				_ = victim.cmd.Process.Kill()
+				_ = victim.Cmd.Process.Kill()
 			})
 		}
 	}

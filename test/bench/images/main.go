@@ -17,14 +17,12 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,6 +31,7 @@ import (
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/test/bench/internal/proc"
 	"github.com/agentboot/agentboot/test/lb"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/testenv"
@@ -60,53 +59,6 @@ func serveFile(args []string) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, path) })
 	go func() { _ = http.ListenAndServeTLS(httpsAddr, cert, key, h) }()
 	_ = http.ListenAndServe(httpAddr, h)
-}
-
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-}
-
-func start(name, dir string, args ...string) (*proc, error) {
-	logPath := filepath.Join(dir, name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	return &proc{name: name, cmd: cmd, log: logPath}, nil
-}
-
-func (p *proc) stop() {
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	done := make(chan struct{})
-	go func() { _ = p.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-	}
-}
-
-// rss is the process's resident set in bytes.
-func (p *proc) rss() int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			kb, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 func run(clientList string, duration time.Duration, repeats, failoverClients int) (err error) {
@@ -157,13 +109,13 @@ func run(clientList string, duration time.Duration, repeats, failoverClients int
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "agentboot-system"}}); err != nil {
 		return err
 	}
-	mgr, err := start("manager", dir, append([]string{filepath.Join(bin, "agentboot"), "manager", "--image-cache-dir", filepath.Join(dir, "cache-manager"),
+	mgr, err := proc.Start("manager", dir, append([]string{filepath.Join(bin, "agentboot"), "manager", "--image-cache-dir", filepath.Join(dir, "cache-manager"),
 		"--agent-api-addr", fmt.Sprintf("127.0.0.1:%d", agentAPI), "--agent-api-tls-cert-file", cert, "--agent-api-tls-key-file", key}, common...)...)
 	if err != nil {
 		return err
 	}
-	defer mgr.stop()
-	svc, err := start("image-service", dir, append([]string{filepath.Join(bin, "agentboot"), "image-service", "--image-cache-dir", filepath.Join(dir, "cache-images"),
+	defer mgr.Stop()
+	svc, err := proc.Start("image-service", dir, append([]string{filepath.Join(bin, "agentboot"), "image-service", "--image-cache-dir", filepath.Join(dir, "cache-images"),
 		"--https-addr", fmt.Sprintf("127.0.0.1:%d", imgHTTPS), "--http-addr", fmt.Sprintf("127.0.0.1:%d", imgHTTP),
 		"--tls-cert-file", cert, "--tls-key-file", key, "--max-concurrent-downloads", "1024",
 		// Every simulated client is on 127.0.0.1.
@@ -171,20 +123,20 @@ func run(clientList string, duration time.Duration, repeats, failoverClients int
 	if err != nil {
 		return err
 	}
-	defer svc.stop()
+	defer svc.Stop()
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	base, err := start("serve-file", dir, self, "serve-file", iso, fmt.Sprintf("127.0.0.1:%d", baseHTTPS), fmt.Sprintf("127.0.0.1:%d", baseHTTP), cert, key)
+	base, err := proc.Start("serve-file", dir, self, "serve-file", iso, fmt.Sprintf("127.0.0.1:%d", baseHTTPS), fmt.Sprintf("127.0.0.1:%d", baseHTTP), cert, key)
 	if err != nil {
 		return err
 	}
-	defer base.stop()
+	defer base.Stop()
 
 	isoURL, err := infraEnv(ctx, c)
 	if err != nil {
-		return fmt.Errorf("%w (logs: %s, %s)", err, mgr.log, svc.log)
+		return fmt.Errorf("%w (logs: %s, %s)", err, mgr.Log, svc.Log)
 	}
 	// With --iso-over-http the ISO is published on the HTTP listener; the
 	// HTTPS listener serves the same path.
@@ -203,13 +155,13 @@ func run(clientList string, duration time.Duration, repeats, failoverClients int
 		return err
 	}
 	if failoverClients > 0 {
-		second, err := start("image-service-2", dir, append([]string{filepath.Join(bin, "agentboot"), "image-service", "--image-cache-dir", filepath.Join(dir, "cache-images-2"),
+		second, err := proc.Start("image-service-2", dir, append([]string{filepath.Join(bin, "agentboot"), "image-service", "--image-cache-dir", filepath.Join(dir, "cache-images-2"),
 			"--https-addr", fmt.Sprintf("127.0.0.1:%d", secondHTTPS), "--http-addr", fmt.Sprintf("127.0.0.1:%d", secondHTTP),
 			"--tls-cert-file", cert, "--tls-key-file", key, "--max-concurrent-downloads", "1024", "--max-downloads-per-client", "1024"}, common...)...)
 		if err != nil {
 			return err
 		}
-		defer second.stop()
+		defer second.Stop()
 		if err := waitOK(tlsCfg, fmt.Sprintf("https://127.0.0.1:%d%s", secondHTTPS, path)); err != nil {
 			return err
 		}
@@ -252,7 +204,7 @@ func run(clientList string, duration time.Duration, repeats, failoverClients int
 		pct(mineTTFB, 50), pct(mineTTFB, 99), pct(baseTTFB, 50), pct(baseTTFB, 99))
 
 	const concurrent = 128
-	idleSvc, idleBase := svc.rss(), base.rss()
+	idleSvc, idleBase := svc.RSS(), base.RSS()
 	peakSvc := peakRSS(svc, func() { throughput(tlsCfg, targets["https"]["customised"], concurrent, duration) })
 	peakBase := peakRSS(base, func() { throughput(tlsCfg, targets["https"]["ServeFile"], concurrent, duration) })
 	fmt.Printf("resident memory per concurrent HTTPS download (%d clients): image service %d KiB (idle %d MiB, peak %d MiB); ServeFile %d KiB\n",
@@ -365,7 +317,7 @@ func ttfb(tlsCfg *tls.Config, u string, n int) []time.Duration {
 	return out
 }
 
-func peakRSS(p *proc, load func()) int64 {
+func peakRSS(p *proc.Proc, load func()) int64 {
 	var peak atomic.Int64
 	done := make(chan struct{})
 	go func() {
@@ -376,7 +328,7 @@ func peakRSS(p *proc, load func()) int64 {
 			case <-done:
 				return
 			case <-t.C:
-				if r := p.rss(); r > peak.Load() {
+				if r := p.RSS(); r > peak.Load() {
 					peak.Store(r)
 				}
 			}

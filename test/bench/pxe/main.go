@@ -57,6 +57,13 @@ func main() {
 		case "tftp-load":
 			loadMain(os.Args[2:], tftpLoad)
 			return
+		case "storm-run", "serve-static":
+			run := map[string]func([]string) error{"storm-run": stormRun, "serve-static": serveStatic}[os.Args[1]]
+			if err := run(os.Args[2:]); err != nil {
+				fmt.Fprintln(os.Stderr, "bench-storm:", err)
+				os.Exit(1)
+			}
+			return
 		}
 	}
 	var o options
@@ -68,7 +75,15 @@ func main() {
 	flag.IntVar(&o.realRuns, "real-client-runs", 20, "runs of tftp-hpa and udhcpc against each server")
 	flag.StringVar(&o.only, "only", "", "run only dhcp, tftp or real (clients)")
 	flag.BoolVar(&o.tftpSinglePort, "tftp-single-port", false, "run both TFTP servers in single-port mode (every transfer on port 69)")
+	flag.IntVar(&o.storm, "storm", 0, "instead: a boot storm of this many clients, each in its own network namespace, against agentboot and against dnsmasq with a static HTTP server (storm.go); -repeats rounds of each")
 	flag.Parse()
+	if o.storm > 0 {
+		if err := storm(o); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-storm:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-pxe:", err)
 		os.Exit(1)
@@ -85,6 +100,8 @@ type options struct {
 	only        string
 	// tftpSinglePort runs both TFTP servers with every transfer on port 69.
 	tftpSinglePort bool
+	// storm is the boot storm's clients (0: the other measures).
+	storm int
 }
 
 // lab is the two namespaces and what runs in them.
