@@ -409,7 +409,13 @@ func TestConcurrencyLimit(t *testing.T) {
 	require.NoError(t, err)
 	second := get(t, s, ie.Status.ISODownloadURL, nil)
 	require.Equal(t, http.StatusServiceUnavailable, second.code)
-	require.Equal(t, "30", second.header.Get("Retry-After"))
+	// Its turn: the one slot frees up in about a second (the time a
+	// download is assumed to hold one until one has been measured).
+	require.Equal(t, "1", second.header.Get("Retry-After"))
+	// Those refused after it get the turns after its: a storm comes back
+	// spread at the rate the slot serves, not all at once 30 s later.
+	require.Equal(t, "2", get(t, s, ie.Status.ISODownloadURL, nil).header.Get("Retry-After"))
+	require.Equal(t, "3", get(t, s, ie.Status.ISODownloadURL, nil).header.Get("Retry-After"))
 	// Small files are not limited.
 	require.Equal(t, http.StatusOK, get(t, s, ie.Status.BootArtifacts.IpxeScriptURL, nil).code)
 	resp.Body.Close()

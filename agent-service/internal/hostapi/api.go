@@ -27,6 +27,7 @@ import (
 
 	"github.com/agentboot/agentboot/agent-service/internal/debts"
 	"github.com/agentboot/agentboot/internal/agentwire"
+	"github.com/agentboot/agentboot/internal/gate"
 	"github.com/agentboot/agentboot/internal/signing"
 )
 
@@ -53,7 +54,8 @@ type Options struct {
 	// and in all (budget.go); 0 means no limit.
 	WriteBudgetPerInfraEnv, WriteBudgetPerProcess int
 	// WritesInFlight bounds the registrations and inventory uploads
-	// served at once (gate.go); 0 means no bound.
+	// served at once (internal/gate: one InfraEnv holds at most half,
+	// and a request waits at most 250 ms for a slot); 0 means no bound.
 	WritesInFlight int
 	// PollInterval is how often agents heartbeat.
 	PollInterval time.Duration
@@ -115,7 +117,7 @@ type Server struct {
 	o        Options
 	limiters sync.Map // key → *limiter
 	budget   *budget
-	gate     *gate
+	gate     *gate.Gate
 }
 
 type limiter struct {
@@ -154,7 +156,7 @@ func New(o Options) *Server {
 	if o.LeaseRenewInterval == 0 {
 		o.LeaseRenewInterval = 45 * time.Second
 	}
-	return &Server{o: o, budget: newBudget(o.WriteBudgetPerInfraEnv, o.WriteBudgetPerProcess), gate: newGate(o.WritesInFlight, o.Now)}
+	return &Server{o: o, budget: newBudget(o.WriteBudgetPerInfraEnv, o.WriteBudgetPerProcess), gate: gate.New(o.WritesInFlight, o.WritesInFlight/2, gateWait, o.Now)}
 }
 
 // Handler has every route of the agent API.
@@ -248,6 +250,18 @@ func (s *Server) allow(key string, r rate.Limit, burst int) bool {
 		})
 	}
 	return ok
+}
+
+// gateWait is the longest a registration or inventory upload waits for a
+// slot of the gate: with the service time of a write under load, what a
+// host waits stays well under a second.
+const gateWait = 250 * time.Millisecond
+
+// busy answers a request the gate refused.
+func busy(w http.ResponseWriter, refused *gate.Refused) {
+	secs := refused.Seconds()
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeError(w, http.StatusTooManyRequests, "Busy", "the agent API is serving as many registrations and inventories as the apiserver takes; retry in %ds", secs)
 }
 
 func tooMany(w http.ResponseWriter) {

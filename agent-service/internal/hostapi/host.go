@@ -208,9 +208,9 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request, ref *AgentRef
 		tooMany(w)
 		return
 	}
-	leave, retry := s.gate.enter(r.Context(), string(ref.InfraEnv.UID))
-	if leave == nil {
-		busy(w, retry)
+	leave, refused := s.gate.Enter(r.Context(), string(ref.InfraEnv.UID))
+	if refused != nil {
+		busy(w, refused)
 		return
 	}
 	defer leave()

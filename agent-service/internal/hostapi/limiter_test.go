@@ -1,9 +1,13 @@
 package hostapi
 
 import (
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/agentboot/agentboot/internal/gate"
 )
 
 // One host's requests arrive concurrently; the limiter is shared by them
@@ -34,5 +38,18 @@ func TestLimiterConcurrent(t *testing.T) {
 	s.allow("host/ns/b", 2, 20)
 	if _, ok := s.limiters.Load("host/ns/a"); ok {
 		t.Fatal("a key idle for over ten minutes is kept")
+	}
+}
+
+// A refusal is a 429 naming the cause, with Retry-After in whole seconds,
+// rounded up.
+func TestBusyAnswer(t *testing.T) {
+	w := httptest.NewRecorder()
+	busy(w, &gate.Refused{RetryAfter: 1500 * time.Millisecond})
+	if w.Code != 429 || w.Header().Get("Retry-After") != "2" {
+		t.Fatalf("busy: %d, Retry-After %q; want 429, 2", w.Code, w.Header().Get("Retry-After"))
+	}
+	if body := w.Body.String(); !strings.Contains(body, `"code":"Busy"`) {
+		t.Fatalf("busy body %s names no code Busy", body)
 	}
 }

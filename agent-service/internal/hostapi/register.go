@@ -66,9 +66,9 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	}
 	// Past every check that costs nothing, and with the body read: a
 	// slot is never held while a client sends.
-	leave, retry := s.gate.enter(r.Context(), string(ie.UID))
-	if leave == nil {
-		busy(w, retry)
+	leave, refused := s.gate.Enter(r.Context(), string(ie.UID))
+	if refused != nil {
+		busy(w, refused)
 		return
 	}
 	defer leave()

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/discovery"
 	"github.com/agentboot/agentboot/internal/diskboot"
+	"github.com/agentboot/agentboot/internal/gate"
 	"github.com/agentboot/agentboot/internal/initramfs"
 	"github.com/agentboot/agentboot/internal/nmstate"
 	"github.com/agentboot/agentboot/internal/osimage"
@@ -365,10 +367,17 @@ func (h *Handler) serveDisk(w http.ResponseWriter, r *http.Request, k osimage.Ke
 	serveStream(w, r, time.Time{}, overlay.Concat(overlay.FileSection(st.Image.Path, st.Image.ReaderAt(), 0, st.Image.Size)), h.opts.StallTimeout)
 }
 
-// acquire takes a slot of pool for the request's client, or answers 503:
-// when the pool is full, or the client already has MaxPerClient downloads
-// in flight.
-func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, pool chan struct{}, infraEnv string) (release func(), ok bool) {
+// downloadWait is the longest a download waits for a slot when every one
+// is taken; one InfraEnv's past its share is refused at once.
+const downloadWait = time.Second
+
+// acquire takes a slot of pool for the request's client, or answers 503
+// with the Retry-After of a turn (internal/gate): when infraEnv holds its
+// share of the pool, when the pool stays full for downloadWait, or (30 s)
+// when the client already has MaxPerClient downloads in flight. A boot
+// storm of one InfraEnv's hosts is served its share at a time, the rest
+// coming back as slots free up rather than all 30 s later.
+func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, pool *gate.Gate, infraEnv string) (release func(), ok bool) {
 	client := h.clientAddr(r)
 	h.clientsMu.Lock()
 	if h.clients[client] >= h.opts.MaxPerClient {
@@ -376,41 +385,33 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, pool chan stru
 		retryLater(w, fmt.Sprintf("this client (%s) already has %d downloads in progress", client, h.opts.MaxPerClient))
 		return nil, false
 	}
-	if infraEnv != "" && h.infraEnvs[infraEnv] >= h.opts.MaxPerInfraEnv {
-		h.clientsMu.Unlock()
-		retryLater(w, fmt.Sprintf("this InfraEnv's content already has %d downloads in progress", h.opts.MaxPerInfraEnv))
-		return nil, false
-	}
 	h.clients[client]++
-	if infraEnv != "" {
-		h.infraEnvs[infraEnv]++
-	}
 	h.clientsMu.Unlock()
 	unclaim := func() {
 		h.clientsMu.Lock()
 		if h.clients[client]--; h.clients[client] <= 0 {
 			delete(h.clients, client)
 		}
-		if infraEnv != "" {
-			if h.infraEnvs[infraEnv]--; h.infraEnvs[infraEnv] <= 0 {
-				delete(h.infraEnvs, infraEnv)
-			}
-		}
 		h.clientsMu.Unlock()
 	}
-	select {
-	case pool <- struct{}{}:
-		inFlight.Inc()
-		return func() {
-			inFlight.Dec()
-			<-pool
-			unclaim()
-		}, true
-	default:
+	leave, refused := pool.Enter(r.Context(), infraEnv)
+	if refused != nil {
 		unclaim()
-		retryLater(w, "too many downloads in progress")
+		secs := refused.Seconds()
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		msg := fmt.Sprintf("too many downloads in progress; retry in %ds", secs)
+		if refused.Share && infraEnv != "" {
+			msg = fmt.Sprintf("this InfraEnv's content already has %d downloads in progress; retry in %ds", h.opts.MaxPerInfraEnv, secs)
+		}
+		http.Error(w, msg, http.StatusServiceUnavailable)
 		return nil, false
 	}
+	inFlight.Inc()
+	return func() {
+		inFlight.Dec()
+		leave()
+		unclaim()
+	}, true
 }
 
 // clientAddr is the address a request came from: the connection's, or,

@@ -27,6 +27,7 @@ import (
 	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/boottrace"
 	"github.com/agentboot/agentboot/internal/discovery"
+	"github.com/agentboot/agentboot/internal/gate"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -112,13 +113,13 @@ type Handler struct {
 	opts Options
 	// agents are the open agent binaries by sha256.
 	agents map[string]agentFile
-	// slots bounds per-InfraEnv downloads (ISOs, initrds); publicSlots
-	// the OS images' own files (kernels, root filesystems, disk images),
-	// which every booting host fetches: one kind cannot starve the other.
-	slots, publicSlots chan struct{}
+	// slots bounds per-InfraEnv downloads (ISOs, initrds), one
+	// InfraEnv's at most MaxPerInfraEnv; publicSlots the OS images' own
+	// files (kernels, root filesystems, disk images), which every booting
+	// host fetches: one kind cannot starve the other.
+	slots, publicSlots *gate.Gate
 	clientsMu          sync.Mutex
 	clients            map[string]int // downloads in flight per client address
-	infraEnvs          map[string]int // per-InfraEnv downloads in flight per InfraEnv UID
 	renders            *renderCache
 	macs               boottrace.Addresses // for the boot trace
 }
@@ -174,7 +175,8 @@ func NewHandler(opts Options) (*Handler, error) {
 		opts.StallTimeout = time.Minute
 	}
 	return &Handler{opts: opts, agents: agents, renders: newRenderCache(128),
-		slots: make(chan struct{}, opts.MaxInFlight), publicSlots: make(chan struct{}, opts.MaxInFlight), clients: map[string]int{}, infraEnvs: map[string]int{}}, nil
+		slots:       gate.New(opts.MaxInFlight, opts.MaxPerInfraEnv, downloadWait, time.Now),
+		publicSlots: gate.New(opts.MaxInFlight, opts.MaxInFlight, downloadWait, time.Now), clients: map[string]int{}}, nil
 }
 
 // HTTPS is the handler of the HTTPS listener: everything.

@@ -1,9 +1,7 @@
-package hostapi
+package gate
 
 import (
 	"context"
-	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 )
@@ -14,26 +12,26 @@ import (
 // rate requests are served, never queued more than two minutes ahead.
 func TestGate(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	g := newGate(4, func() time.Time { return now })
+	g := New(4, 2, 250*time.Millisecond, func() time.Time { return now })
 	g.wait = time.Hour // a waiter is let in by a slot freed, not by the timer
 	ctx := context.Background()
 
-	a1, _ := g.enter(ctx, "a")
-	a2, _ := g.enter(ctx, "a")
+	a1, _ := g.Enter(ctx, "a")
+	a2, _ := g.Enter(ctx, "a")
 	if a1 == nil || a2 == nil {
 		t.Fatal("refused with slots free")
 	}
-	if leave, retry := g.enter(ctx, "a"); leave != nil || retry != time.Second {
-		t.Fatalf("a third request of an InfraEnv holding half the slots: admitted %v, retry %s; want refused at once, retry 1s", leave != nil, retry)
+	if leave, refused := g.Enter(ctx, "a"); leave != nil || refused == nil || refused.RetryAfter != time.Second || !refused.Share {
+		t.Fatalf("a third request of an InfraEnv holding half the slots: admitted %v, refused %+v; want refused at once for its share, retry 1s", leave != nil, refused)
 	}
-	b1, _ := g.enter(ctx, "b")
-	b2, _ := g.enter(ctx, "b")
+	b1, _ := g.Enter(ctx, "b")
+	b2, _ := g.Enter(ctx, "b")
 	if b1 == nil || b2 == nil {
 		t.Fatal("another InfraEnv refused the half left to it")
 	}
 	in := make(chan func())
 	go func() {
-		leave, _ := g.enter(ctx, "c")
+		leave, _ := g.Enter(ctx, "c")
 		in <- leave
 	}()
 	a1()
@@ -45,8 +43,8 @@ func TestGate(t *testing.T) {
 	// Full, and no wait: refused, and told to come back no sooner than
 	// in a second.
 	g.wait = time.Nanosecond
-	if leave, retry := g.enter(ctx, "c"); leave != nil || retry != time.Second {
-		t.Fatalf("full gate: admitted %v, retry %s; want refused, retry 1s", leave != nil, retry)
+	if leave, refused := g.Enter(ctx, "c"); leave != nil || refused == nil || refused.RetryAfter != time.Second || refused.Share {
+		t.Fatalf("full gate: admitted %v, refused %+v; want refused for the full gate, retry 1s", leave != nil, refused)
 	}
 
 	// Requests hold a slot 40 ms each: an InfraEnv's share of two serves
@@ -57,7 +55,7 @@ func TestGate(t *testing.T) {
 	b2()
 	c1()
 	for range 100 {
-		leave, _ := g.enter(ctx, "a")
+		leave, _ := g.Enter(ctx, "a")
 		now = now.Add(40 * time.Millisecond)
 		leave()
 	}
@@ -80,17 +78,17 @@ func TestGate(t *testing.T) {
 	for range 100_000 {
 		last = g.turn("a")
 	}
-	if last != maxRetryAfter {
-		t.Fatalf("turn after 100,000 refusals is %s, want the cap %s", last, maxRetryAfter)
+	if last != MaxRetryAfter {
+		t.Fatalf("turn after 100,000 refusals is %s, want the cap %s", last, MaxRetryAfter)
 	}
-	now = now.Add(maxRetryAfter + time.Second)
+	now = now.Add(MaxRetryAfter + time.Second)
 	if retry := g.turn("a"); retry != time.Second {
 		t.Fatalf("two minutes after a flood of refusals, a turn is %s; want 1s", retry)
 	}
 	// Four InfraEnvs waiting share the slots: each one's turns come 40 ms
 	// apart (the four slots free up every 10 ms), the 100th four seconds
 	// out.
-	now = now.Add(maxRetryAfter + time.Second)
+	now = now.Add(MaxRetryAfter + time.Second)
 	for range 100 {
 		for _, ie := range []string{"w", "x", "y", "z"} {
 			last = g.turn(ie)
@@ -100,20 +98,7 @@ func TestGate(t *testing.T) {
 		t.Fatalf("the 100th turn of four InfraEnvs waiting is %s, want about %s", last, want)
 	}
 	// A gate of no slots is no gate.
-	if leave, _ := newGate(0, time.Now).enter(ctx, "a"); leave == nil {
+	if leave, _ := New(0, 0, time.Second, time.Now).Enter(ctx, "a"); leave == nil {
 		t.Fatal("no gate refused")
-	}
-}
-
-// A refusal is a 429 naming the cause, with Retry-After in whole seconds,
-// rounded up.
-func TestBusyAnswer(t *testing.T) {
-	w := httptest.NewRecorder()
-	busy(w, 1500*time.Millisecond)
-	if w.Code != 429 || w.Header().Get("Retry-After") != "2" {
-		t.Fatalf("busy: %d, Retry-After %q; want 429, 2", w.Code, w.Header().Get("Retry-After"))
-	}
-	if body := w.Body.String(); !strings.Contains(body, `"code":"Busy"`) {
-		t.Fatalf("busy body %s names no code Busy", body)
 	}
 }
