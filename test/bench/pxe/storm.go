@@ -9,7 +9,9 @@ package main
 // and the image service, with the InfraEnv that is the PXE default, all at
 // their default limits), once against dnsmasq with a static HTTP server
 // holding the same script, initrd and kernel: the baseline, tuned as an
-// operator would for such a storm (--tftp-max). The servers' side runs in
+// operator would for such a storm (--tftp-max, and the 4 MiB socket receive
+// buffer agentboot asks for, as the kernel's default for the run: dnsmasq
+// cannot ask for one). The servers' side runs in
 // the servers' namespace (this program re-executed there), with its own
 // kube-apiserver on that namespace's loopback, so no address is added
 // outside the namespaces the bench makes.
@@ -45,6 +47,10 @@ import (
 	"github.com/agentboot/agentboot/test/testenv"
 )
 
+// stormReceiveBuffer is the receive buffer agentboot's PXE service asks
+// for its sockets (pxe/sockbuf.go), given to dnsmasq's as the default.
+const stormReceiveBuffer = 4 << 20
+
 const (
 	stormImages = 8080 // the image service's plain HTTP, on serverIP
 	stormStatic = 8081 // the baseline's static HTTP server
@@ -73,6 +79,27 @@ func storm(o options) error {
 			os.RemoveAll(dir)
 		}
 	}()
+	// A segment of a thousand hosts needs a neighbour table for them, and
+	// the kernel keeps one for every namespace together: its default stops
+	// at 1024 entries and reclaims above 512. A broadcast is a copy for
+	// every port of the bridge, all queued on this machine's two cores
+	// where each real host's NIC would take its own: the queue's default
+	// of 1000 packets drops most of a storm's. Both raised for the run, put
+	// back after, with a socket's default receive buffer and its ceiling,
+	// so that dnsmasq, which cannot ask for one, has what agentboot asks
+	// for: a namespace takes the default it is made with.
+	restore, err := raiseSysctls([]sysctl{
+		{"net/core/rmem_max", stormReceiveBuffer}, // before the default it bounds
+		{"net/core/rmem_default", stormReceiveBuffer},
+		{"net/ipv4/neigh/default/gc_thresh3", 8 * o.storm}, // the thresholds from the top
+		{"net/ipv4/neigh/default/gc_thresh2", 4 * o.storm},
+		{"net/ipv4/neigh/default/gc_thresh1", 2 * o.storm},
+		{"net/core/netdev_max_backlog", 64 * o.storm},
+	})
+	if err != nil {
+		return err
+	}
+	defer restore()
 	netns.RemoveStale(prefix)
 	id := prefix + strconv.Itoa(os.Getpid())
 	server, err := netns.New(id + "-server")
@@ -112,23 +139,6 @@ func storm(o options) error {
 	if err := server.Batch(lines); err != nil {
 		return err
 	}
-	// A segment of a thousand hosts needs a neighbour table for them, and
-	// the kernel keeps one for every namespace together: its default stops
-	// at 1024 entries and reclaims above 512. A broadcast is a copy for
-	// every port of the bridge, all queued on this machine's two cores
-	// where each real host's NIC would take its own: the queue's default
-	// of 1000 packets drops most of a storm's. Both raised for the run, put
-	// back after.
-	restore, err := raiseSysctls(map[string]int{
-		"net/ipv4/neigh/default/gc_thresh1": 2 * o.storm,
-		"net/ipv4/neigh/default/gc_thresh2": 4 * o.storm,
-		"net/ipv4/neigh/default/gc_thresh3": 8 * o.storm,
-		"net/core/netdev_max_backlog":       64 * o.storm,
-	})
-	if err != nil {
-		return err
-	}
-	defer restore()
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -153,16 +163,24 @@ func storm(o options) error {
 
 var restoreSysctls = func() {}
 
-// raiseSysctls sets each of the kernel's settings named (paths under
-// /proc/sys) to at least its value and returns what puts them back.
-func raiseSysctls(want map[string]int) (func(), error) {
+// sysctl is one of the kernel's settings (its path under /proc/sys) and a
+// value.
+type sysctl struct {
+	key   string
+	value int
+}
+
+// raiseSysctls sets each of the kernel's settings to at least its value,
+// in order, and returns what puts them back, in the reverse order.
+func raiseSysctls(want []sysctl) (func(), error) {
 	var undo []func()
 	restore := func() {
-		for _, u := range undo {
-			u()
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
 		}
 	}
-	for k, v := range want {
+	for _, w := range want {
+		k, v := w.key, w.value
 		path := "/proc/sys/" + k
 		old, err := os.ReadFile(path)
 		if err != nil {
@@ -215,7 +233,7 @@ func stormRun(args []string) error {
 	}
 	defer files.stop()
 
-	fmt.Printf("bench-storm: %d clients booting at once, each in its own network namespace: DHCP (PXE firmware) → ipxe.efi over TFTP → DHCP (iPXE) → boot script → initrd (%.1f MiB) and kernel (%.1f MiB) over HTTP; %d round(s), %d cores, dnsmasq %s\n\n",
+	fmt.Printf("bench-storm: %d clients booting at once, each in its own network namespace: DHCP (PXE firmware) → ipxe.efi over TFTP → DHCP (iPXE) → boot script → initrd (%.1f MiB) and kernel (%.1f MiB) over HTTP; %d round(s), %d cores; dnsmasq %s with --tftp-max and 4 MiB socket receive buffers\n\n",
 		len(clients), float64(files.initrd.size)/(1<<20), float64(files.kernel.size)/(1<<20), *repeats, runtime.NumCPU(), dnsmasqVersion())
 	results := map[string][]roundResult{}
 	for r := 0; r < *repeats; r++ {
