@@ -181,8 +181,14 @@ bench-abuse: testbin build ## HONEST (500) heartbeating hosts while one registra
 bench-bmc: testbin ## HOSTS (50) BareMetalHosts on simulated Redfish BMCs, ideal vs realistic timing: enrollment, calls per BMC per minute
 	go test -tags bench -run TestBenchBMC -count=1 -timeout 60m -v ./test/bench/bmc -args -hosts $(HOSTS)
 
-GIB ?= 2
+# make bench-install: hosts bound at once, and how long each writes its image.
+INSTALLING_HOSTS ?= 200
+WRITE ?= 60s
+.PHONY: bench-install
+bench-install: testbin ## INSTALLING_HOSTS (200) hosts bound at once install and join a real hosted apiserver: agentboot's time per host beyond the image write (WRITE, 60s)
+	go test -tags bench -run TestBenchInstall -count=1 -timeout 60m -v ./test/bench/install -args -hosts $(INSTALLING_HOSTS) -write $(WRITE)
 
+GIB ?= 2
 .PHONY: bench-sanitize
 bench-sanitize: testbin dev-image build ## agent disk erase on the VM lab's disks (GIB each, 2): seconds per GiB per method vs dd
 	go test -tags bench -run TestBenchSanitize -count=1 -timeout 90m -v ./test/bench/sanitize -args -gib $(GIB)
@@ -194,6 +200,7 @@ bench-smoke: testbin dev-image build ## every benchmark at a small size, as CI r
 	go run ./test/bench/images -clients 1,4 -duration 1s -repeats 1
 	go run ./test/bench/images -failover 4
 	go test -tags bench -run TestBenchBMC -count=1 -timeout 20m -v ./test/bench/bmc -args -hosts 3 -window 20s
+	go test -tags bench -run TestBenchInstall -count=1 -timeout 20m ./test/bench/install -args -hosts 5 -write 5s
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/pxe -duration 1s -repeats 1 -real-client-runs 2; else echo "bench-smoke: bench-pxe skipped (it needs root)"; fi
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/pxe -storm 20 -repeats 1; else echo "bench-smoke: bench-storm skipped (it needs root)"; fi
 

@@ -42,9 +42,11 @@ type Config struct {
 	// take the defaults (install 20m without a report, join 30m, Ready
 	// 20m).
 	Timeouts Timeouts
-	// Poll is how often a hosted cluster is looked at for a joining host
-	// (10s).
-	Poll time.Duration
+	// Poll is how often a hosted cluster is looked at for a bound host
+	// that cannot be followed yet (10s); JoinPoll how often for a host that
+	// rebooted into its installation, until its Node is Ready (2s, at
+	// most Poll).
+	Poll, JoinPoll time.Duration
 	// NoCSRApproval leaves kubelet CSRs to a person (each is named in an
 	// event) instead of approving those that pass the checks.
 	NoCSRApproval bool
@@ -106,6 +108,7 @@ func SetupWithManager(mgr ctrl.Manager, cfg Config) error {
 		Events:        eventnote.Recorder(mgr.GetEventRecorder("agentboot-nodepool-worker")),
 		Timeouts:      cfg.Timeouts,
 		Poll:          cfg.Poll,
+		JoinPoll:      cfg.JoinPoll,
 		NoCSRApproval: cfg.NoCSRApproval,
 		BehindNAT:     cfg.AgentAPIBehindNAT,
 		ClockSkew:     cfg.CSRClockSkew,

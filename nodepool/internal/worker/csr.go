@@ -8,6 +8,8 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -87,6 +89,82 @@ func listKubeletCSRs(ctx context.Context, hc kubernetes.Interface) ([]certificat
 	return out, nil
 }
 
+// csrListAge is how long one list of a hosted cluster's kubelet CSRs
+// serves all its hosts' polls: 200 hosts joining a cluster, polled every
+// 2 s, list them once a second, not 100 times.
+const csrListAge = time.Second
+
+// csrLists are the latest kubelet CSRs of each hosted cluster (by its
+// client), listed at most once per csrListAge, and again at once after
+// an approval there.
+type csrLists struct {
+	mu sync.Mutex
+	m  map[kubernetes.Interface]*csrList
+}
+
+type csrList struct {
+	mu sync.Mutex // one list call at a time per cluster; the others wait for it
+	// changes counts approvals in the cluster: a list begun before one is
+	// not served after it.
+	changes atomic.Uint64
+	listed  bool
+	seen    uint64 // changes when items were listed
+	at      time.Time
+	items   []certificatesv1.CertificateSigningRequest
+	used    time.Time
+}
+
+// list returns hc's kubelet CSRs, shared: the slice and its CSRs must not
+// be changed.
+func (l *csrLists) list(ctx context.Context, hc kubernetes.Interface, now time.Time) ([]certificatesv1.CertificateSigningRequest, error) {
+	e := l.entry(hc, now)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	changes := e.changes.Load()
+	if e.listed && e.seen == changes && now.Sub(e.at) < csrListAge && !now.Before(e.at) {
+		return e.items, nil
+	}
+	items, err := listKubeletCSRs(ctx, hc)
+	if err != nil {
+		return nil, err
+	}
+	e.items, e.listed, e.seen, e.at = items, true, changes, now
+	return items, nil
+}
+
+// changed says an approval was made (or tried) in hc's cluster.
+func (l *csrLists) changed(hc kubernetes.Interface) {
+	l.mu.Lock()
+	e := l.m[hc]
+	l.mu.Unlock()
+	if e != nil {
+		e.changes.Add(1)
+	}
+}
+
+// entry is hc's list, made on first use; lists unused for a minute (a
+// cluster without joining hosts, a client replaced on rotation) are
+// dropped.
+func (l *csrLists) entry(hc kubernetes.Interface, now time.Time) *csrList {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[kubernetes.Interface]*csrList{}
+	}
+	for k, e := range l.m {
+		if k != hc && now.Sub(e.used) > time.Minute {
+			delete(l.m, k)
+		}
+	}
+	e, ok := l.m[hc]
+	if !ok {
+		e = &csrList{}
+		l.m[hc] = e
+	}
+	e.used = now
+	return e
+}
+
 // csrContext is what a CSR of this host is checked against.
 type csrContext struct {
 	hostname string
@@ -131,7 +209,7 @@ func (cc csrContext) clientNotBefore() (time.Time, string) {
 // (zero: not known). confirm is asked before the first approval whether the
 // binding still holds.
 func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated, rebooted time.Time, confirm func() error) (mine, approved int, err error) {
-	items, err := listKubeletCSRs(ctx, hc)
+	items, err := r.csrs.list(ctx, hc, r.Now())
 	if err != nil {
 		return 0, 0, err
 	}
@@ -181,11 +259,15 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 		if err := confirm(); err != nil {
 			return mine, approved, err
 		}
+		csr = csr.DeepCopy() // the list is shared with the cluster's other hosts' polls
 		csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
 			Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "AgentbootApproved",
 			Message: fmt.Sprintf("agentboot approved the kubelet CSR of Agent %s/%s", a.Namespace, a.Name),
 		})
-		if _, err := hc.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{}); err != nil {
+		_, err := hc.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
+		// Approved or not, the list no longer says what the cluster has.
+		r.csrs.changed(hc)
+		if err != nil {
 			return mine, approved, fmt.Errorf("approve CSR %s: %w", csr.Name, err)
 		}
 		approved++

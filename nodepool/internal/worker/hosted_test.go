@@ -9,7 +9,11 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"net/http"
 	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -165,3 +170,51 @@ func TestListKubeletCSRsPages(t *testing.T) {
 	}
 	require.Equal(t, want, got)
 }
+
+// One list of a cluster's kubelet CSRs serves all its hosts' polls for a
+// second, and none after an approval there; another cluster has its own.
+func TestCSRListsShared(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{})
+	var calls atomic.Int64
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if strings.Contains(req.URL.Path, "certificatesigningrequests") {
+				calls.Add(1)
+			}
+			return rt.RoundTrip(req)
+		})
+	})
+	hc, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	other, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	var lists csrLists
+	ctx := context.Background()
+	t0 := time.Unix(1_700_000_000, 0)
+	listAt := func(c kubernetes.Interface, at time.Duration) int64 {
+		t.Helper()
+		before := calls.Load()
+		_, err := lists.list(ctx, c, t0.Add(at))
+		require.NoError(t, err)
+		return calls.Load() - before
+	}
+	perList := int64(len(kubeletSigners)) // one call per signer: no CSRs, one page each
+	require.Equal(t, perList, listAt(hc, 0), "the first poll lists")
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = lists.list(ctx, hc, t0.Add(500*time.Millisecond)) }()
+	}
+	wg.Wait()
+	require.Equal(t, perList, calls.Load(), "50 polls within the second share the list")
+	require.Equal(t, perList, listAt(other, 600*time.Millisecond), "another cluster lists its own")
+	lists.changed(hc)
+	require.Equal(t, perList, listAt(hc, 700*time.Millisecond), "after an approval the next poll lists again")
+	require.Zero(t, listAt(hc, 800*time.Millisecond))
+	require.Equal(t, perList, listAt(hc, 1800*time.Millisecond), "a second later, again")
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -60,8 +60,13 @@ type Reconciler struct {
 	Bindings client.Reader
 	Events   events.EventRecorder
 	Timeouts Timeouts
-	// Poll is how often the hosted cluster is looked at (10s).
-	Poll time.Duration
+	// Poll is how often the hosted cluster is looked at while it cannot be
+	// (10s); JoinPoll how often for a host that rebooted into its
+	// installation, until its Node is Ready (2s, at most Poll): its
+	// kubelet waits for each CSR's approval, and the host for Done. A look
+	// is one GET of the Node; the cluster's kubelet CSRs are listed at
+	// most once a second for all its hosts (csrLists).
+	Poll, JoinPoll time.Duration
 	// CallTimeout bounds each call to a hosted cluster (30s).
 	CallTimeout time.Duration
 	// NoCSRApproval leaves every kubelet CSR for a person to approve; each
@@ -79,6 +84,7 @@ type Reconciler struct {
 	Passes observe.Hook
 
 	clients clients
+	csrs    csrLists
 	// refused remembers the last refusal event per CSR, so each is said
 	// once (bounded: CSRs come and go).
 	refused *lru.Cache
@@ -97,6 +103,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.Poll <= 0 {
 		r.Poll = 10 * time.Second
+	}
+	if r.JoinPoll <= 0 {
+		r.JoinPoll = min(2*time.Second, r.Poll)
 	}
 	if r.CallTimeout <= 0 {
 		r.CallTimeout = 30 * time.Second
@@ -230,7 +239,7 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 			return ctrl.Result{}, nil
 		}
 	}
-	return ctrl.Result{RequeueAfter: r.Poll}, nil
+	return ctrl.Result{RequeueAfter: r.JoinPoll}, nil
 }
 
 // label applies the Agent's spec.nodeLabels to its Node, as
