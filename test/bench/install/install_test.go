@@ -36,7 +36,7 @@ import (
 )
 
 var (
-	hosts = flag.Int("hosts", 200, "hosts bound at once")
+	hosts    = flag.Int("hosts", 200, "hosts bound at once")
 	write    = flag.Duration("write", time.Minute, "how long each host writes its image (a 20 GB image at 400 MB/s: 50 s)")
 	joinPoll = flag.Duration("join-poll", 0, "the worker's poll of a joining host (0: the product's default; 10s: before 2026-11-28)")
 )
