@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
@@ -30,6 +32,7 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/diskboot"
 	"github.com/agentboot/agentboot/internal/eventnote"
+	"github.com/agentboot/agentboot/internal/handover"
 	"github.com/agentboot/agentboot/internal/observe"
 	"github.com/agentboot/agentboot/internal/poolmetrics"
 	"github.com/agentboot/agentboot/internal/serve"
@@ -225,6 +228,12 @@ func setupAPI(mgr manager.Manager, cfg Config) error {
 		Debts:  owed,
 		Events: eventnote.Recorder(mgr.GetEventRecorder("agentboot-agent-api")), Log: cfg.Log.WithName("steps"), Now: time.Now,
 	}
+	// Heartbeats held until their host has work are woken by what the
+	// cache sees change: the Agent (approved, bound) and its handover.
+	waker := &hostapi.Waker{}
+	if err := wakeOn(mgr, waker); err != nil {
+		return err
+	}
 	srv := hostapi.New(hostapi.Options{
 		Client:                 mgr.GetClient(),
 		APIReader:              mgr.GetAPIReader(),
@@ -238,17 +247,49 @@ func setupAPI(mgr manager.Manager, cfg Config) error {
 		WriteBudgetPerProcess:  orDefault(cfg.WriteBudgetPerProcess, DefaultWriteBudgetPerProcess),
 		WritesInFlight:         orDefault(cfg.WritesInFlight, DefaultWritesInFlight),
 		PollInterval:           cfg.PollInterval,
+		Waker:                  waker,
 		LeaseRenewInterval:     cfg.LeaseRenewInterval,
 		Steps:                  install,
 		Debts:                  owed,
 		Log:                    cfg.Log,
 	})
-	return mgr.Add(&server{cfg: cfg, handler: srv.Handler()})
+	return mgr.Add(&server{cfg: cfg, handler: srv.Handler(), waker: waker})
+}
+
+// wakeOn feeds waker from the cache's informers: an Agent changed, or the
+// handover of an Agent's installation made or changed.
+func wakeOn(mgr manager.Manager, waker *hostapi.Waker) error {
+	ctx := context.Background()
+	agents, err := mgr.GetCache().GetInformer(ctx, &v1beta1.Agent{})
+	if err != nil {
+		return fmt.Errorf("the Agents' informer, to wake held heartbeats: %w", err)
+	}
+	if _, err := agents.AddEventHandler(toolscache.ResourceEventHandlerFuncs{UpdateFunc: func(_, o any) {
+		if a, ok := o.(*v1beta1.Agent); ok {
+			waker.Wake(string(a.UID))
+		}
+	}}); err != nil {
+		return err
+	}
+	handovers, err := mgr.GetCache().GetInformer(ctx, &corev1.ConfigMap{})
+	if err != nil {
+		return fmt.Errorf("the handovers' informer, to wake held heartbeats: %w", err)
+	}
+	wake := func(o any) {
+		if cm, ok := o.(*corev1.ConfigMap); ok {
+			if uid, ok := handover.AgentUID(cm); ok {
+				waker.Wake(uid)
+			}
+		}
+	}
+	_, err = handovers.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: wake, UpdateFunc: func(_, o any) { wake(o) }})
+	return err
 }
 
 type server struct {
 	cfg     Config
 	handler http.Handler
+	waker   *hostapi.Waker
 }
 
 // NeedLeaderElection is false: every replica serves the agent API.
@@ -272,6 +313,9 @@ func (s *server) Start(ctx context.Context) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          stdlog.New(logWriter{s.cfg.Log.V(1)}, "", 0),
 	}
+	// Held heartbeats are answered when the replica stops, not cut: their
+	// hosts come back (to another replica) after the rest of their poll.
+	srv.RegisterOnShutdown(s.waker.Shutdown)
 	s.cfg.Log.Info("agent API listening", "addr", l.Addr().String())
 	return serve.Run(ctx, 10*time.Second, serve.HTTP("agent API", srv, tls.NewListener(l, srv.TLSConfig)))
 }

@@ -65,6 +65,9 @@ type Agent struct {
 	lastUploaded [32]byte
 	nextInv      time.Time
 	backoff      client.Backoff
+	// noWait: the agent API refused waitSeconds (it predates held
+	// heartbeats); heartbeats are plain polls.
+	noWait bool
 	// reboot is set by a step that needs the host restarted once its
 	// result is reported (a finished installation).
 	reboot bool
@@ -263,7 +266,19 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 		if err := a.uploadInventory(ctx); err != nil {
 			return err
 		}
-		instr, err := a.client.Instructions(ctx, a.ns, a.id, agentwire.InstructionsRequest{Time: time.Now().UTC(), NTPSources: ntp.Sources(ctx)})
+		// The service may hold the heartbeat until there is work: a host
+		// bound to a cluster starts installing at once. A service from
+		// before held heartbeats refuses the field (400): it is dropped.
+		req := agentwire.InstructionsRequest{Time: time.Now().UTC(), NTPSources: ntp.Sources(ctx)}
+		if !a.noWait {
+			req.WaitSeconds = agentwire.MaxWaitSeconds
+		}
+		instr, err := a.client.Instructions(ctx, a.ns, a.id, req)
+		if req.WaitSeconds > 0 && client.IsStatus(err, http.StatusBadRequest) {
+			a.log.Info("the agent API does not hold heartbeats; polling without waitSeconds", "error", err.Error())
+			a.noWait = true
+			continue
+		}
 		if err := a.classify(err); err != nil {
 			return err
 		}

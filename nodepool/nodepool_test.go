@@ -1041,3 +1041,31 @@ func TestEraseDebtFollowsTheHardware(t *testing.T) {
 		require.False(t, lifecycle.SanitizationOwed(a), "%s owes nothing: %+v", free.ID, a.Status.DiskSanitization)
 	}
 }
+
+// A heartbeat the agent lets the service hold is answered as soon as its
+// host is bound and the installation handed over, not at its next poll;
+// held for nothing, it tells the host to come back after the rest of the
+// poll interval, so that holding costs no more requests than polling.
+func TestHeldHeartbeatAnsweredWhenBound(t *testing.T) {
+	e := start(t, true)
+	h := e.readyHost(1, map[string]string{"pool": "a"})
+	t0 := time.Now()
+	in, err := h.HeartbeatWait(2)
+	require.NoError(t, err)
+	require.Empty(t, in.Steps)
+	require.GreaterOrEqual(t, time.Since(t0), 2*time.Second, "held for its wait")
+	require.Equal(t, int(agentwire.DefaultPollInterval/time.Second)-2, in.PollSeconds, "the rest of the poll interval")
+
+	got := make(chan agentwire.Instructions, 1)
+	go func() {
+		in, err := h.HeartbeatWait(agentwire.MaxWaitSeconds)
+		assert.NoError(t, err)
+		got <- in
+	}()
+	time.Sleep(time.Second) // held: the host is not bound yet
+	e.bind(h)
+	in = <-got
+	require.Len(t, in.Steps, 1, "the held heartbeat is answered with the install step (held to its end, it would be empty)")
+	require.Equal(t, agentwire.StepInstall, in.Steps[0].Kind)
+	require.Equal(t, int(agentwire.DefaultPollInterval/time.Second), in.PollSeconds)
+}

@@ -400,9 +400,11 @@ func (s *Server) growReceiveBuffer(conn net.PacketConn, name string) {
 	switch {
 	case err != nil:
 		s.cfg.Log.Info("could not size the socket's receive buffer; a boot storm may lose requests to retransmission", "socket", name, "error", err.Error())
-	case got < receiveBuffer:
+	case got < 2*receiveBuffer:
+		// The kernel doubles what it grants (for its bookkeeping) and
+		// reports that.
 		s.cfg.Log.Info("the kernel grants the socket a smaller receive buffer than asked: requests of a boot storm beyond it wait for the firmware's retransmission (4 s); raise net.core.rmem_max, or grant CAP_NET_ADMIN",
-			"socket", name, "grantedKiB", got>>10, "askedKiB", receiveBuffer>>10)
+			"socket", name, "grantedKiB", got>>11, "askedKiB", receiveBuffer>>10)
 	}
 }
 

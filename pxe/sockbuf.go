@@ -17,8 +17,8 @@ const receiveBuffer = 4 << 20
 
 // growReceiveBuffer asks for receiveBuffer on conn: beyond
 // net.core.rmem_max when the process may (CAP_NET_ADMIN), else up to it.
-// It returns the size the kernel granted (its doubled figure, as
-// getsockopt reports it).
+// It returns the size the kernel reports: twice what it granted, the
+// doubling its own bookkeeping.
 func growReceiveBuffer(conn net.PacketConn) (int, error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {

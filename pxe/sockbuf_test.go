@@ -17,7 +17,7 @@ func TestReceiveBufferGrown(t *testing.T) {
 	got, err := growReceiveBuffer(conn)
 	require.NoError(t, err)
 	if os.Geteuid() == 0 {
-		require.GreaterOrEqual(t, got, receiveBuffer)
+		require.GreaterOrEqual(t, got, 2*receiveBuffer, "the kernel reports twice what it grants")
 	} else {
 		require.Positive(t, got)
 	}

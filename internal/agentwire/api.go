@@ -141,7 +141,18 @@ const (
 type InstructionsRequest struct {
 	Time       time.Time   `json:"time"`
 	NTPSources []NTPSource `json:"ntpSources,omitempty"`
+	// WaitSeconds is how long the agent lets the service hold a heartbeat
+	// that has no work for it yet, answering as soon as some comes (a long
+	// poll): a host bound to a cluster gets its install step at once, not
+	// at its next heartbeat. The service holds it at most MaxWaitSeconds;
+	// 0 (older agents): answer at once.
+	WaitSeconds int `json:"waitSeconds,omitempty"`
 }
+
+// MaxWaitSeconds is the longest a heartbeat is held: well inside the HTTP
+// timeouts of the agent (30 s for the answer to begin) and of the service
+// (30 s to write it).
+const MaxWaitSeconds = 15
 
 // NTPSource is one time source of the host.
 type NTPSource struct {

@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -69,7 +70,17 @@ type Install struct {
 }
 
 // Name is the handover ConfigMap's name for the Agent with uid.
-func Name(a *v1beta1.Agent) string { return "install-" + string(a.UID) }
+func Name(a *v1beta1.Agent) string { return namePrefix + string(a.UID) }
+
+const namePrefix = "install-"
+
+// AgentUID is the UID of the Agent whose handover cm is, if it is one.
+func AgentUID(cm *corev1.ConfigMap) (string, bool) {
+	if cm.Labels[Label] != "true" {
+		return "", false
+	}
+	return strings.CutPrefix(cm.Name, namePrefix)
+}
 
 // Inputs is a digest of everything of the Agent and its InfraEnv an
 // installation is made from: the Agent's identity, the InfraEnv it

@@ -228,9 +228,13 @@ func (h *Host) PutInventory(inv *agentwire.Inventory) error {
 }
 
 // Heartbeat asks for instructions.
-func (h *Host) Heartbeat() (agentwire.Instructions, error) {
+func (h *Host) Heartbeat() (agentwire.Instructions, error) { return h.HeartbeatWait(0) }
+
+// HeartbeatWait asks for instructions, letting the service hold the
+// request up to wait seconds until there are some, as the agent does.
+func (h *Host) HeartbeatWait(wait int) (agentwire.Instructions, error) {
 	var out agentwire.Instructions
-	err := h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/instructions", h.Token, agentwire.InstructionsRequest{Time: time.Now()}, &out)
+	err := h.call(http.MethodPost, "/api/v1/namespaces/"+h.NS+"/agents/"+h.ID+"/instructions", h.Token, agentwire.InstructionsRequest{Time: time.Now(), WaitSeconds: wait}, &out)
 	return out, err
 }
 

@@ -59,6 +59,9 @@ type Options struct {
 	WritesInFlight int
 	// PollInterval is how often agents heartbeat.
 	PollInterval time.Duration
+	// Waker, when set, lets heartbeats be held until their host has work
+	// (agentwire.InstructionsRequest.WaitSeconds); nil: answered at once.
+	Waker *Waker
 	// LeaseRenewInterval is the most often a Lease is written.
 	LeaseRenewInterval time.Duration
 	// Steps provides instructions; nil gives none.
@@ -141,12 +144,16 @@ var (
 		Name: "agentboot_agent_api_writes_total",
 		Help: "Writes the agent API made to the apiserver, by object.",
 	}, []string{"object"})
+	heldHeartbeats = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "agentboot_agent_api_held_heartbeats",
+		Help: "Heartbeats the agent API holds until their host has work (a long poll).",
+	})
 	registerOnce sync.Once
 )
 
 // New returns the API server.
 func New(o Options) *Server {
-	registerOnce.Do(func() { metrics.Registry.MustRegister(requests, registrationSeconds, writes) })
+	registerOnce.Do(func() { metrics.Registry.MustRegister(requests, registrationSeconds, writes, heldHeartbeats) })
 	if o.Now == nil {
 		o.Now = time.Now
 	}

@@ -34,6 +34,15 @@ import (
 type AgentRef struct {
 	Agent    *v1beta1.Agent
 	InfraEnv *v1beta1.InfraEnv
+	// secret is the host's session, to read the Agent again (a held
+	// heartbeat) and still be sure it is this session's.
+	secret string
+}
+
+// refusal is a per-host call refused after its token was checked.
+type refusal struct {
+	status    int
+	code, msg string
 }
 
 // host authenticates a per-host call: the token must be the one issued to
@@ -60,45 +69,54 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 			tooMany(w)
 			return
 		}
-		var a v1beta1.Agent
-		if err := s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: id}, &a); err != nil {
-			if apierrors.IsNotFound(err) {
-				writeError(w, http.StatusNotFound, "NotFound", "no Agent %s/%s: register again", ns, id)
-				return
-			}
-			writeError(w, http.StatusInternalServerError, "Internal", "internal error")
+		ref, no := s.resolve(r.Context(), ns, id, secret, true, remoteIP(r))
+		if no != nil {
+			writeError(w, no.status, no.code, "%s", no.msg)
 			return
 		}
-		if !hosts.InSession(&a, secret) {
-			// A session begun a moment ago may not be in the cache yet.
-			if err := s.o.APIReader.Get(r.Context(), client.ObjectKeyFromObject(&a), &a); err != nil || !hosts.InSession(&a, secret) {
-				writeError(w, http.StatusUnauthorized, "Unauthorized", "unauthorized: this host's session ended (another registration began a new one)")
-				return
-			}
+		h(w, r, ref)
+	})
+}
+
+// resolve reads the Agent of session secret and the InfraEnv it registered
+// through. first: the call has just come, from address from (recorded), not
+// a held heartbeat reading again.
+func (s *Server) resolve(ctx context.Context, ns, id, secret string, first bool, from string) (*AgentRef, *refusal) {
+	var a v1beta1.Agent
+	if err := s.get(ctx, client.ObjectKey{Namespace: ns, Name: id}, &a); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &refusal{http.StatusNotFound, "NotFound", fmt.Sprintf("no Agent %s/%s: register again", ns, id)}
 		}
-		// The InfraEnv the host registered through, from the record: the
-		// Agent's label and owner are for users, and tenant-writable.
-		rec := lifecycle.Registration(&a)
+		return nil, &refusal{http.StatusInternalServerError, "Internal", "internal error"}
+	}
+	if !hosts.InSession(&a, secret) {
+		// A session begun a moment ago may not be in the cache yet.
+		if err := s.o.APIReader.Get(ctx, client.ObjectKeyFromObject(&a), &a); err != nil || !hosts.InSession(&a, secret) {
+			return nil, &refusal{http.StatusUnauthorized, "Unauthorized", "unauthorized: this host's session ended (another registration began a new one)"}
+		}
+	}
+	// The InfraEnv the host registered through, from the record: the
+	// Agent's label and owner are for users, and tenant-writable.
+	rec := lifecycle.Registration(&a)
+	if first {
 		if rec.Contested != "" {
-			if err := s.dispute(r.Context(), &a); err != nil {
+			if err := s.dispute(ctx, &a); err != nil {
 				s.o.Log.Error(err, "mark Agent disputed", "agent", ns+"/"+id)
 			}
 		}
-		if err := s.noteSource(r.Context(), &a, remoteIP(r)); err != nil {
+		if err := s.noteSource(ctx, &a, from); err != nil {
 			s.o.Log.Error(err, "record the host's source address", "agent", ns+"/"+id)
 		}
-		var ie v1beta1.InfraEnv
-		err := s.get(r.Context(), client.ObjectKey{Namespace: ns, Name: rec.InfraEnv}, &ie)
-		if apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != rec.InfraEnvUID) {
-			writeError(w, http.StatusGone, agentwire.CodeInfraEnvGone, "the InfraEnv of Agent %s/%s was deleted", ns, id)
-			return
-		}
-		if err != nil {
-			writeError(w, http.StatusInternalServerError, "Internal", "internal error")
-			return
-		}
-		h(w, r, &AgentRef{Agent: &a, InfraEnv: &ie})
-	})
+	}
+	var ie v1beta1.InfraEnv
+	err := s.get(ctx, client.ObjectKey{Namespace: ns, Name: rec.InfraEnv}, &ie)
+	if apierrors.IsNotFound(err) || (err == nil && string(ie.UID) != rec.InfraEnvUID) {
+		return nil, &refusal{http.StatusGone, agentwire.CodeInfraEnvGone, fmt.Sprintf("the InfraEnv of Agent %s/%s was deleted", ns, id)}
+	}
+	if err != nil {
+		return nil, &refusal{http.StatusInternalServerError, "Internal", "internal error"}
+	}
+	return &AgentRef{Agent: &a, InfraEnv: &ie, secret: secret}, nil
 }
 
 // allowWrite limits the status writes one host causes.
@@ -342,6 +360,9 @@ func validInventory(inv *v1beta1.HostInventory) error {
 // instructions is the heartbeat: it renews the host's Lease (at most every
 // LeaseRenewInterval) and returns the work for the host.
 func (s *Server) instructions(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
+	// A held heartbeat is answered within MaxWaitSeconds of its arrival,
+	// whatever the writes below took.
+	arrived := time.Now()
 	var req agentwire.InstructionsRequest
 	if err := decode(w, r, maxBodyBytes, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
@@ -357,15 +378,105 @@ func (s *Server) instructions(w http.ResponseWriter, r *http.Request, ref *Agent
 	if err := s.storeNTP(r.Context(), ref.Agent, req.NTPSources); err != nil {
 		s.o.Log.Error(err, "store NTP sources", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
 	}
-	steps := []agentwire.Step{}
-	if s.o.Steps != nil {
-		var err error
-		if steps, err = s.o.Steps.Next(r.Context(), ref); err != nil {
-			s.o.Log.Error(err, "next steps", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
-			steps = []agentwire.Step{}
+	poll := s.o.PollInterval
+	wait := min(time.Duration(min(req.WaitSeconds, agentwire.MaxWaitSeconds))*time.Second, poll) - time.Since(arrived)
+	if wait <= 0 || s.o.Waker == nil || !awaitsInstallation(ref.Agent) {
+		writeJSON(w, http.StatusOK, agentwire.Instructions{Steps: s.next(r.Context(), ref), PollSeconds: int(poll / time.Second)})
+		return
+	}
+	release, ok := s.o.Waker.Hold(string(ref.Agent.UID))
+	if !ok {
+		// Another heartbeat of this host is held, the replica holds as
+		// many as it may, or it is shutting down: answered at once.
+		writeJSON(w, http.StatusOK, agentwire.Instructions{Steps: s.next(r.Context(), ref), PollSeconds: int(poll / time.Second)})
+		return
+	}
+	defer release()
+	steps, no := s.hold(r.Context(), ref, wait)
+	if no != nil {
+		writeError(w, no.status, no.code, "%s", no.msg)
+		return
+	}
+	if len(steps) == 0 {
+		// Held for nothing: the rest of the poll interval, so that a host
+		// makes as many requests as without holding.
+		poll = max((poll - time.Since(arrived)).Round(time.Second), time.Second)
+	}
+	writeJSON(w, http.StatusOK, agentwire.Instructions{Steps: steps, PollSeconds: int(poll / time.Second)})
+}
+
+// awaitsInstallation: the host may be given its installation any moment,
+// so its heartbeat is worth holding: approved, and unbound or bound
+// without having started. A host waiting for a person's approval, or
+// installed, has its heartbeats answered at once: each held one costs the
+// replica a connection and a goroutine (some tens of KiB) for 15 s.
+func awaitsInstallation(a *v1beta1.Agent) bool {
+	return a.Spec.Approved && !lifecycle.Started(a) && !lifecycle.SanitizationOwed(a)
+}
+
+// next is the host's work now (none on an error, which is logged).
+func (s *Server) next(ctx context.Context, ref *AgentRef) []agentwire.Step {
+	if s.o.Steps == nil {
+		return []agentwire.Step{}
+	}
+	steps, err := s.o.Steps.Next(ctx, ref)
+	if err != nil {
+		s.o.Log.Error(err, "next steps", "agent", ref.Agent.Namespace+"/"+ref.Agent.Name)
+		return []agentwire.Step{}
+	}
+	if steps == nil {
+		steps = []agentwire.Step{}
+	}
+	return steps
+}
+
+// hold answers a heartbeat that lets the service wait: as soon as the
+// host has work, or after wait with none. Each change of its Agent or of
+// its installation's handover (Waker) has it looked at again, as read
+// afresh from the cache and still in this session.
+func (s *Server) hold(ctx context.Context, ref *AgentRef, wait time.Duration) ([]agentwire.Step, *refusal) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	id := agentID{ns: ref.Agent.Namespace, name: ref.Agent.Name, uid: string(ref.Agent.UID), secret: ref.secret}
+	for {
+		steps, no, woken := s.look(ctx, id, ref, t.C)
+		if no != nil || len(steps) > 0 {
+			return steps, no
+		}
+		if !woken || s.o.Waker.ShuttingDown() {
+			return []agentwire.Step{}, nil
+		}
+		// Read again after each wake: nothing of the Agent is referenced
+		// while the heartbeat waits.
+		ref = nil
+	}
+}
+
+// agentID is what a held heartbeat keeps of its host while it waits.
+type agentID struct{ ns, name, uid, secret string }
+
+// look watches the host's Agent, reads it afresh (unless ref was just
+// read), and returns its work if it has some; otherwise it waits for a wake
+// (woken), the timer or the request's end. Watched before it reads, a
+// change made while it reads wakes the wait.
+func (s *Server) look(ctx context.Context, id agentID, ref *AgentRef, timer <-chan time.Time) (steps []agentwire.Step, no *refusal, woken bool) {
+	wake, stop := s.o.Waker.Watch(id.uid)
+	defer stop()
+	if ref == nil {
+		if ref, no = s.resolve(ctx, id.ns, id.name, id.secret, false, ""); no != nil {
+			return nil, no, false
 		}
 	}
-	writeJSON(w, http.StatusOK, agentwire.Instructions{Steps: steps, PollSeconds: int(s.o.PollInterval / time.Second)})
+	if steps := s.next(ctx, ref); len(steps) > 0 {
+		return steps, nil, false
+	}
+	select {
+	case <-wake:
+		return nil, nil, true
+	case <-timer:
+	case <-ctx.Done():
+	}
+	return []agentwire.Step{}, nil, false
 }
 
 func (s *Server) storeNTP(ctx context.Context, a *v1beta1.Agent, srcs []agentwire.NTPSource) error {

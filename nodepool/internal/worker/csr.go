@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -91,45 +92,70 @@ func listKubeletCSRs(ctx context.Context, hc kubernetes.Interface) ([]certificat
 
 // csrListAge is how long one list of a hosted cluster's kubelet CSRs
 // serves all its hosts' polls: 200 hosts joining a cluster, polled every
-// 2 s, list them once a second, not 100 times.
+// 2 s, list them once a second, not 100 times. A CSR is approved only on
+// a list made for that poll (approveCSRs lists again first).
 const csrListAge = time.Second
 
 // csrLists are the latest kubelet CSRs of each hosted cluster (by its
 // client), listed at most once per csrListAge, and again at once after
-// an approval there.
+// an approval there. One list call at a time per cluster: the others
+// wait for it (or for their own request's end), and share its answer,
+// its error too, so that a cluster whose apiserver hangs holds one poll
+// for the call's timeout, not each of them in turn.
 type csrLists struct {
 	mu sync.Mutex
 	m  map[kubernetes.Interface]*csrList
 }
 
 type csrList struct {
-	mu sync.Mutex // one list call at a time per cluster; the others wait for it
 	// changes counts approvals in the cluster: a list begun before one is
 	// not served after it.
 	changes atomic.Uint64
-	listed  bool
-	seen    uint64 // changes when items were listed
-	at      time.Time
-	items   []certificatesv1.CertificateSigningRequest
-	used    time.Time
+	// The rest under csrLists.mu.
+	listed   bool
+	seen     uint64 // changes when it was listed
+	at       time.Time
+	items    []certificatesv1.CertificateSigningRequest
+	err      error
+	inflight chan struct{} // closed when the list being made is done
+	used     time.Time
 }
 
 // list returns hc's kubelet CSRs, shared: the slice and its CSRs must not
-// be changed.
-func (l *csrLists) list(ctx context.Context, hc kubernetes.Interface, now time.Time) ([]certificatesv1.CertificateSigningRequest, error) {
-	e := l.entry(hc, now)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	changes := e.changes.Load()
-	if e.listed && e.seen == changes && now.Sub(e.at) < csrListAge && !now.Before(e.at) {
-		return e.items, nil
+// be changed. fresh asks for a list made now (not one up to csrListAge
+// old); cached says the answer was shared.
+func (l *csrLists) list(ctx context.Context, hc kubernetes.Interface, now time.Time, fresh bool) (items []certificatesv1.CertificateSigningRequest, cached bool, err error) {
+	for {
+		l.mu.Lock()
+		e := l.entry(hc, now)
+		if !fresh && e.listed && e.seen == e.changes.Load() && now.Sub(e.at) < csrListAge && !now.Before(e.at) {
+			items, err := e.items, e.err
+			l.mu.Unlock()
+			return items, true, err
+		}
+		if e.inflight != nil {
+			done := e.inflight
+			l.mu.Unlock()
+			select {
+			case <-done:
+				// Shared unless fresh: that one may have begun before
+				// this call.
+				continue
+			case <-ctx.Done():
+				return nil, false, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		e.inflight = done
+		changes := e.changes.Load()
+		l.mu.Unlock()
+		items, err := listKubeletCSRs(ctx, hc)
+		l.mu.Lock()
+		e.items, e.err, e.listed, e.seen, e.at, e.inflight = items, err, true, changes, now, nil
+		close(done)
+		l.mu.Unlock()
+		return items, false, err
 	}
-	items, err := listKubeletCSRs(ctx, hc)
-	if err != nil {
-		return nil, err
-	}
-	e.items, e.listed, e.seen, e.at = items, true, changes, now
-	return items, nil
 }
 
 // changed says an approval was made (or tried) in hc's cluster.
@@ -144,15 +170,13 @@ func (l *csrLists) changed(hc kubernetes.Interface) {
 
 // entry is hc's list, made on first use; lists unused for a minute (a
 // cluster without joining hosts, a client replaced on rotation) are
-// dropped.
+// dropped. l.mu is held.
 func (l *csrLists) entry(hc kubernetes.Interface, now time.Time) *csrList {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.m == nil {
 		l.m = map[kubernetes.Interface]*csrList{}
 	}
 	for k, e := range l.m {
-		if k != hc && now.Sub(e.used) > time.Minute {
+		if k != hc && e.inflight == nil && now.Sub(e.used) > time.Minute {
 			delete(l.m, k)
 		}
 	}
@@ -209,7 +233,20 @@ func (cc csrContext) clientNotBefore() (time.Time, string) {
 // (zero: not known). confirm is asked before the first approval whether the
 // binding still holds.
 func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated, rebooted time.Time, confirm func() error) (mine, approved int, err error) {
-	items, err := r.csrs.list(ctx, hc, r.Now())
+	mine, approved, err = r.approveFrom(ctx, hc, a, hostname, nodeExists, machineCreated, rebooted, confirm, false)
+	if errors.Is(err, errListAgain) {
+		// Something to approve, seen in a shared list up to a second old:
+		// decided again on one made now (a second client CSR for the same
+		// Node, or a flood, made since must be seen).
+		return r.approveFrom(ctx, hc, a, hostname, nodeExists, machineCreated, rebooted, confirm, true)
+	}
+	return mine, approved, err
+}
+
+var errListAgain = errors.New("approve on a list made now")
+
+func (r *Reconciler) approveFrom(ctx context.Context, hc kubernetes.Interface, a *v1beta1.Agent, hostname string, nodeExists bool, machineCreated, rebooted time.Time, confirm func() error, fresh bool) (mine, approved int, err error) {
+	items, cached, err := r.csrs.list(ctx, hc, r.Now(), fresh)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -255,6 +292,9 @@ func (r *Reconciler) approveCSRs(ctx context.Context, hc kubernetes.Interface, a
 		if why != "" {
 			r.refuse(a, csr.Name, why)
 			continue
+		}
+		if cached {
+			return mine, approved, errListAgain
 		}
 		if err := confirm(); err != nil {
 			return mine, approved, err

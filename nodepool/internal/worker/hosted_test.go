@@ -195,7 +195,7 @@ func TestCSRListsShared(t *testing.T) {
 	listAt := func(c kubernetes.Interface, at time.Duration) int64 {
 		t.Helper()
 		before := calls.Load()
-		_, err := lists.list(ctx, c, t0.Add(at))
+		_, _, err := lists.list(ctx, c, t0.Add(at), false)
 		require.NoError(t, err)
 		return calls.Load() - before
 	}
@@ -204,7 +204,7 @@ func TestCSRListsShared(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 50 {
 		wg.Add(1)
-		go func() { defer wg.Done(); _, _ = lists.list(ctx, hc, t0.Add(500*time.Millisecond)) }()
+		go func() { defer wg.Done(); _, _, _ = lists.list(ctx, hc, t0.Add(500*time.Millisecond), false) }()
 	}
 	wg.Wait()
 	require.Equal(t, perList, calls.Load(), "50 polls within the second share the list")
@@ -213,6 +213,21 @@ func TestCSRListsShared(t *testing.T) {
 	require.Equal(t, perList, listAt(hc, 700*time.Millisecond), "after an approval the next poll lists again")
 	require.Zero(t, listAt(hc, 800*time.Millisecond))
 	require.Equal(t, perList, listAt(hc, 1800*time.Millisecond), "a second later, again")
+	before := calls.Load()
+	_, cached, err := lists.list(ctx, hc, t0.Add(1900*time.Millisecond), true)
+	require.NoError(t, err)
+	require.False(t, cached)
+	require.Equal(t, perList, calls.Load()-before, "a list asked fresh (to approve on) is made now")
+
+	// A cluster whose apiserver fails: the error is shared too, and a
+	// poll whose request ends stops waiting.
+	broken, err := kubernetes.NewForConfig(&rest.Config{Host: "https://127.0.0.1:1", Timeout: time.Second})
+	require.NoError(t, err)
+	_, _, err = lists.list(ctx, broken, t0, false)
+	require.Error(t, err)
+	_, cached, err = lists.list(ctx, broken, t0.Add(100*time.Millisecond), false)
+	require.Error(t, err)
+	require.True(t, cached, "the error is shared for the second, not met again by each poll")
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

@@ -105,7 +105,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.Poll = 10 * time.Second
 	}
 	if r.JoinPoll <= 0 {
-		r.JoinPoll = min(2*time.Second, r.Poll)
+		r.JoinPoll = min(defaultJoinPoll, r.Poll)
 	}
 	if r.CallTimeout <= 0 {
 		r.CallTimeout = 30 * time.Second
@@ -130,6 +130,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrentPolls}).
 		Complete(observe.Passes(r, r.Passes))
 }
+
+// defaultJoinPoll is how often a host that rebooted into its installation
+// is looked for in its hosted cluster.
+const defaultJoinPoll = 2 * time.Second
 
 // concurrentPolls is how many bound Agents the worker looks at at once.
 const concurrentPolls = 8

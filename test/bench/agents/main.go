@@ -51,6 +51,7 @@ func main() {
 	n := flag.Int("agents", 2000, "simulated hosts")
 	ramp := flag.Duration("ramp", 40*time.Second, "hosts start evenly over this time, as racks powering on")
 	poll := flag.Duration("poll", 20*time.Second, "heartbeat interval")
+	flag.BoolVar(&holdHeartbeats, "hold", true, "hosts let the agent API hold their heartbeats until there is work, as the agent does (false: as agents before 2026-11-28)")
 	window := flag.Duration("window", 90*time.Second, "steady-state measurement window")
 	infraEnvs := flag.Int("infraenvs", 1, "InfraEnvs the hosts are spread over, each in a namespace of its own (a site's teams or racks)")
 	inFlight := flag.Int("writes-in-flight", 0, "the manager's --agent-api-writes-in-flight (0: its default)")
@@ -332,7 +333,7 @@ func run(o options) error {
 			time.Sleep(time.Second)
 		}
 		time.Sleep(poll)
-		boundLine = fmt.Sprintf("bound: %d hosts installed (stage Done) and %d joining (Joined, their Nodes not Ready, polled every 10 s), over %d hosted clusters; "+
+		boundLine = fmt.Sprintf("bound: %d hosts installed (stage Done) and %d joining (Joined, their Nodes not Ready, polled every 2 s), over %d hosted clusters; "+
 			"none heartbeats any more; bound and taken in after %s", nb, ni, k, time.Since(t).Round(time.Second))
 	}
 
@@ -560,6 +561,9 @@ func (r *retryCounts) String() string {
 	return strings.Join(parts, ", ")
 }
 
+// holdHeartbeats: hosts send waitSeconds, as the agent does.
+var holdHeartbeats bool
+
 // live heartbeats every poll until ctx ends, recording each heartbeat's
 // latency in l when it is not nil.
 func (h *host) live(ctx context.Context, poll time.Duration, l *latencies, reauth *atomic.Int64) {
@@ -574,14 +578,25 @@ func (h *host) live(ctx context.Context, poll time.Duration, l *latencies, reaut
 		case <-t.C:
 		}
 		start := time.Now()
-		err := h.do(ctx, http.MethodPost, path, h.token, agentwire.InstructionsRequest{Time: time.Now()}, nil)
+		// As the agent: the service may hold the heartbeat until there is
+		// work, and says when to come next.
+		var in agentwire.Instructions
+		req := agentwire.InstructionsRequest{Time: time.Now()}
+		if holdHeartbeats {
+			req.WaitSeconds = agentwire.MaxWaitSeconds
+		}
+		err := h.do(ctx, http.MethodPost, path, h.token, req, &in)
 		if l != nil && ctx.Err() == nil {
 			l.add(time.Since(start), err)
 		}
 		if reauth != nil && (agentclient.IsStatus(err, http.StatusUnauthorized) || agentclient.IsStatus(err, http.StatusNotFound)) {
 			reauth.Add(1)
 		}
-		t.Reset(poll)
+		next := poll
+		if err == nil && in.PollSeconds > 0 {
+			next = time.Duration(in.PollSeconds) * time.Second
+		}
+		t.Reset(next)
 	}
 }
 

@@ -42,6 +42,7 @@ import (
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	"github.com/agentboot/agentboot/internal/conditions"
 	"github.com/agentboot/agentboot/test/bench/internal/proc"
+	"github.com/agentboot/agentboot/test/bench/internal/stats"
 	"github.com/agentboot/agentboot/test/netns"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/testenv"
@@ -69,16 +70,41 @@ func storm(o options) error {
 			return fmt.Errorf("%s not found: install the Debian packages in .ci/packages", tool)
 		}
 	}
+	// What the run changes is undone in reverse on every way out: its
+	// return, or an interrupt at any point (then the logs go too).
+	var (
+		mu   sync.Mutex
+		undo []func()
+	)
+	later := func(f func()) { mu.Lock(); undo = append(undo, f); mu.Unlock() }
+	undoAll := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		undo = nil
+	}
+	defer undoAll()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	go func() {
+		if _, ok := <-sig; ok {
+			undoAll()
+			os.Exit(130)
+		}
+	}()
 	dir, err := os.MkdirTemp("", "agentboot-bench-storm-")
 	if err != nil {
 		return err
 	}
 	keep := false
-	defer func() {
+	later(func() {
 		if !keep {
 			os.RemoveAll(dir)
 		}
-	}()
+	})
 	// A segment of a thousand hosts needs a neighbour table for them, and
 	// the kernel keeps one for every namespace together: its default stops
 	// at 1024 entries and reclaims above 512. A broadcast is a copy for
@@ -99,14 +125,14 @@ func storm(o options) error {
 	if err != nil {
 		return err
 	}
-	defer restore()
+	later(restore)
 	netns.RemoveStale(prefix)
 	id := prefix + strconv.Itoa(os.Getpid())
 	server, err := netns.New(id + "-server")
 	if err != nil {
 		return err
 	}
-	defer server.Close()
+	later(server.Close)
 	names := make([]string, o.storm)
 	for i := range names {
 		names[i] = fmt.Sprintf("%s-c%d", id, i)
@@ -115,16 +141,7 @@ func storm(o options) error {
 	if err != nil {
 		return err
 	}
-	defer netns.CloseMany(clients)
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		server.Close()
-		netns.CloseMany(clients)
-		restoreSysctls()
-		os.Exit(130)
-	}()
+	later(func() { netns.CloseMany(clients) })
 	lines := []string{
 		"link add br0 type bridge",
 		"link set br0 up",
@@ -160,8 +177,6 @@ func storm(o options) error {
 	}
 	return nil
 }
-
-var restoreSysctls = func() {}
 
 // sysctl is one of the kernel's settings (its path under /proc/sys) and a
 // value.
@@ -201,7 +216,6 @@ func raiseSysctls(want []sysctl) (func(), error) {
 		}
 		undo = append(undo, func() { _ = os.WriteFile(path, old, 0o644) })
 	}
-	restoreSysctls = restore
 	return restore, nil
 }
 
@@ -640,19 +654,12 @@ func (r roundResult) rate() float64 {
 	return float64(r.booted) / r.last.Seconds()
 }
 
-func percentile(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[min(len(s)-1, len(s)*p/100)]
+func (r roundResult) pct(p int) time.Duration {
+	return stats.Percentile(r.totals, p).Round(time.Millisecond)
 }
 
-func (r roundResult) pct(p int) time.Duration { return percentile(r.totals, p).Round(time.Millisecond) }
-
 func (r roundResult) phasePct(i, p int) time.Duration {
-	return percentile(r.phases[i], p).Round(time.Millisecond)
+	return stats.Percentile(r.phases[i], p).Round(time.Millisecond)
 }
 
 func (r roundResult) String() string {
