@@ -272,6 +272,8 @@ func stormRun(args []string) error {
 	fmt.Printf("| DHCP retransmissions (firmware 4, 8, 16, 32 s) | %d | %d | |\n", a.dhcpRetx, d.dhcpRetx)
 	fmt.Printf("| TFTP retransmissions (timeout 4 s) | %d | %d | |\n", a.tftpRetx, d.tftpRetx)
 	fmt.Printf("| HTTP answers to retry (503, as iPXE after Retry-After) | %d | %d | |\n", a.httpRetry, d.httpRetry)
+	fmt.Printf("| memory per client: DHCP and TFTP server (agentboot pxe / dnsmasq) | %s | %s | |\n", perClient(a.bootMemory, len(clients)), perClient(d.bootMemory, len(clients)))
+	fmt.Printf("| memory per client: HTTP server (image service / static) | %s | %s | |\n", perClient(a.httpMemory, len(clients)), perClient(d.httpMemory, len(clients)))
 	// The baseline's failures are reported above; agentboot's fail the run.
 	for i, r := range results["agentboot"] {
 		if r.failed > 0 {
@@ -291,6 +293,7 @@ type served struct {
 // stormFiles is what runs for the whole storm, and the files' sums.
 type stormFiles struct {
 	procs          []*proc.Proc
+	images, static *proc.Proc // the HTTP servers of each side
 	env            *testenv.Env
 	initrd, kernel served
 	staticScript   string
@@ -357,7 +360,7 @@ func stormServers(dir, agentboot, repo string) (f *stormFiles, err error) {
 	if err != nil {
 		return f, err
 	}
-	f.procs = append(f.procs, svc)
+	f.procs, f.images = append(f.procs, svc), svc
 	if err := stormInfraEnv(ctx, c); err != nil {
 		return f, fmt.Errorf("%w (logs: %s, %s)", err, mgr.Log, svc.Log)
 	}
@@ -397,7 +400,7 @@ func stormServers(dir, agentboot, repo string) (f *stormFiles, err error) {
 	if err != nil {
 		return f, err
 	}
-	f.procs = append(f.procs, st)
+	f.procs, f.static = append(f.procs, st), st
 	if _, err := waitScript(base + "boot.ipxe"); err != nil {
 		return f, fmt.Errorf("static server: %w (log: %s)", err, st.Log)
 	}
@@ -569,10 +572,18 @@ func stormRound(name, dir, agentboot string, clients []*bootClient, files *storm
 		}()
 	}
 	time.Sleep(time.Second) // every client on its thread in its namespace
+	// What each server holds per booting client: its peak resident
+	// memory during the storm over its own before it.
+	web := files.images
+	if name == "dnsmasq" {
+		web = files.static
+	}
+	bootPeak, webPeak := peakOver(p), peakOver(web)
 	t0 := time.Now()
 	close(start)
 	wg.Wait()
 	res.wall = time.Since(t0)
+	res.bootMemory, res.httpMemory = bootPeak(), webPeak()
 	dropsAfter, err := udpReceiveDrops()
 	if err != nil {
 		return res, err
@@ -600,6 +611,38 @@ type roundResult struct {
 	// serverDrops is the UDP datagrams the servers' namespace dropped
 	// for a full receive buffer.
 	serverDrops int64
+	// bootMemory and httpMemory are the DHCP/TFTP server's and the HTTP
+	// server's resident memory: before the storm, and its peak during.
+	bootMemory, httpMemory [2]int64
+}
+
+// peakOver samples p's resident memory every 50 ms from now until the
+// returned function is called, which gives it before and at its peak.
+func peakOver(p *proc.Proc) func() [2]int64 {
+	before := p.RSS()
+	stop := make(chan struct{})
+	peak := make(chan int64, 1)
+	go func() {
+		m := before
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				peak <- max(m, p.RSS())
+				return
+			case <-t.C:
+				m = max(m, p.RSS())
+			}
+		}
+	}()
+	return func() [2]int64 { close(stop); return [2]int64{before, <-peak} }
+}
+
+// perClient is what a server held per client, in KiB, over what it held
+// before, and its peak in MiB.
+func perClient(m [2]int64, clients int) string {
+	return fmt.Sprintf("%d KiB (%d → %d MiB)", (m[1]-m[0])/int64(clients)>>10, m[0]>>20, m[1]>>20)
 }
 
 // udpReceiveDrops is this namespace's count of UDP datagrams dropped for a
