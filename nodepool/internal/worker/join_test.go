@@ -2,13 +2,20 @@ package worker
 
 import (
 	"context"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/lru"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -74,4 +81,67 @@ func TestJoinConfirmsTheBinding(t *testing.T) {
 	require.Equal(t, v1beta1.StageDone, got.Status.Progress.CurrentStage)
 	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(node), node))
 	require.Equal(t, "a", node.Labels["pool"])
+}
+
+// A hosted cluster whose apiserver hangs holds at most two of the worker's
+// polls for their calls' timeout: the next poll of one of its hosts is put
+// off at once, leaving the worker to other tenants' clusters.
+func TestHungClusterHoldsTwoPolls(t *testing.T) {
+	env := testenv.StartT(t, testenv.Options{HyperShift: true})
+	ctx := context.Background()
+	c := env.Client
+	cl := bindtest.NewCluster(t, ctx, c)
+	var mu sync.Mutex
+	inFlight := 0
+	release := make(chan struct{})
+	hung := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inFlight++
+		mu.Unlock()
+		<-release
+		http.Error(w, "hung", http.StatusServiceUnavailable)
+	}))
+	defer hung.Close()
+	defer close(release)
+	kc, err := clientcmd.Write(clientcmdapi.Config{
+		Clusters:       map[string]*clientcmdapi.Cluster{"c": {Server: hung.URL, CertificateAuthorityData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hung.Certificate().Raw})}},
+		AuthInfos:      map[string]*clientcmdapi.AuthInfo{"u": {Token: "t"}},
+		Contexts:       map[string]*clientcmdapi.Context{"x": {Cluster: "c", AuthInfo: "u"}},
+		CurrentContext: "x",
+	})
+	require.NoError(t, err)
+	require.NoError(t, c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: bindtest.CP, Name: bindtest.KubeconfigSecret},
+		Data: map[string][]byte{"kubeconfig": kc}}))
+	var reqs []ctrl.Request
+	for i := range 3 {
+		a, _ := cl.Bind(ctx, fmt.Sprintf("00000000-0000-4000-8000-00000000000%d", i+1), fmt.Sprintf("vcluster2-m%d", i))
+		require.NoError(t, c.Create(ctx, a))
+		now := metav1.Now()
+		a.Status.Registration = &v1beta1.AgentRegistration{NodeName: fmt.Sprintf("host-%d", i+1)}
+		a.Status.Progress = v1beta1.HostProgressInfo{CurrentStage: v1beta1.StageJoined, StageStartTime: &now, StageUpdateTime: &now}
+		require.NoError(t, c.Status().Update(ctx, a))
+		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(a)})
+	}
+	r := &Reconciler{Client: c, APIReader: c, Bindings: c, Events: events.NewFakeRecorder(100), Poll: 10 * time.Second, JoinPoll: 2 * time.Second,
+		CallTimeout: time.Minute, Now: time.Now, refused: lru.New(16),
+		Timeouts: Timeouts{Install: 20 * time.Minute, Join: 30 * time.Minute, Ready: 20 * time.Minute}}
+	done := make(chan struct{}, 2)
+	for _, req := range reqs[:2] {
+		go func() {
+			_, _ = r.Reconcile(ctx, req)
+			done <- struct{}{}
+		}()
+	}
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return inFlight == 2 }, 30*time.Second, 10*time.Millisecond,
+		"two polls wait on the hung apiserver")
+	res, err := r.Reconcile(ctx, reqs[2])
+	require.NoError(t, err)
+	require.Equal(t, 2*time.Second, res.RequeueAfter, "the third poll of the hung cluster is put off")
+	mu.Lock()
+	require.Equal(t, 2, inFlight, "and made no call to it")
+	mu.Unlock()
+	release <- struct{}{}
+	release <- struct{}{}
+	<-done
+	<-done
 }

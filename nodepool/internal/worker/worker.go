@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -85,6 +86,7 @@ type Reconciler struct {
 
 	clients clients
 	csrs    csrLists
+	busy    clusterPolls
 	// refused remembers the last refusal event per CSR, so each is said
 	// once (bounded: CSRs come and go).
 	refused *lru.Cache
@@ -129,6 +131,38 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// 10 s would each have to take under 20 ms.
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrentPolls}).
 		Complete(observe.Passes(r, r.Passes))
+}
+
+// maxPollsPerCluster is how many of the worker's concurrentPolls one
+// hosted cluster may hold at once: a cluster whose apiserver hangs (a
+// tenant's webhook on CSR approval, say) holds these for their calls'
+// timeout, not every poll of every tenant's hosts.
+const maxPollsPerCluster = 2
+
+// clusterPolls counts the polls in flight per hosted cluster (by client).
+type clusterPolls struct {
+	mu sync.Mutex
+	n  map[kubernetes.Interface]int
+}
+
+// take claims one of hc's polls; ok is false when it holds all of its.
+func (c *clusterPolls) take(hc kubernetes.Interface) (release func(), ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[kubernetes.Interface]int{}
+	}
+	if c.n[hc] >= maxPollsPerCluster {
+		return nil, false
+	}
+	c.n[hc]++
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.n[hc]--; c.n[hc] <= 0 {
+			delete(c.n, hc)
+		}
+	}, true
 }
 
 // defaultJoinPoll is how often a host that rebooted into its installation
@@ -183,6 +217,14 @@ func (r *Reconciler) join(ctx context.Context, a *v1beta1.Agent) (ctrl.Result, e
 	if err != nil {
 		return r.wait(ctx, a, err)
 	}
+	release, ok := r.busy.take(hc)
+	if !ok {
+		// Its cluster already holds its share of the worker's polls (its
+		// apiserver slow, or hung): looked at again shortly, this worker
+		// free for other clusters meanwhile.
+		return ctrl.Result{RequeueAfter: r.JoinPoll}, nil
+	}
+	defer release()
 	// What the cache said holds is enough to look; to approve, or to call
 	// the host joined, the binding must still hold at the apiserver.
 	confirmed := false
