@@ -83,10 +83,10 @@ func TestJoinConfirmsTheBinding(t *testing.T) {
 	require.Equal(t, "a", node.Labels["pool"])
 }
 
-// A hosted cluster whose apiserver hangs holds at most two of the worker's
+// A hosted cluster whose apiserver hangs holds at most half the worker's
 // polls for their calls' timeout: the next poll of one of its hosts is put
 // off at once, leaving the worker to other tenants' clusters.
-func TestHungClusterHoldsTwoPolls(t *testing.T) {
+func TestHungClusterHoldsHalfThePolls(t *testing.T) {
 	env := testenv.StartT(t, testenv.Options{HyperShift: true})
 	ctx := context.Background()
 	c := env.Client
@@ -113,8 +113,8 @@ func TestHungClusterHoldsTwoPolls(t *testing.T) {
 	require.NoError(t, c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: bindtest.CP, Name: bindtest.KubeconfigSecret},
 		Data: map[string][]byte{"kubeconfig": kc}}))
 	var reqs []ctrl.Request
-	for i := range 3 {
-		a, _ := cl.Bind(ctx, fmt.Sprintf("00000000-0000-4000-8000-00000000000%d", i+1), fmt.Sprintf("vcluster2-m%d", i))
+	for i := range maxPollsPerCluster + 1 {
+		a, _ := cl.Bind(ctx, fmt.Sprintf("00000000-0000-4000-8000-%012d", i+1), fmt.Sprintf("vcluster2-m%d", i))
 		require.NoError(t, c.Create(ctx, a))
 		now := metav1.Now()
 		a.Status.Registration = &v1beta1.AgentRegistration{NodeName: fmt.Sprintf("host-%d", i+1)}
@@ -125,23 +125,25 @@ func TestHungClusterHoldsTwoPolls(t *testing.T) {
 	r := &Reconciler{Client: c, APIReader: c, Bindings: c, Events: events.NewFakeRecorder(100), Poll: 10 * time.Second, JoinPoll: 2 * time.Second,
 		CallTimeout: time.Minute, Now: time.Now, refused: lru.New(16),
 		Timeouts: Timeouts{Install: 20 * time.Minute, Join: 30 * time.Minute, Ready: 20 * time.Minute}}
-	done := make(chan struct{}, 2)
-	for _, req := range reqs[:2] {
+	done := make(chan struct{}, maxPollsPerCluster)
+	for _, req := range reqs[:maxPollsPerCluster] {
 		go func() {
 			_, _ = r.Reconcile(ctx, req)
 			done <- struct{}{}
 		}()
 	}
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return inFlight == 2 }, 30*time.Second, 10*time.Millisecond,
-		"two polls wait on the hung apiserver")
-	res, err := r.Reconcile(ctx, reqs[2])
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return inFlight == maxPollsPerCluster }, 30*time.Second, 10*time.Millisecond,
+		"half the worker's polls wait on the hung apiserver")
+	res, err := r.Reconcile(ctx, reqs[maxPollsPerCluster])
 	require.NoError(t, err)
-	require.Equal(t, 2*time.Second, res.RequeueAfter, "the third poll of the hung cluster is put off")
+	require.Equal(t, 2*time.Second, res.RequeueAfter, "the next poll of the hung cluster is put off")
 	mu.Lock()
-	require.Equal(t, 2, inFlight, "and made no call to it")
+	require.Equal(t, maxPollsPerCluster, inFlight, "and made no call to it")
 	mu.Unlock()
-	release <- struct{}{}
-	release <- struct{}{}
-	<-done
-	<-done
+	for range maxPollsPerCluster {
+		release <- struct{}{}
+	}
+	for range maxPollsPerCluster {
+		<-done
+	}
 }

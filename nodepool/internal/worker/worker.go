@@ -128,7 +128,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&v1beta1.Agent{}, builder.WithPredicates(bound)).
 		// A poll waits on a hosted cluster's apiserver (a Node, the
 		// kubelet CSRs): one at a time, 500 joining hosts polled every
-		// 10 s would each have to take under 20 ms.
+		// 2 s would each have to take under 4 ms.
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrentPolls}).
 		Complete(observe.Passes(r, r.Passes))
 }
@@ -136,8 +136,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // maxPollsPerCluster is how many of the worker's concurrentPolls one
 // hosted cluster may hold at once: a cluster whose apiserver hangs (a
 // tenant's webhook on CSR approval, say) holds these for their calls'
-// timeout, not every poll of every tenant's hosts.
-const maxPollsPerCluster = 2
+// timeout, not every poll of every tenant's hosts. Half: one cluster
+// installing 200 hosts needs 8 at once to poll each every 2 s (at 2,
+// make bench-install's CSR approvals took 32 s at the 99th percentile).
+const maxPollsPerCluster = concurrentPolls / 2
 
 // clusterPolls counts the polls in flight per hosted cluster (by client).
 type clusterPolls struct {
@@ -169,8 +171,9 @@ func (c *clusterPolls) take(hc kubernetes.Interface) (release func(), ok bool) {
 // is looked for in its hosted cluster.
 const defaultJoinPoll = 2 * time.Second
 
-// concurrentPolls is how many bound Agents the worker looks at at once.
-const concurrentPolls = 8
+// concurrentPolls is how many bound Agents the worker looks at at once;
+// each mostly waits on a hosted cluster's apiserver.
+const concurrentPolls = 16
 
 // Reconcile moves one bound Agent along.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
