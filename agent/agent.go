@@ -274,7 +274,7 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 			req.WaitSeconds = agentwire.MaxWaitSeconds
 		}
 		instr, err := a.client.Instructions(ctx, a.ns, a.id, req)
-		if req.WaitSeconds > 0 && client.IsStatus(err, http.StatusBadRequest) {
+		if req.WaitSeconds > 0 && client.IsStatus(err, http.StatusBadRequest) && strings.Contains(err.Error(), "waitSeconds") {
 			a.log.Info("the agent API does not hold heartbeats; polling without waitSeconds", "error", err.Error())
 			a.noWait = true
 			continue

@@ -35,8 +35,10 @@ type AgentRef struct {
 	Agent    *v1beta1.Agent
 	InfraEnv *v1beta1.InfraEnv
 	// secret is the host's session, to read the Agent again (a held
-	// heartbeat) and still be sure it is this session's.
-	secret string
+	// heartbeat) and still be sure it is this session's; arrived is when
+	// the request came.
+	secret  string
+	arrived time.Time
 }
 
 // refusal is a per-host call refused after its token was checked.
@@ -49,6 +51,7 @@ type refusal struct {
 // this Agent, so a host can act on its own Agent only.
 func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived := time.Now()
 		ns, id := r.PathValue("namespace"), r.PathValue("id")
 		if !agentwire.UUIDForm.MatchString(id) {
 			writeError(w, http.StatusBadRequest, "BadRequest", "agent ID %q is not a UUID", id)
@@ -74,6 +77,7 @@ func (s *Server) host(h func(http.ResponseWriter, *http.Request, *AgentRef)) htt
 			writeError(w, no.status, no.code, "%s", no.msg)
 			return
 		}
+		ref.arrived = arrived
 		h(w, r, ref)
 	})
 }
@@ -361,8 +365,11 @@ func validInventory(inv *v1beta1.HostInventory) error {
 // LeaseRenewInterval) and returns the work for the host.
 func (s *Server) instructions(w http.ResponseWriter, r *http.Request, ref *AgentRef) {
 	// A held heartbeat is answered within MaxWaitSeconds of its arrival,
-	// whatever the writes below took.
-	arrived := time.Now()
+	// whatever the writes took.
+	arrived := ref.arrived
+	if arrived.IsZero() {
+		arrived = time.Now()
+	}
 	var req agentwire.InstructionsRequest
 	if err := decode(w, r, maxBodyBytes, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequest", "%v", err)
@@ -438,6 +445,9 @@ func (s *Server) hold(ctx context.Context, ref *AgentRef, wait time.Duration) ([
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	id := agentID{ns: ref.Agent.Namespace, name: ref.Agent.Name, uid: string(ref.Agent.UID), secret: ref.secret}
+	// Read again from the first look on: the Agent was read before the
+	// lease was renewed, and a change since then woke no one.
+	ref = nil
 	for {
 		steps, no, woken := s.look(ctx, id, ref, t.C)
 		if no != nil || len(steps) > 0 {

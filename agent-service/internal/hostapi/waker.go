@@ -16,7 +16,6 @@ type Waker struct {
 	mu       sync.Mutex
 	watchers map[string]map[chan struct{}]struct{}
 	holding  map[string]struct{}
-	done     chan struct{}
 	closed   bool
 }
 

@@ -125,37 +125,50 @@ type csrList struct {
 // be changed. fresh asks for a list made now (not one up to csrListAge
 // old); cached says the answer was shared.
 func (l *csrLists) list(ctx context.Context, hc kubernetes.Interface, now time.Time, fresh bool) (items []certificatesv1.CertificateSigningRequest, cached bool, err error) {
-	for {
+	l.mu.Lock()
+	e := l.entry(hc, now)
+	if !fresh && e.listed && e.seen == e.changes.Load() && now.Sub(e.at) < csrListAge && !now.Before(e.at) {
+		items, err := e.items, e.err
+		l.mu.Unlock()
+		return items, true, err
+	}
+	for e.inflight != nil {
+		done := e.inflight
+		l.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
 		l.mu.Lock()
-		e := l.entry(hc, now)
-		if !fresh && e.listed && e.seen == e.changes.Load() && now.Sub(e.at) < csrListAge && !now.Before(e.at) {
+		// The list that was being made when this poll came is its answer,
+		// however long it took (a hung apiserver's error too), unless an
+		// approval was made since or a list made now is asked for.
+		if !fresh && e.listed && e.seen == e.changes.Load() {
 			items, err := e.items, e.err
 			l.mu.Unlock()
 			return items, true, err
 		}
-		if e.inflight != nil {
-			done := e.inflight
-			l.mu.Unlock()
-			select {
-			case <-done:
-				// Shared unless fresh: that one may have begun before
-				// this call.
-				continue
-			case <-ctx.Done():
-				return nil, false, ctx.Err()
-			}
-		}
-		done := make(chan struct{})
-		e.inflight = done
-		changes := e.changes.Load()
-		l.mu.Unlock()
-		items, err := listKubeletCSRs(ctx, hc)
-		l.mu.Lock()
-		e.items, e.err, e.listed, e.seen, e.at, e.inflight = items, err, true, changes, now, nil
-		close(done)
-		l.mu.Unlock()
-		return items, false, err
 	}
+	done := make(chan struct{})
+	e.inflight = done
+	changes := e.changes.Load()
+	l.mu.Unlock()
+	finished := false
+	defer func() { // also when the list panics: its waiters list again
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		// Kept unless this poll's own request ended: its error is not the
+		// cluster's.
+		if finished && ctx.Err() == nil {
+			e.items, e.err, e.listed, e.seen, e.at = items, err, true, changes, now
+		}
+		e.inflight = nil
+		close(done)
+	}()
+	items, err = listKubeletCSRs(ctx, hc)
+	finished = true
+	return items, false, err
 }
 
 // changed says an approval was made (or tried) in hc's cluster.
