@@ -1068,4 +1068,12 @@ func TestHeldHeartbeatAnsweredWhenBound(t *testing.T) {
 	require.Len(t, in.Steps, 1, "the held heartbeat is answered with the install step (held to its end, it would be empty)")
 	require.Equal(t, agentwire.StepInstall, in.Steps[0].Kind)
 	require.Equal(t, int(agentwire.DefaultPollInterval/time.Second), in.PollSeconds)
+
+	// A host waiting for a person's approval is not worth a held request.
+	waiting := e.Register(t, e.ie, 2)
+	t0 = time.Now()
+	in, err = waiting.HeartbeatWait(agentwire.MaxWaitSeconds)
+	require.NoError(t, err)
+	require.Less(t, time.Since(t0), time.Duration(agentwire.MaxWaitSeconds)*time.Second/2, "an unapproved host's heartbeat is answered at once")
+	require.Equal(t, int(agentwire.DefaultPollInterval/time.Second), in.PollSeconds)
 }
