@@ -444,38 +444,34 @@ func (s *Server) next(ctx context.Context, ref *AgentRef) []agentwire.Step {
 func (s *Server) hold(ctx context.Context, ref *AgentRef, wait time.Duration) ([]agentwire.Step, *refusal) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
+	// Every look reads the Agent again, the first too: it was read before
+	// the lease was renewed, and a change since then woke no one. Nothing
+	// of the Agent is referenced while the heartbeat waits.
 	id := agentID{ns: ref.Agent.Namespace, name: ref.Agent.Name, uid: string(ref.Agent.UID), secret: ref.secret}
-	// Read again from the first look on: the Agent was read before the
-	// lease was renewed, and a change since then woke no one.
-	ref = nil
 	for {
-		steps, no, woken := s.look(ctx, id, ref, t.C)
+		steps, no, woken := s.look(ctx, id, t.C)
 		if no != nil || len(steps) > 0 {
 			return steps, no
 		}
 		if !woken || s.o.Waker.ShuttingDown() {
 			return []agentwire.Step{}, nil
 		}
-		// Read again after each wake: nothing of the Agent is referenced
-		// while the heartbeat waits.
-		ref = nil
 	}
 }
 
 // agentID is what a held heartbeat keeps of its host while it waits.
 type agentID struct{ ns, name, uid, secret string }
 
-// look watches the host's Agent, reads it afresh (unless ref was just
-// read), and returns its work if it has some; otherwise it waits for a wake
-// (woken), the timer or the request's end. Watched before it reads, a
-// change made while it reads wakes the wait.
-func (s *Server) look(ctx context.Context, id agentID, ref *AgentRef, timer <-chan time.Time) (steps []agentwire.Step, no *refusal, woken bool) {
+// look watches the host's Agent, reads it afresh, and returns its work if
+// it has some; otherwise it waits for a wake (woken), the timer or the
+// request's end. Watched before it reads, a change made while it reads
+// wakes the wait.
+func (s *Server) look(ctx context.Context, id agentID, timer <-chan time.Time) (steps []agentwire.Step, no *refusal, woken bool) {
 	wake, stop := s.o.Waker.Watch(id.uid)
 	defer stop()
-	if ref == nil {
-		if ref, no = s.resolve(ctx, id.ns, id.name, id.secret, false, ""); no != nil {
-			return nil, no, false
-		}
+	ref, no := s.resolve(ctx, id.ns, id.name, id.secret, false, "")
+	if no != nil {
+		return nil, no, false
 	}
 	if steps := s.next(ctx, ref); len(steps) > 0 {
 		return steps, nil, false
