@@ -113,6 +113,7 @@ type csrList struct {
 	changes atomic.Uint64
 	// The rest under csrLists.mu.
 	listed   bool
+	stored   uint64 // lists kept so far: a waiter takes only one made while it waited
 	seen     uint64 // changes when it was listed
 	at       time.Time
 	items    []certificatesv1.CertificateSigningRequest
@@ -133,7 +134,7 @@ func (l *csrLists) list(ctx context.Context, hc kubernetes.Interface, now time.T
 		return items, true, err
 	}
 	for e.inflight != nil {
-		done := e.inflight
+		done, stored := e.inflight, e.stored
 		l.mu.Unlock()
 		select {
 		case <-done:
@@ -144,7 +145,7 @@ func (l *csrLists) list(ctx context.Context, hc kubernetes.Interface, now time.T
 		// The list that was being made when this poll came is its answer,
 		// however long it took (a hung apiserver's error too), unless an
 		// approval was made since or a list made now is asked for.
-		if !fresh && e.listed && e.seen == e.changes.Load() {
+		if !fresh && e.stored != stored && e.seen == e.changes.Load() {
 			items, err := e.items, e.err
 			l.mu.Unlock()
 			return items, true, err
@@ -162,6 +163,7 @@ func (l *csrLists) list(ctx context.Context, hc kubernetes.Interface, now time.T
 		// cluster's.
 		if finished && ctx.Err() == nil {
 			e.items, e.err, e.listed, e.seen, e.at = items, err, true, changes, now
+			e.stored++
 		}
 		e.inflight = nil
 		close(done)
