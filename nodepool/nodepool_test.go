@@ -1062,7 +1062,12 @@ func TestHeldHeartbeatAnsweredWhenBound(t *testing.T) {
 		assert.NoError(t, err)
 		got <- in
 	}()
-	time.Sleep(time.Second) // held: the host is not bound yet
+	// Bound only once the heartbeat is held (the agent API's gauge says
+	// so): answered by a wake, not by a first look that finds it bound.
+	require.Eventually(t, func() bool {
+		held, _ := stack.Metric(t, "agentboot_agent_api_held_heartbeats", nil)
+		return held == 1
+	}, wait, 10*time.Millisecond, "the heartbeat is held")
 	e.bind(h)
 	in = <-got
 	require.Len(t, in.Steps, 1, "the held heartbeat is answered with the install step (held to its end, it would be empty)")

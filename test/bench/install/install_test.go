@@ -23,6 +23,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
@@ -88,31 +91,10 @@ func TestBenchInstall(t *testing.T) {
 
 	// Bound at once.
 	out := make([]times, *hosts)
-	index := map[string]int{}
-	for i, h := range hs {
-		index[h.ID] = i
-	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
-	var watched sync.WaitGroup
-	watched.Add(1)
+	agents, err := watchAgents(watchCtx, s, ie.Namespace)
+	require.NoError(t, err)
 	var mu sync.Mutex
-	go func() { // when each Agent is bound, as the apiserver has it
-		defer watched.Done()
-		for watchCtx.Err() == nil {
-			var list v1beta1.AgentList
-			if err := s.Client.List(watchCtx, &list, client.InNamespace(ie.Namespace)); err == nil {
-				now := time.Now()
-				mu.Lock()
-				for _, a := range list.Items {
-					if i, ok := index[a.Name]; ok && out[i].bound.IsZero() && a.Labels["agentMachineRef"] != "" {
-						out[i].bound = now
-					}
-				}
-				mu.Unlock()
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}()
 	// Each agent heartbeats on its own phase, as hosts that booted at
 	// different times do; the NodePool is scaled once all of them are.
 	var wg, polling sync.WaitGroup
@@ -123,10 +105,9 @@ func TestBenchInstall(t *testing.T) {
 			defer wg.Done()
 			time.Sleep(rand.N(agentwire.DefaultPollInterval))
 			polling.Done()
-			r := installHost(ctx, s, cluster, h, fmt.Sprintf("host-%d", i+1))
+			r := installHost(ctx, agents, cluster, h, fmt.Sprintf("host-%d", i+1))
+			r.bound = agents.bound(h.ID)
 			mu.Lock()
-			bound := out[i].bound
-			r.bound = bound
 			out[i] = r
 			mu.Unlock()
 		}()
@@ -136,7 +117,6 @@ func TestBenchInstall(t *testing.T) {
 	hc.NodePool("bench", map[string]string{"pool": "a"}).Scale(*hosts)
 	wg.Wait()
 	stopWatch()
-	watched.Wait()
 	wall := time.Since(scaled)
 
 	var failed []string
@@ -173,7 +153,7 @@ func TestBenchInstall(t *testing.T) {
 // installHost plays one bound host from its next heartbeat to Done: the
 // agent polls as told, writes its image when given the install step,
 // reports progress and reboots; its kubelet then joins the hosted cluster.
-func installHost(ctx context.Context, s *stack.Stack, cluster *hosted.Cluster, h *stack.Host, hostname string) (r times) {
+func installHost(ctx context.Context, agents *agentTimes, cluster *hosted.Cluster, h *stack.Host, hostname string) (r times) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.err = fmt.Errorf("kubelet: %v", p)
@@ -218,29 +198,144 @@ func installHost(ctx context.Context, s *stack.Stack, cluster *hosted.Cluster, h
 	r.rebooted = time.Now()
 	kl := &hosted.Kubelet{T: &quiet{}, C: cluster, Name: hostname}
 	kl.CSR(hostname+"-client", hosted.ClientSigner, hosted.Bootstrapper, hostname, nil, nil, hosted.ClientUsages...)
-	for !kl.Approved(hostname + "-client") {
-		if time.Now().After(deadline) {
-			r.err = fmt.Errorf("CSR never approved")
-			return r
-		}
-		time.Sleep(100 * time.Millisecond)
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if err := approved(wctx, cluster, hostname+"-client"); err != nil {
+		r.err = fmt.Errorf("CSR never approved: %w", err)
+		return r
 	}
 	r.approved = time.Now()
 	kl.Register()
 	kl.Ready()
 	r.ready = time.Now()
-	for {
-		var a v1beta1.Agent
-		if err := s.Client.Get(ctx, client.ObjectKey{Namespace: h.NS, Name: h.ID}, &a); err == nil && a.Status.DebugInfo.State == lifecycle.StateAddedToExistingCluster {
-			r.done = time.Now()
-			return r
-		}
-		if time.Now().After(deadline) {
-			r.err = fmt.Errorf("never Done")
-			return r
-		}
-		time.Sleep(100 * time.Millisecond)
+	select {
+	case <-agents.doneCh(h.ID):
+		r.done = agents.done(h.ID)
+	case <-wctx.Done():
+		r.err = fmt.Errorf("never Done")
 	}
+	return r
+}
+
+// approved waits, on a watch, until CSR name is approved.
+func approved(ctx context.Context, cluster *hosted.Cluster, name string) error {
+	csrs := cluster.Admin.CertificatesV1().CertificateSigningRequests()
+	for {
+		csr, err := csrs.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if isApproved(csr) {
+			return nil
+		}
+		w, err := csrs.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: csr.ResourceVersion})
+		if err != nil {
+			return err
+		}
+		for ev := range w.ResultChan() {
+			if c, ok := ev.Object.(*certificatesv1.CertificateSigningRequest); ok && isApproved(c) {
+				w.Stop()
+				return nil
+			}
+		}
+		w.Stop()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+func isApproved(csr *certificatesv1.CertificateSigningRequest) bool {
+	for _, c := range csr.Status.Conditions {
+		if c.Type == certificatesv1.CertificateApproved && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// agentTimes are when each Agent of the namespace was first seen bound and
+// Done, from a watch.
+type agentTimes struct {
+	mu          sync.Mutex
+	boundAt     map[string]time.Time
+	doneAt      map[string]time.Time
+	doneSignals map[string]chan struct{}
+}
+
+// watchAgents records the namespace's Agents until ctx ends.
+func watchAgents(ctx context.Context, s *stack.Stack, ns string) (*agentTimes, error) {
+	wc, err := client.NewWithWatch(s.Env.Config, client.Options{Scheme: s.Client.Scheme()})
+	if err != nil {
+		return nil, err
+	}
+	at := &agentTimes{boundAt: map[string]time.Time{}, doneAt: map[string]time.Time{}, doneSignals: map[string]chan struct{}{}}
+	see := func(a *v1beta1.Agent) {
+		now := time.Now()
+		at.mu.Lock()
+		defer at.mu.Unlock()
+		if _, ok := at.boundAt[a.Name]; !ok && a.Labels["agentMachineRef"] != "" {
+			at.boundAt[a.Name] = now
+		}
+		if _, ok := at.doneAt[a.Name]; !ok && a.Status.DebugInfo.State == lifecycle.StateAddedToExistingCluster {
+			at.doneAt[a.Name] = now
+			close(at.signal(a.Name))
+		}
+	}
+	go func() {
+		for ctx.Err() == nil {
+			var list v1beta1.AgentList
+			if err := wc.List(ctx, &list, client.InNamespace(ns)); err != nil {
+				select { // the apiserver failing: again a moment later
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
+				continue
+			}
+			for i := range list.Items {
+				see(&list.Items[i])
+			}
+			w, err := wc.Watch(ctx, &v1beta1.AgentList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+			if err != nil {
+				continue // listed again
+			}
+			for ev := range w.ResultChan() {
+				if a, ok := ev.Object.(*v1beta1.Agent); ok {
+					see(a)
+				}
+			}
+			w.Stop()
+		}
+	}()
+	return at, nil
+}
+
+// signal is the channel closed when name is Done; at.mu is held.
+func (at *agentTimes) signal(name string) chan struct{} {
+	ch, ok := at.doneSignals[name]
+	if !ok {
+		ch = make(chan struct{})
+		at.doneSignals[name] = ch
+	}
+	return ch
+}
+
+func (at *agentTimes) doneCh(name string) <-chan struct{} {
+	at.mu.Lock()
+	defer at.mu.Unlock()
+	return at.signal(name)
+}
+
+func (at *agentTimes) done(name string) time.Time {
+	at.mu.Lock()
+	defer at.mu.Unlock()
+	return at.doneAt[name]
+}
+
+func (at *agentTimes) bound(name string) time.Time {
+	at.mu.Lock()
+	defer at.mu.Unlock()
+	return at.boundAt[name]
 }
 
 // quiet is the testing.TB a kubelet fails through from a goroutine: it
