@@ -29,8 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/test/bench/internal/infraenv"
 	"github.com/agentboot/agentboot/test/bench/internal/proc"
 	"github.com/agentboot/agentboot/test/lb"
 	"github.com/agentboot/agentboot/test/stack"
@@ -213,32 +212,11 @@ func run(clientList string, duration time.Duration, repeats, failoverClients int
 }
 
 func infraEnv(ctx context.Context, c client.Client) (string, error) {
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
+	ie, err := infraenv.Ready(ctx, c, "bench", nil)
+	if err != nil {
 		return "", err
 	}
-	if err := c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "pull-secret"},
-		Type:       corev1.SecretTypeDockerConfigJson,
-		Data:       map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"quay.io":{"auth":"eDp5"}}}`)},
-	}); err != nil {
-		return "", err
-	}
-	ie := &v1beta1.InfraEnv{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "bench"},
-		Spec: v1beta1.InfraEnvSpec{PullSecretRef: &corev1.LocalObjectReference{Name: "pull-secret"}, CPUArchitecture: "x86_64",
-			SSHAuthorizedKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBench bench"},
-	}
-	if err := c.Create(ctx, ie); err != nil {
-		return "", err
-	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(ie), ie); err == nil && conditions.IsTrue(ie.Status.Conditions, v1beta1.ImageCreatedCondition) {
-			return ie.Status.ISODownloadURL, nil
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return "", fmt.Errorf("InfraEnv image not created: %+v", ie.Status.Conditions)
+	return ie.Status.ISODownloadURL, nil
 }
 
 func newClient(tlsCfg *tls.Config) *http.Client {
@@ -318,25 +296,10 @@ func ttfb(tlsCfg *tls.Config, u string, n int) []time.Duration {
 }
 
 func peakRSS(p *proc.Proc, load func()) int64 {
-	var peak atomic.Int64
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(20 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if r := p.RSS(); r > peak.Load() {
-					peak.Store(r)
-				}
-			}
-		}
-	}()
+	peak := p.Peak()
 	load()
-	close(done)
-	return peak.Load()
+	_, m := peak()
+	return m
 }
 
 func median(xs []float64) float64 {

@@ -39,8 +39,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
-	"github.com/agentboot/agentboot/internal/conditions"
+	"github.com/agentboot/agentboot/test/bench/internal/infraenv"
 	"github.com/agentboot/agentboot/test/bench/internal/proc"
 	"github.com/agentboot/agentboot/test/bench/internal/stats"
 	"github.com/agentboot/agentboot/test/netns"
@@ -413,33 +412,10 @@ func serveStatic(args []string) error {
 	return http.ListenAndServe(args[1], http.FileServer(http.Dir(args[0])))
 }
 
+// stormInfraEnv is the InfraEnv every storm client boots: the PXE default.
 func stormInfraEnv(ctx context.Context, c client.Client) error {
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "storm"}}); err != nil {
-		return err
-	}
-	if err := c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "storm", Name: "pull-secret"},
-		Type:       corev1.SecretTypeDockerConfigJson,
-		Data:       map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"quay.io":{"auth":"eDp5"}}}`)},
-	}); err != nil {
-		return err
-	}
-	ie := &v1beta1.InfraEnv{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "storm", Name: "storm", Labels: map[string]string{"agentboot.io/pxe-default": "true"}},
-		Spec: v1beta1.InfraEnvSpec{PullSecretRef: &corev1.LocalObjectReference{Name: "pull-secret"}, CPUArchitecture: "x86_64",
-			SSHAuthorizedKey: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBench bench"},
-	}
-	if err := c.Create(ctx, ie); err != nil {
-		return err
-	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(ie), ie); err == nil && conditions.IsTrue(ie.Status.Conditions, v1beta1.ImageCreatedCondition) {
-			return nil
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return fmt.Errorf("InfraEnv image not created: %+v", ie.Status.Conditions)
+	_, err := infraenv.Ready(ctx, c, "storm", map[string]string{"agentboot.io/pxe-default": "true"})
+	return err
 }
 
 // waitScript fetches an iPXE script until it names a kernel.
@@ -578,12 +554,13 @@ func stormRound(name, dir, agentboot string, clients []*bootClient, files *storm
 	if name == "dnsmasq" {
 		web = files.static
 	}
-	bootPeak, webPeak := peakOver(p), peakOver(web)
+	bootPeak, webPeak := p.Peak(), web.Peak()
 	t0 := time.Now()
 	close(start)
 	wg.Wait()
 	res.wall = time.Since(t0)
-	res.bootMemory, res.httpMemory = bootPeak(), webPeak()
+	res.bootMemory[0], res.bootMemory[1] = bootPeak()
+	res.httpMemory[0], res.httpMemory[1] = webPeak()
 	dropsAfter, err := udpReceiveDrops()
 	if err != nil {
 		return res, err
@@ -614,29 +591,6 @@ type roundResult struct {
 	// bootMemory and httpMemory are the DHCP/TFTP server's and the HTTP
 	// server's resident memory: before the storm, and its peak during.
 	bootMemory, httpMemory [2]int64
-}
-
-// peakOver samples p's resident memory every 50 ms from now until the
-// returned function is called, which gives it before and at its peak.
-func peakOver(p *proc.Proc) func() [2]int64 {
-	before := p.RSS()
-	stop := make(chan struct{})
-	peak := make(chan int64, 1)
-	go func() {
-		m := before
-		t := time.NewTicker(50 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				peak <- max(m, p.RSS())
-				return
-			case <-t.C:
-				m = max(m, p.RSS())
-			}
-		}
-	}()
-	return func() [2]int64 { close(stop); return [2]int64{before, <-peak} }
 }
 
 // perClient is what a server held per client, in KiB, over what it held

@@ -69,3 +69,27 @@ func RSS(pid int) int64 {
 	}
 	return 0
 }
+
+// Peak samples the process's resident memory every 20 ms from now until
+// the returned function is called, which gives it as it was then and its
+// peak since.
+func (p *Proc) Peak() func() (before, peak int64) {
+	before := p.RSS()
+	stop := make(chan struct{})
+	got := make(chan int64, 1)
+	go func() {
+		m := before
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				got <- max(m, p.RSS())
+				return
+			case <-t.C:
+				m = max(m, p.RSS())
+			}
+		}
+	}()
+	return func() (int64, int64) { close(stop); return before, <-got }
+}
