@@ -57,6 +57,9 @@ type times struct {
 }
 
 func TestBenchInstall(t *testing.T) {
+	if *hosts < 1 || *write < 0 || *joinPoll < 0 {
+		t.Fatalf("-hosts %d, -write %s, -join-poll %s: want at least one host and no negative duration", *hosts, *write, *joinPoll)
+	}
 	s := stack.Start(t, stack.Options{Quiet: true, NodePool: nodepool.Config{JoinPoll: *joinPoll}})
 	ie := s.CreateInfraEnv(t, "agents", "bench", nil)
 	cluster := hosted.Start(t)

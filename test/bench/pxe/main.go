@@ -77,6 +77,10 @@ func main() {
 	flag.BoolVar(&o.tftpSinglePort, "tftp-single-port", false, "run both TFTP servers in single-port mode (every transfer on port 69)")
 	flag.IntVar(&o.storm, "storm", 0, "instead: a boot storm of this many clients, each in its own network namespace, against agentboot and against dnsmasq with a static HTTP server (storm.go); -repeats rounds of each")
 	flag.Parse()
+	if o.storm < 0 || o.repeats < 1 {
+		fmt.Fprintf(os.Stderr, "bench-pxe: -storm %d and -repeats %d: want a number of clients (0: no storm) and at least one repeat\n", o.storm, o.repeats)
+		os.Exit(2)
+	}
 	if o.storm > 0 {
 		if err := storm(o); err != nil {
 			fmt.Fprintln(os.Stderr, "bench-storm:", err)
