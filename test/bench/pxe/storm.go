@@ -159,11 +159,13 @@ func storm(o options) error {
 	if err != nil {
 		return err
 	}
-	agentboot := filepath.Join(dir, "agentboot")
-	build := exec.Command("go", "build", "-o", agentboot, "./cmd/agentboot")
-	build.Dir = testenv.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("build agentboot: %v: %s", err, out)
+	// What make build made (make bench-storm and bench-smoke run it
+	// first), with the agent binary the manager serves beside it.
+	agentboot := filepath.Join(testenv.RepoRoot(), "bin", "agentboot")
+	for _, b := range []string{agentboot, filepath.Join(testenv.RepoRoot(), "bin", "agent")} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s: %w (run make build, or make bench-storm)", b, err)
+		}
 	}
 	cmd := server.Command(context.Background(), self, "storm-run", "-dir", dir, "-agentboot", agentboot,
 		"-clients", strconv.Itoa(o.storm), "-namespace-prefix", id+"-c", "-repeats", strconv.Itoa(o.repeats),
