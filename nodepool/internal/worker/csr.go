@@ -112,7 +112,6 @@ type csrList struct {
 	// not served after it.
 	changes atomic.Uint64
 	// The rest under csrLists.mu.
-	listed   bool
 	stored   uint64 // lists kept so far: a waiter takes only one made while it waited
 	seen     uint64 // changes when it was listed
 	at       time.Time
@@ -128,7 +127,7 @@ type csrList struct {
 func (l *csrLists) list(ctx context.Context, hc kubernetes.Interface, now time.Time, fresh bool) (items []certificatesv1.CertificateSigningRequest, cached bool, err error) {
 	l.mu.Lock()
 	e := l.entry(hc, now)
-	if !fresh && e.listed && e.seen == e.changes.Load() && now.Sub(e.at) < csrListAge && !now.Before(e.at) {
+	if !fresh && e.stored > 0 && e.seen == e.changes.Load() && now.Sub(e.at) < csrListAge && !now.Before(e.at) {
 		items, err := e.items, e.err
 		l.mu.Unlock()
 		return items, true, err
@@ -162,7 +161,7 @@ func (l *csrLists) list(ctx context.Context, hc kubernetes.Interface, now time.T
 		// Kept unless this poll's own request ended: its error is not the
 		// cluster's.
 		if finished && ctx.Err() == nil {
-			e.items, e.err, e.listed, e.seen, e.at = items, err, true, changes, now
+			e.items, e.err, e.seen, e.at = items, err, changes, now
 			e.stored++
 		}
 		e.inflight = nil
