@@ -102,6 +102,12 @@ func (o *observer) dhcp(d dhcp.Observation) {
 // address: the boot loader, or for arm64 GRUB hosts the files it fetches
 // through this service (its boot decision is the image service's to see).
 func (o *observer) tftp(client netip.Addr, file, result string, bytes int64) {
+	o.bootFile(client, file, result, bytes, "TFTP")
+}
+
+// bootFile records a file sent to the client over protocol (TFTP, or HTTP
+// for UEFI HTTP boot clients).
+func (o *observer) bootFile(client netip.Addr, file, result string, bytes int64, protocol string) {
 	mac := o.addrs.MAC(client.Unmap().String(), time.Now())
 	if mac == "" {
 		return
@@ -117,7 +123,7 @@ func (o *observer) tftp(client netip.Addr, file, result string, bytes int64) {
 			hop = boottrace.Initrd
 		}
 	}
-	obs := boottrace.Observation{MAC: mac, Hop: hop, At: time.Now(), OK: result == "ok", Detail: path.Base(file) + " over TFTP from " + client.String()}
+	obs := boottrace.Observation{MAC: mac, Hop: hop, At: time.Now(), OK: result == "ok", Detail: path.Base(file) + " over " + protocol + " from " + client.String()}
 	if obs.OK {
 		obs.Outcome = fmt.Sprintf("sent, %d bytes", bytes)
 	} else {

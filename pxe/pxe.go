@@ -119,6 +119,7 @@ type Server struct {
 	tftp    *tftpd.Server
 	obs     *observer // nil: boot observations are not posted
 	reg     *prometheus.Registry
+	hops    *prometheus.CounterVec // agentboot_boot_path_total
 	// grub is the arm64 boot loader with this server's address, served
 	// as grubName; images fetches what it asks for.
 	grub     []byte
@@ -165,6 +166,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, reg: prometheus.NewRegistry()}
 	hops := bootpath.NewCounter()
 	s.reg.MustRegister(hops)
+	s.hops = hops
 	if cfg.ObservationsURL != "" {
 		if cfg.ObservationsToken == "" {
 			return nil, errors.New("pxe: boot observations need the image service's token")
@@ -493,6 +495,58 @@ func (s *Server) source(ctx context.Context, name string, client netip.Addr) ([]
 	return s.images.get(ctx, rel)
 }
 
+// serveBootFile sends an iPXE binary to a UEFI HTTP boot client. A whole
+// file sent by GET is the boot-file hop of its boot path, counted and
+// observed for the client's boot trace as a TFTP transfer is; HEAD (the
+// firmware asks for the size first) and ranges are not.
+func (s *Server) serveBootFile(w http.ResponseWriter, r *http.Request, name string) {
+	f, err := os.Open(filepath.Join(s.cfg.TFTPDir, name))
+	if err != nil {
+		s.cfg.Log.Error(err, "HTTP boot file unreadable", "file", name)
+		http.Error(w, "boot file unreadable", http.StatusInternalServerError)
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		http.Error(w, "boot file unreadable", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/efi")
+	cw := &countingWriter{ResponseWriter: w}
+	http.ServeContent(cw, r, name, fi.ModTime(), f)
+	if r.Method != http.MethodGet || r.Header.Get("Range") != "" {
+		return
+	}
+	result := "ok"
+	if cw.n != fi.Size() {
+		result = "incomplete"
+	}
+	client := netip.Addr{}
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		client = ap.Addr().Unmap()
+	}
+	s.cfg.Log.V(1).Info("HTTP boot file sent", "client", client.String(), "file", name, "result", result, "bytes", cw.n)
+	if result == "ok" {
+		s.hops.WithLabelValues(bootpath.BootFile).Inc()
+	}
+	if s.obs != nil && client.IsValid() {
+		s.obs.bootFile(client, name, result, cw.n, "HTTP")
+	}
+}
+
+// countingWriter counts the body bytes written.
+type countingWriter struct {
+	http.ResponseWriter
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
 // httpHandler serves the iPXE binaries (UEFI HTTP boot), metrics and health.
 func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -502,8 +556,7 @@ func (s *Server) httpHandler() http.Handler {
 			http.Error(w, "not found", http.StatusNotFound)
 			return
 		}
-		w.Header().Set("Content-Type", "application/efi")
-		http.ServeFile(w, r, filepath.Join(s.cfg.TFTPDir, name))
+		s.serveBootFile(w, r, name)
 	})
 	metrics := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/boottrace"
 )
 
@@ -220,8 +221,8 @@ func TestHTTPServesBinariesAndMetrics(t *testing.T) {
 	require.Contains(t, metrics, `agentboot_boot_path_total{hop="dhcp_offer"} 1`)
 	require.Eventually(t, func() bool {
 		_, metrics := scrape(testMetricsToken)
-		return strings.Contains(metrics, `agentboot_boot_path_total{hop="boot_file"} 1`)
-	}, 5*time.Second, 20*time.Millisecond, "the transfer is counted once it ends")
+		return strings.Contains(metrics, `agentboot_boot_path_total{hop="boot_file"} 2`)
+	}, 5*time.Second, 20*time.Millisecond, "the transfer is counted once it ends, as the HTTP GET above was")
 	_, _, offAddr := startServer(t, ProxyDHCP, func(c *Config) { c.MetricsToken = "" })
 	resp, err = http.Get("http://" + offAddr + "/metrics")
 	require.NoError(t, err)
@@ -429,6 +430,76 @@ func TestBootObservations(t *testing.T) {
 	}
 	mu.Unlock()
 	require.EqualValues(t, 3, discovers, "two DISCOVERs and the REQUEST, counted")
+}
+
+// A UEFI HTTP boot client's boot file is a hop of its boot path as a TFTP
+// transfer is: the whole file sent by GET, not the firmware's HEAD for the
+// size, nor a range.
+func TestHTTPBootFileObserved(t *testing.T) {
+	var mu sync.Mutex
+	var got []boottrace.Observation
+	images := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b boottrace.Batch
+		require.NoError(t, json.NewDecoder(r.Body).Decode(&b))
+		mu.Lock()
+		got = append(got, b.Observations...)
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer images.Close()
+	s, _, httpAddr := startServer(t, ProxyDHCP, func(c *Config) {
+		c.ObservationsURL, c.ObservationsToken = images.URL+"/boot-observations", "observations-token-0123456789"
+	})
+	const mac, class = "52:54:00:aa:00:44", "HTTPClient:Arch:00016:UNDI:003001"
+	offer := s.Handle(discover(t, mac, iana.EFI_X86_64_HTTP, class), 67)
+	require.NotNil(t, offer)
+	reply := offer.Response()
+	require.Equal(t, "http://"+httpAddr+"/ipxe/ipxe.efi", string(reply.GetOneOption(dhcpv4.OptionBootfileName)))
+	require.Equal(t, "HTTPClient", reply.ClassIdentifier(), "edk2 takes boot information only from an offer marked HTTPClient")
+	// The client's REQUEST to the site's DHCP server says its address.
+	hw, _ := net.ParseMAC(mac)
+	req, err := dhcpv4.NewDiscovery(hw, dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest), dhcpv4.WithOption(dhcpv4.OptClassIdentifier(class)),
+		dhcpv4.WithOption(dhcpv4.OptClientArch(iana.EFI_X86_64_HTTP)), dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(net.ParseIP("127.0.0.1"))))
+	require.NoError(t, err)
+	require.Nil(t, s.Handle(req.ToBytes(), 67))
+
+	_, files := binaries(t)
+	do := func(method, rng string) []byte {
+		r, err := http.NewRequest(method, "http://"+httpAddr+"/ipxe/ipxe.efi", nil)
+		require.NoError(t, err)
+		if rng != "" {
+			r.Header.Set("Range", rng)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, "application/efi", resp.Header.Get("Content-Type"))
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return body
+	}
+	require.Empty(t, do(http.MethodHead, ""))
+	require.Equal(t, files["ipxe.efi"][:10], do(http.MethodGet, "bytes=0-9"))
+	require.Equal(t, files["ipxe.efi"], do(http.MethodGet, ""))
+
+	var bf []boottrace.Observation
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		bf = nil
+		for _, o := range got {
+			if o.MAC == mac && o.Hop == boottrace.BootFile {
+				bf = append(bf, o)
+			}
+		}
+		return len(bf) > 0
+	}, 10*time.Second, 50*time.Millisecond)
+	require.Len(t, bf, 1, "one boot file: not the HEAD, nor the range")
+	require.True(t, bf[0].OK)
+	require.EqualValues(t, 1, bf[0].Count)
+	require.Equal(t, "ipxe.efi over HTTP from 127.0.0.1", bf[0].Detail)
+	require.Equal(t, fmt.Sprintf("sent, %d bytes", len(files["ipxe.efi"])), bf[0].Outcome)
+	require.Equal(t, 1.0, testutil.ToFloat64(s.hops.WithLabelValues(bootpath.BootFile)))
 }
 
 // In authoritative mode an installed system's DHCP is answered with an

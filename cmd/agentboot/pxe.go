@@ -174,6 +174,10 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 			return cfg, flagErr("server-ip", "%v", err)
 		}
 	}
+	// Relays apply in both modes: a relay forwards ProxyDHCP as well.
+	if cfg.Relays, err = parseIPv4List(p.relays); err != nil {
+		return cfg, flagErr("dhcp-relays", "%v", err)
+	}
 	if cfg.Mode != pxe.Authoritative {
 		for _, f := range []struct{ name, value string }{{"pool", p.pool}, {"router", p.router}, {"dns", p.dns}} {
 			if f.value != "" {
@@ -208,9 +212,6 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 	}
 	if cfg.DNS, err = parseIPv4List(p.dns); err != nil {
 		return cfg, flagErr("dns", "%v", err)
-	}
-	if cfg.Relays, err = parseIPv4List(p.relays); err != nil {
-		return cfg, flagErr("dhcp-relays", "%v", err)
 	}
 	if p.leaseTime < time.Minute {
 		return cfg, flagErr("lease-time", "%s is shorter than a minute", p.leaseTime)

@@ -28,6 +28,11 @@ func TestPXEFlags(t *testing.T) {
 	cfg, err := parsePXEFlags(t, base)
 	require.NoError(t, err)
 	require.Equal(t, pxe.ProxyDHCP, cfg.Mode)
+	// Relays apply in proxy mode too: a site's relay forwards to its DHCP
+	// server and to the PXE service.
+	cfg, err = parsePXEFlags(t, base+"--dhcp-relays 198.18.6.1,198.18.9.1")
+	require.NoError(t, err)
+	require.Equal(t, []netip.Addr{netip.MustParseAddr("198.18.6.1"), netip.MustParseAddr("198.18.9.1")}, cfg.Relays)
 
 	cfg, err = parsePXEFlags(t, base+"--mode authoritative --server-ip 198.18.0.1 --pool 198.18.0.100-198.18.0.150 --router 198.18.0.254 "+
 		"--dns 198.18.0.53,198.18.0.54 --reservation 52:54:00:AA:00:01=198.18.0.20 --reservation 52-54-00-aa-00-02=198.18.0.21")
@@ -70,6 +75,7 @@ func TestPXEFlags(t *testing.T) {
 		base + "--dhcp-new-clients-per-second 0":                                                       "--dhcp-new-clients-per-second: 0: want more than 0",
 		base + "--dhcp-new-clients-per-second -5":                                                      "--dhcp-new-clients-per-second: -5: want more than 0",
 		base + "--dhcp-new-clients-burst 0":                                                            "--dhcp-new-clients-burst: 0: want at least 1",
+		base + "--dhcp-relays 198.18.6.1,relay":                                                        `--dhcp-relays: "relay" is not an IPv4 address`,
 	} {
 		_, err := parsePXEFlags(t, args)
 		require.ErrorContains(t, err, want, args)

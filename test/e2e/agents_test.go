@@ -33,6 +33,7 @@ func TestLabDiscoveryFromISO(t *testing.T) {
 	// TestLabVirtualizationVerdicts, on one-vCPU guests.
 	v := bootVM(t, vm.Options{Name: "lab-a", CDROM: iso, Boot: "d", MAC: mac, CPUs: 2, CPU: "qemu64,-svm", MemoryMB: 1536, Disks: []string{sparseDisk(t, 150_000_000_000)}})
 	a := agents(t, ie.Namespace, 1, v)[0]
+	registered(t, "ISO, BIOS (SeaBIOS), DHCP (dnsmasq)", v, a)
 
 	inv := a.Status.Inventory
 	require.Equal(t, int64(2), inv.CPU.Count, "vCPUs")

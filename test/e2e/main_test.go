@@ -12,6 +12,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -97,12 +100,62 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
+	writeBootTimes(filepath.Join(testenv.RepoRoot(), "dist", "e2e", "boot-times.md"))
 	if code == 0 {
 		os.RemoveAll(dir)
 	} else {
 		fmt.Fprintf(os.Stderr, "VM lab logs kept in %s\n", dir)
 	}
 	return code
+}
+
+// bootTimes are the lab's VMs' times from power-on to registration, by
+// boot path, measured in the same run (docs/pxe.md#boot-paths-compared).
+var bootTimes struct {
+	sync.Mutex
+	by map[string]time.Duration
+}
+
+// registered records how long v took from power-on to its Agent's
+// registration (the Agent's creation, to the second), as path.
+func registered(t *testing.T, path string, v *vm.VM, a v1beta1.Agent) {
+	t.Helper()
+	d := a.CreationTimestamp.Sub(v.Started).Round(time.Second)
+	t.Logf("%s: registered %s after power-on", path, d)
+	bootTimes.Lock()
+	defer bootTimes.Unlock()
+	if bootTimes.by == nil {
+		bootTimes.by = map[string]time.Duration{}
+	}
+	bootTimes.by[path] = d
+}
+
+// writeBootTimes writes the table of boot times to path (make e2e prints it).
+func writeBootTimes(path string) {
+	bootTimes.Lock()
+	defer bootTimes.Unlock()
+	if len(bootTimes.by) == 0 {
+		return
+	}
+	paths := make([]string, 0, len(bootTimes.by))
+	for p := range bootTimes.by {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	var b strings.Builder
+	fmt.Fprintf(&b, "VM lab, %s: power-on to registered, by boot path (%s; VMs boot in parallel)\n\n| boot path | time |\n|---|---|\n",
+		time.Now().UTC().Format("2006-01-02 15:04"), vm.Choose().Name)
+	for _, p := range paths {
+		fmt.Fprintf(&b, "| %s | %s |\n", p, bootTimes.by[p])
+	}
+	fmt.Fprint(os.Stderr, b.String())
+	err := os.MkdirAll(filepath.Dir(path), 0o755)
+	if err == nil {
+		err = os.WriteFile(path, []byte(b.String()), 0o644)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "boot times:", err)
+	}
 }
 
 func infraEnv(t *testing.T, change func(*v1beta1.InfraEnv)) *v1beta1.InfraEnv {

@@ -107,6 +107,7 @@ func TestLabPXEProxy(t *testing.T) {
 		const mac = "52:54:00:2a:00:01"
 		v := bootVMOn(t, "br0", vm.Options{Name: "pxe-uefi", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})
 		a := agentWithMAC(t, ie.Namespace, mac, v)
+		registered(t, "IPv4 UEFI PXE, agentboot proxyDHCP + TFTP next to dnsmasq", v, a)
 		// Its boot trace has every hop, from the PXE service's and the
 		// image service's sightings, and its Agent continues it.
 		var bt v1alpha1.BootTrace
@@ -133,7 +134,7 @@ func TestLabPXEProxy(t *testing.T) {
 		t.Parallel()
 		const mac = "52:54:00:2a:00:02"
 		v := bootVMOn(t, "br0", vm.Options{Name: "pxe-bios", Boot: "n", MAC: mac, MemoryMB: 1536})
-		agentWithMAC(t, ie.Namespace, mac, v)
+		registered(t, "IPv4 BIOS, NIC's iPXE ROM, agentboot proxyDHCP", v, agentWithMAC(t, ie.Namespace, mac, v))
 		require.Regexp(t, "Filename: "+script+`\?mac=`+mac, v.Log())
 	})
 	t.Run("installed-host-boots-disk", func(t *testing.T) {
@@ -213,7 +214,7 @@ func TestLabPXEChainload(t *testing.T) {
 		require.NoError(t, theLab.Dnsmasq("chain-dnsmasq", seg.Bridge, seg.HostIP, seg.Prefix, "--conf-file="+conf))
 		const mac = "52:54:00:2b:00:01"
 		v := bootVMOn(t, seg.Bridge, vm.Options{Name: "chain-dnsmasq", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})
-		agentWithMAC(t, ie.Namespace, mac, v)
+		registered(t, "IPv4 UEFI PXE, chainloaded by the site's dnsmasq", v, agentWithMAC(t, ie.Namespace, mac, v))
 		requireSerial(t, v, "NBP filename is ipxe.efi")
 	})
 	t.Run("isc-dhcpd", func(t *testing.T) {
@@ -236,7 +237,7 @@ func TestLabPXEChainload(t *testing.T) {
 			"--interface="+seg.Bridge, "--bind-interfaces", "--enable-tftp", "--tftp-root=/usr/lib/ipxe"))
 		const mac = "52:54:00:2b:00:02"
 		v := bootVMOn(t, seg.Bridge, vm.Options{Name: "chain-dhcpd", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})
-		agentWithMAC(t, ie.Namespace, mac, v)
+		registered(t, "IPv4 UEFI PXE, chainloaded by the site's ISC dhcpd", v, agentWithMAC(t, ie.Namespace, mac, v))
 		requireSerial(t, v, "NBP filename is ipxe.efi")
 	})
 }
@@ -280,6 +281,7 @@ func TestLabPXEAuthoritative(t *testing.T) {
 		"--router", seg.HostIP, "--reservation", mac+"="+reserved, "--lease-file", leases)
 	v := bootVMOn(t, seg.Bridge, vm.Options{Name: "pxe-isolated", Boot: "n", MAC: mac, MemoryMB: 1536})
 	a := agentWithMAC(t, ie.Namespace, mac, v)
+	registered(t, "IPv4 BIOS, NIC's iPXE ROM, agentboot authoritative DHCP", v, a)
 	var addrs []string
 	for _, i := range a.Status.Inventory.Interfaces {
 		if i.MacAddress == mac {
@@ -359,6 +361,7 @@ func TestLabPXEArm64(t *testing.T) {
 	wrong.Kill()
 
 	a := agentWithMAC(t, ns, armMAC, arm)
+	registered(t, "IPv4 arm64 UEFI PXE, agentboot's netboot GRUB", arm, a)
 	requireSerial(t, arm, "NBP filename is grubnetaa64.efi", "agentboot: network boot through "+seg.HostIP, "agentboot: loading the discovery kernel")
 	require.Equal(t, "aarch64", a.Status.Inventory.CPU.Architecture)
 	agentWithMAC(t, ns, x86MAC, x86)

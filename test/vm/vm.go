@@ -64,6 +64,11 @@ type Options struct {
 	// NoNICROM leaves out qemu's iPXE option ROM, so the firmware's own
 	// network stack boots (OVMF's PXE, like most servers' UEFI), not iPXE.
 	NoNICROM bool
+	// HTTPBoot turns OVMF's PXE off (its fw_cfg switches
+	// opt/org.tianocore/IPv4PXESupport and IPv6PXESupport), so that its
+	// network boot is UEFI HTTP boot, as on a server whose setup enables
+	// HTTP boot only. UEFI x86_64 only.
+	HTTPBoot bool
 	// Prefix runs qemu through another command (`ip netns exec <ns>`).
 	Prefix []string
 	// Extra qemu arguments.
@@ -74,6 +79,8 @@ type Options struct {
 type VM struct {
 	Name    string
 	LogPath string
+	// Started is when qemu started: the power-on of the machine.
+	Started time.Time
 	cmd     *exec.Cmd
 	done    chan struct{}
 	mu      sync.Mutex
@@ -169,6 +176,13 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	}
 	if o.CPU != "" {
 		args = append(args, "-cpu", o.CPU)
+	}
+	if o.HTTPBoot {
+		if !o.UEFI || arm {
+			return nil, fmt.Errorf("vm %s: HTTPBoot needs UEFI on x86_64 (OVMF)", o.Name)
+		}
+		args = append(args, "-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n",
+			"-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=n")
 	}
 	if o.UUID != "" {
 		args = append(args, "-uuid", o.UUID)
@@ -276,6 +290,7 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 		return nil, fmt.Errorf("start qemu: %v", err)
 	}
 	started := time.Now()
+	v.Started = started
 	go func() {
 		err := v.cmd.Wait()
 		stderr.Close()

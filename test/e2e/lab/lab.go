@@ -112,6 +112,123 @@ func (l *Lab) Segment(n int) (Segment, error) {
 	return seg, l.bridge(seg.Bridge, n, seg.HostIP)
 }
 
+// Peer is another machine on segment seg: namespace <lab>-<name> with a
+// veth on seg's bridge addressed ip/24 and a default route through the
+// lab. It stands for a server of the site (its DHCP server) beside
+// agentboot's on the same segment; name is at most 8 characters.
+func (l *Lab) Peer(name string, seg Segment, ip string) (*netns.NS, error) {
+	ns, err := l.newNS(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.leg(ns, "v"+name, seg, ip); err != nil {
+		return nil, err
+	}
+	return ns, ns.IP("route", "add", "default", "via", seg.HostIP)
+}
+
+// newNS creates namespace <lab>-<name>, deleted when the lab closes.
+func (l *Lab) newNS(name string) (*netns.NS, error) {
+	ns, err := netns.New(l.Name + "-" + name)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.cleanup = append(l.cleanup, ns.Close)
+	l.mu.Unlock()
+	return ns, nil
+}
+
+// leg joins ns to seg's bridge through veth pair <veth> (in ns, as eth0
+// would be on a machine) and <veth>p (on the bridge), with ip/24 on ns's end.
+func (l *Lab) leg(ns *netns.NS, veth string, seg Segment, ip string) error {
+	if err := l.IP("link", "add", veth+"p", "type", "veth", "peer", "name", veth, "netns", ns.Name); err != nil {
+		return err
+	}
+	for _, cmd := range [][]string{{"link", "set", veth + "p", "master", seg.Bridge}, {"link", "set", veth + "p", "up"}} {
+		if err := l.IP(cmd...); err != nil {
+			return err
+		}
+	}
+	for _, cmd := range [][]string{{"addr", "add", ip + "/24", "dev", veth}, {"link", "set", veth, "up"}} {
+		if err := ns.IP(cmd...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Routed is a boot network behind a router: VMs on Bridge, inside the
+// router's namespace, reach the lab only through it.
+type Routed struct {
+	Router   *netns.NS
+	Bridge   string // br<n>, in Router
+	Prefix   string // 198.18.<n>
+	RouterIP string // 198.18.<n>.1: the VMs' gateway, and a relay's giaddr
+	Up       Segment
+	UpIP     string // 198.18.<up>.2: the router on segment Up
+	UpIface  string // the router's interface on Up
+	lab      *Lab
+}
+
+// Routed builds boot network 198.18.<n>.0/24 behind a router. The router
+// (namespace <lab>-r<n>) stands on segment up as 198.18.<up>.2, forwards,
+// and sends everything else to the lab; the lab and each of peers route
+// 198.18.<n>.0/24 back through it. It only routes: a test starts the
+// site's DHCP relay in it.
+func (l *Lab) Routed(n int, up Segment, peers ...*netns.NS) (*Routed, error) {
+	name := fmt.Sprintf("r%d", n)
+	ns, err := l.newNS(name)
+	if err != nil {
+		return nil, err
+	}
+	r := &Routed{Router: ns, Bridge: fmt.Sprintf("br%d", n), Prefix: fmt.Sprintf("198.18.%d", n), Up: up,
+		UpIP: up.Prefix + ".2", UpIface: "v" + name, lab: l}
+	r.RouterIP = r.Prefix + ".1"
+	if err := l.leg(ns, r.UpIface, up, r.UpIP); err != nil {
+		return nil, err
+	}
+	for _, cmd := range [][]string{
+		{"link", "add", r.Bridge, "address", fmt.Sprintf("02:00:c6:12:%02x:01", n), "type", "bridge"},
+		{"addr", "add", r.RouterIP + "/24", "dev", r.Bridge},
+		{"link", "set", r.Bridge, "up"},
+		{"route", "add", "default", "via", up.HostIP},
+	} {
+		if err := ns.IP(cmd...); err != nil {
+			return nil, err
+		}
+	}
+	if err := netns.Run("ip", "netns", "exec", ns.Name, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"); err != nil {
+		return nil, err
+	}
+	for _, other := range append([]*netns.NS{l.NS}, peers...) {
+		if err := other.IP("route", "add", r.Prefix+".0/24", "via", r.UpIP); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Tap creates a tap device on the routed network's bridge, inside the
+// router's namespace (qemu runs there too).
+func (r *Routed) Tap() (string, error) {
+	l := r.lab
+	l.mu.Lock()
+	l.taps++
+	name := fmt.Sprintf("tap%d", l.taps)
+	l.mu.Unlock()
+	for _, cmd := range [][]string{
+		{"tuntap", "add", name, "mode", "tap"},
+		{"link", "set", name, "master", r.Bridge},
+		{"link", "set", name, "up"},
+	} {
+		if err := r.Router.IP(cmd...); err != nil {
+			return "", err
+		}
+	}
+	return name, nil
+}
+
 // Tap creates a tap device on the main bridge and returns its name.
 func (l *Lab) Tap() (string, error) { return l.TapOn(bridgeName) }
 
@@ -195,7 +312,12 @@ const readyTimeout = time.Minute
 // says nothing of the kind within readyTimeout: not "it has not exited
 // yet", which under load let VMs boot before their DHCP server listened.
 func (l *Lab) Start(name string, ready *regexp.Regexp, args ...string) error {
-	full := append(l.Exec(), args...)
+	return l.StartIn(l.NS, name, ready, args...)
+}
+
+// StartIn is Start inside namespace ns (a peer's or a router's).
+func (l *Lab) StartIn(ns *netns.NS, name string, ready *regexp.Regexp, args ...string) error {
+	full := append(ns.Exec(), args...)
 	cmd := exec.Command(full[0], full[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := os.Create(filepath.Join(l.Dir, name+".out"))
