@@ -188,6 +188,16 @@ func TestContentChangesChangeURLs(t *testing.T) {
 	require.NotEqual(t, second.Status.ISODownloadURL, fixed.Status.ISODownloadURL)
 	require.True(t, !fixed.Status.CreatedTime.Before(second.Status.CreatedTime))
 
+	// A static network config that cannot work is named on the InfraEnv,
+	// which publishes nothing, rather than booting hosts that never reach
+	// the image service.
+	require.NoError(t, s.Client.Get(ctx, client.ObjectKeyFromObject(nm), nm))
+	nm.Spec.NetConfig.Raw = []byte(`{"interfaces":[{"name":"eth0","type":"ethernet","state":"up","ipv4":{"enabled":true,"address":[{"ip":"198.18.1.10","prefix-length":24}]}}],` +
+		`"routes":{"config":[{"destination":"0.0.0.0/0","next-hop-address":"198.18.2.1","next-hop-interface":"eth0"}]}}`)
+	require.NoError(t, s.Client.Update(ctx, nm))
+	wrongNet := s.WaitCondition(t, key, corev1.ConditionFalse, stack.Contains("NMStateConfig host-a: routes.config[0]: next hop 198.18.2.1 is on none of eth0's networks"))
+	require.Empty(t, wrongNet.Status.ISODownloadURL)
+
 	// Relabelling the NMStateConfig out of the selector changes the content again.
 	require.NoError(t, s.Client.Get(ctx, client.ObjectKeyFromObject(nm), nm))
 	nm.Labels["static"] = "no"

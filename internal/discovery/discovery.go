@@ -28,6 +28,7 @@ import (
 	"github.com/agentboot/agentboot/internal/agentwire"
 	"github.com/agentboot/agentboot/internal/initramfs"
 	"github.com/agentboot/agentboot/internal/liveiso"
+	"github.com/agentboot/agentboot/internal/nmkeyfile"
 	"github.com/agentboot/agentboot/internal/osimage"
 	"github.com/agentboot/agentboot/internal/signing"
 )
@@ -174,9 +175,15 @@ type Output struct {
 	Version string
 	// Ignition is the discovery Ignition config (JSON).
 	Ignition []byte
-	// Archive is the xz-compressed cpio holding config.ign, for the ISO's
-	// embed area and the PXE initrd.
+	// Archive is the xz-compressed cpio holding config.ign and the static
+	// network keyfiles, for the ISO's embed area and the PXE initrd.
 	Archive []byte
+	// Network is the NetworkManager keyfiles of the NMStateConfigs, in
+	// the archive under nmkeyfile.Dir, applied before Ignition runs.
+	Network []initramfs.File
+	// Notes are what the InfraEnv's owner should know about an image that
+	// was made: NMStateConfigs applied only after boot.
+	Notes []string
 	// FullKargs and MinimalKargs go into the ISOs' kernel-argument areas.
 	FullKargs, MinimalKargs string
 	// PXEKargs follow the kernel URL in the iPXE script.
@@ -198,7 +205,11 @@ func Render(in Input, s Settings) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	archive, err := initramfs.Archive(initramfs.XZ, initramfs.File{Path: "config.ign", Mode: 0o600, Data: ign})
+	network, notes, err := networkFiles(in.NMStateConfigs)
+	if err != nil {
+		return nil, err
+	}
+	archive, err := initramfs.Archive(initramfs.XZ, append([]initramfs.File{{Path: "config.ign", Mode: 0o600, Data: ign}}, network...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -214,6 +225,8 @@ func Render(in Input, s Settings) (*Output, error) {
 	out := &Output{
 		Ignition:  ign,
 		Archive:   archive,
+		Network:   network,
+		Notes:     notes,
 		ImageType: imageType(ie),
 	}
 	out.Version = version(out, in, kargs, s)
@@ -267,7 +280,7 @@ func (o *Output) WithBootProof(p agentwire.BootProof, area int64) (*Output, erro
 	if err != nil {
 		return nil, err
 	}
-	archive, err := initramfs.Archive(initramfs.XZ, initramfs.File{Path: "config.ign", Mode: 0o600, Data: ign})
+	archive, err := initramfs.Archive(initramfs.XZ, append([]initramfs.File{{Path: "config.ign", Mode: 0o600, Data: ign}}, o.Network...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -487,6 +500,41 @@ func proxyEnvironment(p *agentwire.Proxy) string {
 	add("NO_PROXY", p.NoProxy)
 	add("no_proxy", p.NoProxy)
 	return strings.Join(env, " ")
+}
+
+// networkFiles converts the NMStateConfigs to NetworkManager keyfiles for
+// the initramfs (docs/discovery.md#static-networking). A config beyond
+// what converts is left to the agent's after-boot path and noted; a wrong
+// one is the InfraEnv's error.
+func networkFiles(cfgs []v1beta1.NMStateConfig) ([]initramfs.File, []string, error) {
+	sorted := append([]v1beta1.NMStateConfig(nil), cfgs...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	var files []initramfs.File
+	var notes []string
+	for _, c := range sorted {
+		if len(c.Spec.NetConfig.Raw) == 0 {
+			continue // nothing to configure
+		}
+		macs := map[string]string{}
+		for _, i := range c.Spec.Interfaces {
+			if i != nil {
+				macs[i.Name] = i.MacAddress
+			}
+		}
+		kf, err := nmkeyfile.Convert(c.Name, c.Spec.NetConfig.Raw, macs)
+		var unsupported *nmkeyfile.Unsupported
+		switch {
+		case errors.As(err, &unsupported):
+			notes = append(notes, unsupported.Error())
+			continue
+		case err != nil:
+			return nil, nil, inputErrorf("%v", err)
+		}
+		for _, f := range kf {
+			files = append(files, initramfs.File{Path: nmkeyfile.Dir + "/" + f.Name, Mode: 0o600, Data: f.Data})
+		}
+	}
+	return files, notes, nil
 }
 
 // staticNetworks serialises the selected NMStateConfigs for the agent.

@@ -134,6 +134,22 @@ func TestRenderEverything(t *testing.T) {
 	require.NoError(t, json.Unmarshal(decodeData(t, cfg.Storage.Files[files[StaticNetworksPath]].Contents.Source), &nets))
 	require.Equal(t, "52:54:00:aa:bb:cc", nets[0].Interfaces[0].MACAddress)
 	require.Equal(t, "host-a", nets[0].Name)
+	// The same config as a NetworkManager keyfile in the initramfs, for
+	// the network Ignition's own fetches need (the kernel unpacks the
+	// archive: cpio reads it here).
+	dir := t.TempDir()
+	unpack := exec.Command("sh", "-c", "xz -dc | cpio -idmu --quiet --no-absolute-filenames")
+	unpack.Dir, unpack.Stdin = dir, bytes.NewReader(out.Archive)
+	o, err := unpack.CombinedOutput()
+	require.NoError(t, err, string(o))
+	kf, err := os.ReadFile(filepath.Join(dir, "etc/coreos-firstboot-network/host-a-eth0.nmconnection"))
+	require.NoError(t, err)
+	require.Contains(t, string(kf), "[ethernet]\nmac-address=52:54:00:AA:BB:CC\n")
+	require.Contains(t, string(kf), "[ipv4]\nmethod=manual\naddress1=198.18.1.10/24\n")
+	ign, err := os.ReadFile(filepath.Join(dir, "config.ign"))
+	require.NoError(t, err)
+	require.Equal(t, out.Ignition, ign)
+	require.Empty(t, out.Notes)
 
 	require.Equal(t, "core", cfg.Passwd.Users[0].Name)
 	require.Equal(t, "ssh-ed25519 AAAAC3Nza me@laptop", string(cfg.Passwd.Users[0].SSHAuthorizedKeys[0]))
@@ -258,6 +274,21 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		}, "want append, replace or delete"},
 		"nmstate config not dict": {nil, "config is not an object"},
 	}
+	// A config the keyfiles cannot carry is the InfraEnv's error, naming it.
+	wrong := v1beta1.NMStateConfig{ObjectMeta: metav1.ObjectMeta{Name: "host-w"}, Spec: v1beta1.NMStateConfigSpec{
+		Interfaces: []*v1beta1.Interface{{Name: "eth0", MacAddress: "52:54:00:aa:bb:cc"}},
+		NetConfig: runtime.RawExtension{Raw: []byte(`{"interfaces":[{"name":"eth0","type":"ethernet","ipv4":{"enabled":true,"address":[{"ip":"198.18.1.10","prefix-length":24}]}}],` +
+			`"routes":{"config":[{"destination":"0.0.0.0/0","next-hop-address":"198.18.2.1","next-hop-interface":"eth0"}]}}`)}}}
+	_, err := Render(Input{InfraEnv: infraEnv(), NMStateConfigs: []v1beta1.NMStateConfig{wrong}, Image: devImage(t), ImageKey: imageKey, Key: key(t)}, settings)
+	var inputErr *InputError
+	require.True(t, errors.As(err, &inputErr), "%v is an input error", err)
+	require.ErrorContains(t, err, "NMStateConfig host-w: routes.config[0]: next hop 198.18.2.1 is on none of eth0's networks (198.18.1.10/24)")
+	// One beyond the conversion is applied after boot only, and noted.
+	bond := v1beta1.NMStateConfig{ObjectMeta: metav1.ObjectMeta{Name: "host-b"}, Spec: v1beta1.NMStateConfigSpec{
+		NetConfig: runtime.RawExtension{Raw: []byte(`{"interfaces":[{"name":"bond0","type":"bond","link-aggregation":{"mode":"active-backup","port":["eth0"]}}]}`)}}}
+	out := render(t, infraEnv(), bond)
+	require.Equal(t, []string{`NMStateConfig host-b applies after boot only (interface "bond0" has type "bond"; agentboot converts ethernet and vlan): its hosts need DHCP to fetch the agent`}, out.Notes)
+	require.Empty(t, out.Network)
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			ie := infraEnv()

@@ -12,10 +12,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
 	metal3 "github.com/agentboot/agentboot/api/metal3/v1alpha1"
 	"github.com/agentboot/agentboot/test/e2e/lab"
+	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/vm"
 )
 
@@ -155,3 +158,66 @@ func TestLabPXERelay(t *testing.T) {
 
 // dhcrelayReady is ISC dhcrelay's line once it listens and forwards.
 var dhcrelayReady = regexp.MustCompile(`Sending on\s+Socket/fallback`)
+
+// Static networking, booted: two segments without any DHCP server, one
+// plain and one whose provisioning network is VLAN 100 (the lab answers
+// only tagged frames). One InfraEnv selects an NMStateConfig for each
+// host; both boot its one ISO, each comes up with the address, route and
+// DNS server of its own config (by MAC) before Ignition fetches the agent
+// (the keyfiles are in the initramfs, as CoreOS's NetworkManager takes
+// them), and registers.
+func TestLabStaticNetwork(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	plain, err := theLab.Segment(12)
+	require.NoError(t, err)
+	tagged, err := theLab.VLANSegment(13, 100)
+	require.NoError(t, err)
+
+	ns := s.Namespace(t, "lab-static")
+	const plainMAC, vlanMAC = "52:54:00:2c:10:01", "52:54:00:2c:10:02"
+	configs := map[string]struct{ mac, state string }{
+		"host-plain": {plainMAC, `{"interfaces": [{"name": "eno1", "type": "ethernet", "state": "up",
+		    "ipv4": {"enabled": true, "dhcp": false, "address": [{"ip": "198.18.12.10", "prefix-length": 24}]}, "ipv6": {"enabled": false}}],
+		  "routes": {"config": [{"destination": "0.0.0.0/0", "next-hop-address": "198.18.12.1", "next-hop-interface": "eno1"}]},
+		  "dns-resolver": {"config": {"server": ["198.18.12.53"], "search": ["lab.example"]}}}`},
+		"host-vlan": {vlanMAC, `{"interfaces": [
+		    {"name": "eno1", "type": "ethernet", "state": "up", "ipv4": {"enabled": false}, "ipv6": {"enabled": false}},
+		    {"name": "eno1.100", "type": "vlan", "state": "up", "vlan": {"base-iface": "eno1", "id": 100},
+		     "ipv4": {"enabled": true, "address": [{"ip": "198.18.13.10", "prefix-length": 24}]}, "ipv6": {"enabled": false}}],
+		  "routes": {"config": [{"destination": "0.0.0.0/0", "next-hop-address": "198.18.13.1", "next-hop-interface": "eno1.100"}]},
+		  "dns-resolver": {"config": {"server": ["198.18.13.53"]}}}`},
+	}
+	for name, c := range configs {
+		require.NoError(t, s.Client.Create(ctx, &v1beta1.NMStateConfig{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"lab-static": "yes"}},
+			Spec: v1beta1.NMStateConfigSpec{Interfaces: []*v1beta1.Interface{{Name: "eno1", MacAddress: c.mac}},
+				NetConfig: runtime.RawExtension{Raw: []byte(c.state)}},
+		}))
+	}
+	ie := stack.NewInfraEnv(ns, "static")
+	ie.Spec.NMStateConfigLabelSelector = metav1.LabelSelector{MatchLabels: map[string]string{"lab-static": "yes"}}
+	require.NoError(t, s.Client.Create(ctx, ie))
+	ie = s.WaitImage(t, client.ObjectKeyFromObject(ie))
+	iso := download(t, ie.Status.ISODownloadURL)
+
+	t.Run("plain", func(t *testing.T) {
+		t.Parallel()
+		v := bootVMOn(t, plain.Bridge, vm.Options{Name: "static-plain", CDROM: iso, Boot: "d", MAC: plainMAC, MemoryMB: 1536})
+		a := agentWithMAC(t, ns, plainMAC, v)
+		registered(t, "ISO, static IPv4 from an NMStateConfig, no DHCP", v, a)
+		requireSerial(t, v, "network: static profile host-plain-eno1.nmconnection on eth0: 198.18.12.10/24, via 198.18.12.1, dns 198.18.12.53",
+			"network: profile host-vlan-eno1.nmconnection is for MAC "+vlanMAC+", not on this host")
+		require.NotContains(t, v.Log(), "udhcpc", "no DHCP client ran: the segment has no server")
+		require.Equal(t, []string{"198.18.12.10/24"}, a.Status.Inventory.Interfaces[0].IPV4Addresses)
+	})
+	t.Run("vlan", func(t *testing.T) {
+		t.Parallel()
+		v := bootVMOn(t, tagged.Bridge, vm.Options{Name: "static-vlan", CDROM: iso, Boot: "d", MAC: vlanMAC, MemoryMB: 1536})
+		a := agentWithMAC(t, ns, vlanMAC, v)
+		registered(t, "ISO, VLAN 100 with static IPv4 from an NMStateConfig, no DHCP", v, a)
+		requireSerial(t, v, "network: static profile host-vlan-eno1.nmconnection on eth0: ",
+			"network: static profile host-vlan-eno1.100.nmconnection on eno1.100: 198.18.13.10/24, via 198.18.13.1, dns 198.18.13.53")
+		require.NotContains(t, v.Log(), "udhcpc")
+	})
+}

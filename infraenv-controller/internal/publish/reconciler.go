@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -175,7 +176,12 @@ func (r *Reconciler) observe(ctx context.Context, ie *v1beta1.InfraEnv, key sign
 			return failed(v1beta1.ImageCreationErrorReason, imageRecheck, "minimal ISO: %v", err), nil
 		}
 	}
-	return observation{ok: true, reason: v1beta1.ImageCreatedReason, message: "Image has been created", output: out}, nil
+	msg := "Image has been created"
+	if len(out.Notes) > 0 {
+		// Seen in the condition, and as an event when it changes.
+		msg += "; " + strings.Join(out.Notes, "; ")
+	}
+	return observation{ok: true, reason: v1beta1.ImageCreatedReason, message: msg, output: out}, nil
 }
 
 // checkPullSecret returns why the pull secret is unusable, or "".

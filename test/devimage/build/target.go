@@ -38,7 +38,7 @@ type target struct {
 // AHCI/NVMe disks, CD-ROM and the NICs common on servers.
 var commonInitrdModules = []string{
 	"virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi", "virtio_rng",
-	"ahci", "sd_mod", "sr_mod", "nvme", "isofs", "loop",
+	"ahci", "sd_mod", "sr_mod", "nvme", "isofs", "loop", "8021q",
 	"vfat", "nls_cp437", "nls_ascii", "nls_iso8859-1", "ext4",
 	"igb", "ixgbe", "i40e", "tg3", "bnx2", "bnxt_en", "r8169",
 }

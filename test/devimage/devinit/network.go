@@ -9,9 +9,10 @@ import (
 	"time"
 )
 
-// bringUpNetwork starts a DHCP client (busybox udhcpc) on every Ethernet
-// interface and waits until one of them has an IPv4 address. The clients keep
-// running and renew their leases.
+// bringUpNetwork applies this host's static network profiles (keyfiles in
+// the initramfs), starts a DHCP client (busybox udhcpc) on every other
+// Ethernet interface, and waits until one of them has an IPv4 address. The
+// clients keep running and renew their leases.
 func bringUpNetwork() bool {
 	_ = run("ip", "link", "set", "lo", "up")
 	ifaces := ethernetInterfaces()
@@ -19,13 +20,26 @@ func bringUpNetwork() bool {
 		logf("network: no Ethernet interface")
 		return false
 	}
-	for _, name := range ifaces {
-		_ = run("ip", "link", "set", name, "up")
-		cmd := exec.Command("udhcpc", "-f", "-S", "-i", name, "-s", "/etc/udhcpc.script", "-t", "20", "-T", "3", "-A", "5", "-x", "hostname:"+shortHost())
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if _, err := processes.start(cmd); err != nil {
-			logf("network: udhcpc on %s: %v", name, err)
+	taken, addressed := staticNetwork()
+	if addressed {
+		// As NetworkManager's "online": a static address is there at once.
+		for _, name := range ifaces {
+			if !taken[name] {
+				_ = run("ip", "link", "set", name, "up")
+				startDHCP(name)
+			}
 		}
+		return true
+	}
+	for _, name := range ifaces {
+		if taken[name] {
+			continue
+		}
+		_ = run("ip", "link", "set", name, "up")
+		startDHCP(name)
+	}
+	for name := range taken {
+		ifaces = append(ifaces, name) // VLANs with a DHCP address
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
@@ -39,6 +53,15 @@ func bringUpNetwork() bool {
 	}
 	logf("network: no DHCP lease after 90s on %s", strings.Join(ifaces, ", "))
 	return false
+}
+
+// startDHCP runs udhcpc on an interface until the machine stops.
+func startDHCP(name string) {
+	cmd := exec.Command("udhcpc", "-f", "-S", "-i", name, "-s", "/etc/udhcpc.script", "-t", "20", "-T", "3", "-A", "5", "-x", "hostname:"+shortHost())
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if _, err := processes.start(cmd); err != nil {
+		logf("network: udhcpc on %s: %v", name, err)
+	}
 }
 
 func ethernetInterfaces() []string {

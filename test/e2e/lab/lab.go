@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentboot/agentboot/test/netns"
 )
 
@@ -227,6 +229,115 @@ func (r *Routed) Tap() (string, error) {
 		}
 	}
 	return name, nil
+}
+
+// VLANSegment is boot network br<n> reached through a switch port that
+// carries VLAN vid tagged: the lab (198.18.<n>.1/24, on bridge br<n>a)
+// answers a host on br<n> only through frames tagged vid, and never its
+// untagged frames. The machines' kernel has no 802.1Q support (no vlan
+// devices, no bridge VLAN filtering), so the port is this process: it
+// moves frames between a tap on each bridge, untagging those of VLAN vid
+// on the way in, dropping every other, and tagging on the way out, as a
+// switch does between a trunk and an access port.
+func (l *Lab) VLANSegment(n, vid int) (Segment, error) {
+	if vid < 1 || vid > 4094 {
+		return Segment{}, fmt.Errorf("VLAN %d: want 1 to 4094", vid)
+	}
+	seg := Segment{Bridge: fmt.Sprintf("br%d", n), Prefix: fmt.Sprintf("198.18.%d", n)}
+	seg.HostIP = seg.Prefix + ".1"
+	for _, cmd := range [][]string{
+		{"link", "add", seg.Bridge, "address", fmt.Sprintf("02:00:c6:12:%02x:02", n), "type", "bridge"},
+		{"link", "set", seg.Bridge, "up"},
+	} {
+		if err := l.IP(cmd...); err != nil {
+			return Segment{}, err
+		}
+	}
+	if err := l.bridge(seg.Bridge+"a", n, seg.HostIP); err != nil {
+		return Segment{}, err
+	}
+	trunk, err := l.openTap(fmt.Sprintf("vt%d", n), seg.Bridge)
+	if err != nil {
+		return Segment{}, err
+	}
+	access, err := l.openTap(fmt.Sprintf("va%d", n), seg.Bridge+"a")
+	if err != nil {
+		trunk.Close()
+		return Segment{}, err
+	}
+	l.mu.Lock()
+	l.cleanup = append(l.cleanup, func() { trunk.Close(); access.Close() })
+	l.mu.Unlock()
+	tag := []byte{0x81, 0x00, byte(vid >> 8), byte(vid)}
+	go func() { // trunk → access: VLAN vid only, untagged
+		buf := make([]byte, 65536)
+		for {
+			k, err := trunk.Read(buf)
+			if err != nil {
+				return
+			}
+			f := buf[:k]
+			if k < 18 || f[12] != 0x81 || f[13] != 0x00 || int(f[14]&0x0f)<<8|int(f[15]) != vid {
+				continue // untagged, or another VLAN: not this port's
+			}
+			out := append(append(make([]byte, 0, k-4), f[:12]...), f[16:]...)
+			_, _ = access.Write(out)
+		}
+	}()
+	go func() { // access → trunk: tagged vid
+		buf := make([]byte, 65536)
+		for {
+			k, err := access.Read(buf)
+			if err != nil {
+				return
+			}
+			if k < 14 {
+				continue
+			}
+			f := buf[:k]
+			out := append(append(append(make([]byte, 0, k+4), f[:12]...), tag...), f[12:]...)
+			_, _ = trunk.Write(out)
+		}
+	}()
+	return seg, nil
+}
+
+// openTap creates tap name inside the lab, held open by this process
+// (it goes away when closed), on bridge.
+func (l *Lab) openTap(name, bridge string) (*os.File, error) {
+	var f *os.File
+	err := l.Do(func() error {
+		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("/dev/net/tun: %w", err)
+		}
+		ifr, err := unix.NewIfreq(name)
+		if err != nil {
+			unix.Close(fd)
+			return err
+		}
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
+		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("tap %s: %w", name, err)
+		}
+		if err := unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		f = os.NewFile(uintptr(fd), name)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, cmd := range [][]string{{"link", "set", name, "master", bridge}, {"link", "set", name, "up"}} {
+		if err := l.IP(cmd...); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return f, nil
 }
 
 // Tap creates a tap device on the main bridge and returns its name.

@@ -1,0 +1,135 @@
+package nmkeyfile
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestStaticEthernetAndVLAN(t *testing.T) {
+	state := `{
+	  "interfaces": [
+	    {"name": "eth0", "type": "ethernet", "state": "up", "mtu": 9000,
+	     "ipv4": {"enabled": true, "dhcp": false, "address": [{"ip": "198.18.12.10", "prefix-length": 24}]},
+	     "ipv6": {"enabled": false}},
+	    {"name": "eth1.100", "type": "vlan", "state": "up", "vlan": {"base-iface": "eth1", "id": 100},
+	     "ipv4": {"enabled": true, "address": [{"ip": "198.18.13.10", "prefix-length": 24}]},
+	     "ipv6": {"enabled": true, "autoconf": true, "dhcp": true}}
+	  ],
+	  "routes": {"config": [
+	    {"destination": "0.0.0.0/0", "next-hop-address": "198.18.12.1", "next-hop-interface": "eth0"},
+	    {"destination": "198.18.200.0/24", "next-hop-address": "198.18.13.254", "next-hop-interface": "eth1.100", "metric": 50},
+	    {"destination": "198.18.201.0/24", "next-hop-interface": "eth1.100", "metric": 20}
+	  ]},
+	  "dns-resolver": {"config": {"server": ["198.18.12.53", "2001:db8::53"], "search": ["lab.example"]}}
+	}`
+	files, err := Convert("host-a", []byte(state), map[string]string{"eth0": "52:54:00:aa:00:01", "eth1": "52:54:00:AA:00:02"})
+	require.NoError(t, err)
+	got := map[string]string{}
+	for _, f := range files {
+		got[f.Name] = string(f.Data)
+	}
+	require.Len(t, got, 3, "eth0, eth1.100, and eth1 as the VLAN's base")
+	base := uuidFor("host-a", "eth1")
+	require.Equal(t, `[connection]
+id=host-a-eth0
+uuid=`+uuidFor("host-a", "eth0")+`
+type=ethernet
+autoconnect=true
+
+[ethernet]
+mac-address=52:54:00:AA:00:01
+mtu=9000
+
+[ipv4]
+method=manual
+address1=198.18.12.10/24
+gateway=198.18.12.1
+dns=198.18.12.53;
+dns-search=lab.example;
+
+[ipv6]
+method=disabled
+`, got["host-a-eth0.nmconnection"])
+	require.Equal(t, `[connection]
+id=host-a-eth1.100
+uuid=`+uuidFor("host-a", "eth1.100")+`
+type=vlan
+autoconnect=true
+interface-name=eth1.100
+
+[vlan]
+id=100
+parent=`+base+`
+
+[ipv4]
+method=manual
+address1=198.18.13.10/24
+route1=198.18.200.0/24,198.18.13.254,50
+route2=198.18.201.0/24,0.0.0.0,20
+
+[ipv6]
+method=auto
+dns=2001:db8::53;
+dns-search=lab.example;
+`, got["host-a-eth1.100.nmconnection"])
+	require.Contains(t, got["host-a-eth1.nmconnection"], "uuid="+base+"\n")
+	require.Contains(t, got["host-a-eth1.nmconnection"], "mac-address=52:54:00:AA:00:02\n")
+	require.Contains(t, got["host-a-eth1.nmconnection"], "[ipv4]\nmethod=disabled\n")
+
+	again, err := Convert("host-a", []byte(state), map[string]string{"eth0": "52:54:00:aa:00:01", "eth1": "52:54:00:AA:00:02"})
+	require.NoError(t, err)
+	require.Equal(t, files, again, "the same config renders the same bytes (the image's version hashes them)")
+	require.NotEqual(t, uuidFor("host-a", "eth0"), uuidFor("host-b", "eth0"))
+}
+
+func TestUnsupportedTypes(t *testing.T) {
+	state := `{"interfaces": [{"name": "bond0", "type": "bond", "link-aggregation": {"mode": "active-backup", "port": ["eth0", "eth1"]}}]}`
+	_, err := Convert("host-b", []byte(state), map[string]string{"eth0": "52:54:00:aa:00:01"})
+	var u *Unsupported
+	require.True(t, errors.As(err, &u), "%v", err)
+	require.Equal(t, "host-b", u.Config)
+	require.Contains(t, err.Error(), `interface "bond0" has type "bond"`)
+	require.Contains(t, err.Error(), "need DHCP")
+}
+
+func TestWrongConfigs(t *testing.T) {
+	macs := map[string]string{"eth0": "52:54:00:aa:00:01"}
+	eth := func(ipv4 string) string {
+		return `{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": ` + ipv4 + `}]`
+	}
+	static := `{"enabled": true, "address": [{"ip": "198.18.12.10", "prefix-length": 24}]}`
+	for state, want := range map[string]string{
+		`[1, 2]`:                         "not an nmstate document",
+		`{"interfaces": []}`:             "no interfaces",
+		eth(static) + `, "ethtool": {}}`: `unknown field "ethtool"`,
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "lldp": {"enabled": true}}]}`:                                  `unknown field "lldp"`,
+		`{"interfaces": [{"name": "eth9", "type": "ethernet", "ipv4": ` + static + `}]}`:                                     `interface "eth9" has no MAC address: map it in spec.interfaces`,
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "mac-address": "52:54:00:aa:00:02", "ipv4": ` + static + `}]}`: "has mac-address 52:54:00:aa:00:02 but spec.interfaces maps it to 52:54:00:aa:00:01",
+		`{"interfaces": [{"name": "eth0/x", "type": "ethernet"}]}`:                                                           `interface name "eth0/x"`,
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "state": "down"}]}`:                                            `has state "down"`,
+		eth(`{"enabled": true, "address": [{"ip": "198.18.12.10"}]}`) + `}`:                                                  "has no prefix-length",
+		eth(`{"enabled": true, "address": [{"ip": "198.18.12.10", "prefix-length": 33}]}`) + `}`:                             "prefix-length 33 does not fit",
+		eth(`{"enabled": true, "address": [{"ip": "2001:db8::1", "prefix-length": 64}]}`) + `}`:                              `"2001:db8::1" is not an IPv4 address`,
+		eth(`{"enabled": true}`) + `}`:                                          "enabled with no address, dhcp or autoconf",
+		eth(`{"address": [{"ip": "198.18.12.10", "prefix-length": 24}]}`) + `}`: "needs enabled: true or false",
+		eth(`{"enabled": false, "dhcp": true}`) + `}`:                           "disabled but has dhcp",
+		eth(static) + `, "routes": {"config": [{"destination": "0.0.0.0/0", "next-hop-address": "198.18.99.1", "next-hop-interface": "eth0"}]}}`:     "next hop 198.18.99.1 is on none of eth0's networks (198.18.12.10/24)",
+		eth(static) + `, "routes": {"config": [{"destination": "0.0.0.0/0", "next-hop-address": "198.18.12.1", "next-hop-interface": "eth1"}]}}`:     `next-hop-interface "eth1" is not an interface`,
+		eth(static) + `, "routes": {"config": [{"destination": "198.18.5.1/24", "next-hop-address": "198.18.12.1", "next-hop-interface": "eth0"}]}}`: "has host bits set",
+		eth(static) + `, "routes": {"config": [{"destination": "::/0", "next-hop-address": "2001:db8::1", "next-hop-interface": "eth0"}]}}`:          "whose ipv6 is disabled",
+		eth(static) + `, "dns-resolver": {"config": {"server": ["dns.example"]}}}`:                                                                   `"dns.example" is not an IP address`,
+		eth(static) + `, "dns-resolver": {"config": {"server": ["2001:db8::53"]}}}`:                                                                  "no interface is configured for",
+		`{"interfaces": [{"name": "v100", "type": "vlan", "vlan": {"base-iface": "eth0", "id": 5000}}]}`:                                             "id 5000 is not between 1 and 4094",
+		`{"interfaces": [{"name": "v100", "type": "vlan", "vlan": {"base-iface": "eth7", "id": 100}, "ipv4": ` + static + `}]}`:                      `interface "eth7" has no MAC address`,
+	} {
+		_, err := Convert("host-c", []byte(state), macs)
+		require.Error(t, err, state)
+		require.Contains(t, err.Error(), want, state)
+		require.True(t, strings.HasPrefix(err.Error(), "NMStateConfig host-c: "), err.Error())
+		var u *Unsupported
+		require.False(t, errors.As(err, &u), state)
+	}
+}
