@@ -312,6 +312,30 @@ func TestValidationsFollowTheHardware(t *testing.T) {
 		require.Equal(t, "disabled", validation(a, "cpu-virtualization").Status)
 		require.Equal(t, "success", validation(a, "cnv-requirements-satisfied").Status)
 		require.Equal(t, "false", a.Labels["inventory.agent-install.openshift.io/cpu-virtenabled"])
+		require.Equal(t, "disabled", validation(a, "secure-boot-enabled").Status, "not required")
+		require.Equal(t, "Secure Boot is not available (the host booted with bios); the InfraEnv does not require it", validation(a, "secure-boot-enabled").Message)
+	})
+
+	t.Run("secure boot required", func(t *testing.T) {
+		ie3 := infraEnv(t, func(ie *v1beta1.InfraEnv) {
+			ie.Spec.HostRequirements = &v1beta1.HostRequirements{MinCPUCores: 1, MinMemoryMiB: 1024, MinDiskSizeGB: 10, SecureBoot: true}
+		})
+		off := register(t, ie3, 205)
+		inv := stack.FakeInventory("sb-off", stack.MAC(205))
+		inv.Boot = agentwire.Boot{CurrentBootMode: "uefi", SecureBootState: "Disabled"}
+		require.NoError(t, off.c.PutInventory(ctx, off.ns, off.id, inv))
+		off.beat(t)
+		a := off.waitAgent(t, "failed Secure Boot", func(x *v1beta1.Agent) bool { return validation(x, "secure-boot-enabled").Status == "failure" })
+		require.Contains(t, validation(a, "secure-boot-enabled").Message, "Secure Boot is Disabled; the InfraEnv requires hosts that boot with Secure Boot enabled")
+		require.NotEqual(t, "known-unbound", a.Status.DebugInfo.State, "not ready")
+
+		on := register(t, ie3, 206)
+		inv = stack.FakeInventory("sb-on", stack.MAC(206))
+		inv.Boot = agentwire.Boot{CurrentBootMode: "uefi", SecureBootState: "Enabled"}
+		require.NoError(t, on.c.PutInventory(ctx, on.ns, on.id, inv))
+		on.beat(t)
+		a = on.waitAgent(t, "became known", func(x *v1beta1.Agent) bool { return x.Status.DebugInfo.State == "known-unbound" })
+		require.Equal(t, "success", validation(a, "secure-boot-enabled").Status)
 	})
 }
 

@@ -69,6 +69,10 @@ type Options struct {
 	// network boot is UEFI HTTP boot, as on a server whose setup enables
 	// HTTP boot only. UEFI x86_64 only.
 	HTTPBoot bool
+	// SecureBoot boots OVMF's Secure Boot build with Microsoft's keys
+	// enrolled and Secure Boot enforced (Debian's OVMF_VARS_4M.ms.fd), on
+	// the q35 machine with SMM, which that build needs. UEFI x86_64 only.
+	SecureBoot bool
 	// Prefix runs qemu through another command (`ip netns exec <ns>`).
 	Prefix []string
 	// Extra qemu arguments.
@@ -197,6 +201,17 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 			return nil, fmt.Errorf("AAVMF firmware: %v (install Debian package qemu-efi-aarch64)", err)
 		}
 		args = append(args, "-drive", "if=pflash,format=raw,readonly=on,file=/usr/share/AAVMF/AAVMF_CODE.fd", "-drive", "if=pflash,format=raw,file="+vars)
+	case o.SecureBoot:
+		if !o.UEFI {
+			return nil, fmt.Errorf("vm %s: SecureBoot needs UEFI", o.Name)
+		}
+		vars := filepath.Join(t.TempDir(), "OVMF_VARS.fd")
+		if err := copyFile("/usr/share/OVMF/OVMF_VARS_4M.ms.fd", vars); err != nil {
+			return nil, fmt.Errorf("OVMF firmware: %v (install Debian package ovmf)", err)
+		}
+		args = append(args, "-machine", "q35,smm=on", "-global", "driver=cfi.pflash01,property=secure,value=on",
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
+			"-drive", "if=pflash,format=raw,unit=1,file="+vars)
 	case o.UEFI:
 		vars := filepath.Join(t.TempDir(), "OVMF_VARS.fd")
 		if err := copyFile("/usr/share/OVMF/OVMF_VARS_4M.fd", vars); err != nil {

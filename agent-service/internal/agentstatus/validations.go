@@ -19,6 +19,7 @@ type Requirements struct {
 	MinMemoryBytes    int64
 	MinDiskSizeBytes  int64
 	CPUVirtualization bool
+	SecureBoot        bool
 }
 
 // DefaultRequirements are the worker minimums.
@@ -40,6 +41,7 @@ func (r Requirements) For(ie *v1beta1.InfraEnv) Requirements {
 		r.MinDiskSizeBytes = b
 	}
 	r.CPUVirtualization = h.CPUVirtualization
+	r.SecureBoot = h.SecureBoot
 	return r
 }
 
@@ -63,6 +65,9 @@ const (
 	// (lifecycle.SanitizationOwed): cluster-api-provider-agent takes only
 	// Validated Agents, so it skips the host until its evidence is in.
 	DisksSanitized = "disks-sanitized"
+	// SecureBootEnabled fails when the InfraEnv requires Secure Boot
+	// (hostRequirements.secureBoot) and the host did not boot with it.
+	SecureBootEnabled = "secure-boot-enabled"
 )
 
 // facts is everything a validation looks at.
@@ -105,6 +110,7 @@ var validations = []struct {
 		{HostnameValid, hostnameValid},
 		{HostnameUnique, hostnameUnique},
 		{CPUVirt, cpuVirtualization},
+		{SecureBootEnabled, secureBootEnabled},
 		{DisksSanitized, disksSanitized},
 	}},
 	{"network", []validation{
@@ -218,6 +224,26 @@ func cpuVirtualization(f *facts) result {
 		return result{v1beta1.ValidationDisabled, fmt.Sprintf("CPU virtualization is not usable (%s: %s); the InfraEnv does not require it", v.Verdict, v.Reason)}
 	}
 	return fail("CPU virtualization is not usable (%s): %s", v.Verdict, v.Reason)
+}
+
+func secureBootEnabled(f *facts) result {
+	if !inventoried(f) {
+		return pending
+	}
+	b := f.agent.Status.Inventory.Boot
+	state := b.SecureBootState
+	if b.CurrentBootMode != "uefi" {
+		state = "not available (the host booted with " + b.CurrentBootMode + ")"
+	} else if state == "" {
+		state = "Unknown"
+	}
+	switch {
+	case state == "Enabled":
+		return ok("The host booted with Secure Boot enabled")
+	case !f.req.SecureBoot:
+		return result{v1beta1.ValidationDisabled, fmt.Sprintf("Secure Boot is %s; the InfraEnv does not require it", state)}
+	}
+	return fail("Secure Boot is %s; the InfraEnv requires hosts that boot with Secure Boot enabled (firmware setup, or the BareMetalHost's bootMode UEFISecureBoot)", state)
 }
 
 func connected(f *facts) result {

@@ -116,6 +116,11 @@ type HostRequirements struct {
 	// the cnv-requirements-satisfied validation and are not ready.
 	// +optional
 	CPUVirtualization bool `json:"cpuVirtualization,omitempty"`
+	// SecureBoot requires hosts that booted discovery with UEFI Secure
+	// Boot enforced: hosts that report it disabled, or booted with BIOS,
+	// fail the secure-boot-enabled validation and are not ready.
+	// +optional
+	SecureBoot bool `json:"secureBoot,omitempty"`
 	// MinCPUCores is the fewest logical CPUs a host may have.
 	// +kubebuilder:validation:Minimum=1
 	// +optional

@@ -41,7 +41,7 @@ import (
 
 // builderVersion changes whenever the image layout changes, to invalidate
 // cached images.
-const builderVersion = "7"
+const builderVersion = "9"
 
 type builder struct {
 	out, cache, repo string
@@ -507,6 +507,11 @@ func (b *builder) makeISO(out, root, volID string, kernel, initrd, rootfs []byte
 		"EFI/agentboot/grub.cfg":    []byte(grub),
 	}
 	kargFiles := []map[string]any{{"path": "EFI/agentboot/grub.cfg", "offset": strings.Index(grub, kargs), "pad": "#", "end": "\n"}}
+	if b.t.signedEFI {
+		// What Debian's signed CD GRUB looks for (efiBootImage).
+		files[".disk/info"] = []byte("agentboot dev OS " + volID + "\n")
+		files["boot/grub/grub.cfg"] = []byte("configfile ($root)/EFI/agentboot/grub.cfg\n")
+	}
 	if b.t.bios {
 		isolinux := "serial 0 115200\ndefault linux\nprompt 0\ntimeout 10\nlabel linux\n  kernel /images/pxeboot/vmlinuz\n  append initrd=/images/pxeboot/initrd.img,/images/ignition.img " + kargs + kargArea()
 		files["isolinux/isolinux.cfg"] = []byte(isolinux)
@@ -560,15 +565,28 @@ func (b *builder) makeISO(out, root, volID string, kernel, initrd, rootfs []byte
 
 // efiBootImage makes the FAT image UEFI firmware boots from the CD: a GRUB
 // that finds the ISO by its label and reads EFI/agentboot/grub.cfg there.
+// With signedEFI that GRUB is Debian's signed CD GRUB (gcdx64.efi), started
+// by Debian's signed shim as BOOTX64.EFI: its built-in config finds the CD
+// by /.disk/info and reads /boot/grub/grub.cfg there (makeISO writes both),
+// which sends it on to EFI/agentboot/grub.cfg.
 func (b *builder) efiBootImage(root, volID, out string) error {
-	efi, err := b.grubEFI(root, volID)
-	if err != nil {
-		return err
+	files := map[string]string{}
+	size := "4096"
+	if b.t.signedEFI {
+		files["EFI/BOOT/"+b.t.efiName] = filepath.Join(root, "usr/lib/shim/shimx64.efi.signed")
+		files["EFI/BOOT/grubx64.efi"] = filepath.Join(root, "usr/lib/grub/x86_64-efi-signed/gcdx64.efi.signed")
+		size = "8192"
+	} else {
+		efi, err := b.grubEFI(root, volID)
+		if err != nil {
+			return err
+		}
+		files["EFI/BOOT/"+b.t.efiName] = efi
 	}
-	if o, err := exec.Command("mkfs.vfat", "-C", out, "4096").CombinedOutput(); err != nil {
+	if o, err := exec.Command("mkfs.vfat", "-C", out, size).CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs.vfat: %v: %s", err, o)
 	}
-	return mtools(out, map[string]string{"EFI/BOOT/" + b.t.efiName: efi}, "EFI", "EFI/BOOT")
+	return mtools(out, files, "EFI", "EFI/BOOT")
 }
 
 // grubEFI builds a standalone GRUB for the target's UEFI that finds the

@@ -32,13 +32,18 @@ type target struct {
 	// grubFormat and efiName are grub-mkimage's -O and the removable-media
 	// file name UEFI firmware starts (BOOTX64.EFI, BOOTAA64.EFI).
 	grubFormat, efiName string
+	// signedEFI boots the ISO's UEFI path through Debian's signed shim
+	// and signed GRUB (shim-signed, grub-efi-amd64-signed), as RHCOS's
+	// ISO does through Red Hat's, so that hosts with Secure Boot
+	// enforced boot it; Debian's kernel is signed too.
+	signedEFI bool
 }
 
 // Storage and network drivers shared by both architectures: virtio for VMs,
 // AHCI/NVMe disks, CD-ROM and the NICs common on servers.
 var commonInitrdModules = []string{
 	"virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi", "virtio_rng",
-	"ahci", "sd_mod", "sr_mod", "nvme", "isofs", "loop", "8021q",
+	"ahci", "sd_mod", "sr_mod", "nvme", "isofs", "loop", "8021q", "efivarfs",
 	"vfat", "nls_cp437", "nls_ascii", "nls_iso8859-1", "ext4",
 	"igb", "ixgbe", "i40e", "tg3", "bnx2", "bnxt_en", "r8169",
 }
@@ -46,12 +51,13 @@ var commonInitrdModules = []string{
 var targets = map[string]target{
 	"x86_64": {
 		name: "x86_64", deb: "amd64", goarch: "amd64",
-		packages:      []string{"busybox-static", "isolinux", "syslinux-common", "syslinux", "grub-efi-amd64-bin"},
+		packages:      []string{"busybox-static", "isolinux", "syslinux-common", "syslinux", "grub-efi-amd64-bin", "shim-signed", "grub-efi-amd64-signed"},
 		initrdModules: append([]string{"ata_piix", "e1000", "e1000e", "igc"}, commonInitrdModules...),
 		rootfsModules: []string{"kvm_intel", "kvm_amd", "vfio_pci", "vfio_iommu_type1", "ipmi_si", "ipmi_devintf", "megaraid_sas", "mpt3sas"},
 		console:       "ttyS0",
 		bios:          true,
 		grubFormat:    "x86_64-efi", efiName: "BOOTX64.EFI",
+		signedEFI:     true,
 	},
 	"aarch64": {
 		name: "aarch64", deb: "arm64", goarch: "arm64",

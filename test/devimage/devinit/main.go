@@ -62,6 +62,7 @@ func main() {
 		logf("module index: %v", err)
 	}
 	mods.coldplug()
+	mountEFIVars(mods)
 
 	netUp := false
 	if url := cmd["coreos.live.rootfs_url"]; url != "" {
@@ -128,9 +129,19 @@ func mountBasics() {
 			fmt.Fprintf(os.Stderr, "devinit: mount %s: %v\n", m.dst, err)
 		}
 	}
-	// efivarfs tells the agent the host booted with UEFI.
-	if _, err := os.Stat("/sys/firmware/efi"); err == nil {
-		_ = unix.Mount("efivarfs", "/sys/firmware/efi/efivars", "efivarfs", 0, "")
+}
+
+// mountEFIVars mounts efivarfs on a UEFI host, as systemd does: the agent
+// reads the SecureBoot variable there. Debian builds it as a module.
+func mountEFIVars(mods *moduleIndex) {
+	if _, err := os.Stat("/sys/firmware/efi"); err != nil {
+		return // BIOS
+	}
+	if err := mods.load("efivarfs", 0); err != nil {
+		logf("efivarfs module: %v", err)
+	}
+	if err := unix.Mount("efivarfs", "/sys/firmware/efi/efivars", "efivarfs", 0, ""); err != nil && err != unix.EBUSY {
+		logf("mount efivarfs: %v", err)
 	}
 }
 
