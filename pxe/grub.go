@@ -3,6 +3,7 @@ package pxe
 import (
 	"bytes"
 	"context"
+	"debug/pe"
 	"errors"
 	"fmt"
 	"io"
@@ -321,4 +322,65 @@ func size(n int64) string {
 		return fmt.Sprintf("%d MiB", n>>20)
 	}
 	return fmt.Sprintf("%d bytes", n)
+}
+
+// The Secure Boot path's TFTP names: what Debian's signed shim loads next
+// (grubx64.efi, beside itself) and where Debian's signed network GRUB,
+// whose built-in prefix is /grub, reads its config.
+const (
+	SignedShimName = "shimx64.efi"
+	SignedGRUBName = "grubx64.efi"
+	SignedGRUBCfg  = "grub/grub.cfg"
+)
+
+// signedGRUBConfig is grub/grub.cfg for Debian's signed network GRUB: the
+// netboot GRUB's two configs in one, with this server's address, since
+// the signed binary cannot carry it.
+func signedGRUBConfig(server netip.Addr) []byte {
+	early := strings.Replace(GRUBEarlyConfig, GRUBServerPlaceholder, server.String(), 1)
+	early = strings.Replace(early, "set prefix=(memdisk)\n", "", 1)
+	early = strings.Replace(early, "normal\n", "", 1)
+	return []byte(early + GRUBConfig)
+}
+
+// loadSignedChain reads the shim and GRUB of the Secure Boot path and
+// refuses binaries without an Authenticode signature: firmware with
+// Secure Boot on would refuse them, and the host would boot nothing.
+func loadSignedChain(cfg Config) (map[string][]byte, error) {
+	out := map[string][]byte{SignedGRUBCfg: signedGRUBConfig(cfg.ServerIP)}
+	for _, f := range []struct{ name, path, pkg string }{
+		{SignedShimName, cfg.ShimBinary, "shim-signed"},
+		{SignedGRUBName, cfg.SignedGRUBBinary, "grub-efi-amd64-signed"},
+	} {
+		if f.path == "" {
+			return nil, fmt.Errorf("pxe: Secure Boot: no file for %s (Debian package %s)", f.name, f.pkg)
+		}
+		data, err := os.ReadFile(f.path)
+		if err != nil {
+			return nil, fmt.Errorf("pxe: Secure Boot: %w (Debian package %s)", err, f.pkg)
+		}
+		if err := checkSigned(data); err != nil {
+			return nil, fmt.Errorf("pxe: Secure Boot: %s: %v: firmware with Secure Boot on would refuse it", f.path, err)
+		}
+		out[f.name] = data
+	}
+	return out, nil
+}
+
+// checkSigned says whether data is an x86-64 EFI application with an
+// Authenticode signature (a certificate table), without judging whose.
+func checkSigned(data []byte) error {
+	f, err := pe.NewFile(bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("not an EFI application: %v", err)
+	}
+	defer f.Close()
+	oh, ok := f.OptionalHeader.(*pe.OptionalHeader64)
+	if !ok || f.Machine != pe.IMAGE_FILE_MACHINE_AMD64 {
+		return errors.New("not an x86-64 EFI application")
+	}
+	if len(oh.DataDirectory) <= pe.IMAGE_DIRECTORY_ENTRY_SECURITY || oh.DataDirectory[pe.IMAGE_DIRECTORY_ENTRY_SECURITY].Size == 0 {
+		return errors.New("not signed")
+	}
+	return nil
 }

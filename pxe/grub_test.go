@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/pin/tftp/v3"
 	"github.com/stretchr/testify/require"
@@ -233,4 +234,59 @@ func TestProxyErrors(t *testing.T) {
 	_, err = p.get(context.Background(), "boot.grub?mac=x&arch=bad")
 	require.EqualError(t, err, `image service: 400 Bad Request: malformed mac "x": want six hexadecimal bytes separated by colons`)
 	require.Equal(t, 1, is.hit("/boot.grub?arch=bad&mac=x"), "no ./ in the path")
+}
+
+// The Secure Boot path: x86-64 UEFI PXE firmware gets Debian's signed
+// shim, which fetches the signed network GRUB beside it, which reads
+// grub/grub.cfg, written with this server's address; HTTP boot clients keep
+// iPXE. Binaries without a signature are refused at start.
+func TestSecureBootChain(t *testing.T) {
+	shim, grub := "/usr/lib/shim/shimx64.efi.signed", "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed"
+	for _, f := range []string{shim, grub} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("%v: install Debian packages shim-signed and grub-efi-amd64-signed (.ci/packages)", err)
+		}
+	}
+	s, tftpAddr, httpAddr := startServer(t, ProxyDHCP, func(c *Config) {
+		c.SecureBoot, c.ShimBinary, c.SignedGRUBBinary = true, shim, grub
+	})
+	reply := s.Handle(discover(t, "52:54:00:aa:00:61", iana.EFI_X86_64, "PXEClient:Arch:00007:UNDI:003016"), 67)
+	require.NotNil(t, reply)
+	require.Equal(t, "shimx64.efi", reply.Response().BootFileName)
+	reply = s.Handle(discover(t, "52:54:00:aa:00:62", iana.EFI_X86_64_HTTP, "HTTPClient:Arch:00016:UNDI:003001"), 67)
+	require.NotNil(t, reply)
+	require.Equal(t, "http://"+httpAddr+"/ipxe/ipxe.efi", string(reply.Response().GetOneOption(dhcpv4.OptionBootfileName)))
+	reply = s.Handle(discover(t, "52:54:00:aa:00:63", iana.INTEL_X86PC, "PXEClient:Arch:00000:UNDI:002001"), 67)
+	require.NotNil(t, reply)
+	require.Equal(t, "undionly.kpxe", reply.Response().BootFileName, "BIOS has no Secure Boot")
+
+	get := func(name string) []byte {
+		c, err := tftp.NewClient(tftpAddr)
+		require.NoError(t, err)
+		c.SetBlockSize(1468)
+		wt, err := c.Receive(name, "octet")
+		require.NoError(t, err, name)
+		var b bytes.Buffer
+		_, err = wt.WriteTo(&b)
+		require.NoError(t, err)
+		return b.Bytes()
+	}
+	for name, path := range map[string]string{"shimx64.efi": shim, "grubx64.efi": grub} {
+		want, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.Equal(t, want, get(name), name)
+	}
+	require.Equal(t, "set agentboot_server=127.0.0.1\nset agentboot_root=(tftp,$agentboot_server)/agentboot\n"+
+		"echo \"agentboot: network boot through $agentboot_server, MAC $net_default_mac\"\n"+GRUBConfig, string(get("grub/grub.cfg")))
+
+	dir, _ := binaries(t)
+	for _, bad := range []struct{ shim, grub, want string }{
+		{filepath.Join(dir, "ipxe.efi"), grub, "not an EFI application"},
+		{shim, "/usr/lib/ipxe/ipxe.efi", "not signed: firmware with Secure Boot on would refuse it"},
+		{shim, filepath.Join(dir, "missing.efi"), "no such file"},
+	} {
+		_, err := New(Config{Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), BootScriptURL: "http://x/boot.ipxe", TFTPDir: dir,
+			SecureBoot: true, ShimBinary: bad.shim, SignedGRUBBinary: bad.grub})
+		require.ErrorContains(t, err, bad.want)
+	}
 }

@@ -112,6 +112,11 @@ func (o *observer) bootFile(client netip.Addr, file, result string, bytes int64,
 	if mac == "" {
 		return
 	}
+	if strings.HasPrefix(file, "grub/") {
+		// The signed GRUB's config, and the per-host names it tries
+		// first (grub.cfg-01-<mac>, ...), which are not found: not hops.
+		return
+	}
 	hop := boottrace.BootFile
 	if rel, ok := strings.CutPrefix(file, discovery.GRUBPathPrefix+"/"); ok {
 		switch base := path.Base(strings.SplitN(rel, "?", 2)[0]); {

@@ -86,6 +86,14 @@ type Config struct {
 	// are not answered. It fetches the boot decision, kernel and initrd
 	// from the image service through this service's TFTP server.
 	ARM64Binary string
+	// SecureBoot sends x86-64 UEFI PXE clients a signed chain instead of
+	// iPXE, which firmware with Secure Boot enforced refuses: ShimBinary
+	// (Debian's shimx64.efi.signed) as shimx64.efi, which loads
+	// SignedGRUBBinary (Debian's grubnetx64.efi.signed) as grubx64.efi,
+	// which reads grub/grub.cfg from this service and asks the image
+	// service for its boot decision through it, as arm64 hosts do.
+	SecureBoot                   bool
+	ShimBinary, SignedGRUBBinary string
 
 	// Authoritative mode: the pool, its options, reservations by MAC and the
 	// lease file.
@@ -125,6 +133,8 @@ type Server struct {
 	grub     []byte
 	grubName string
 	images   *imageProxy
+	// signed are the files of the Secure Boot path by TFTP name.
+	signed map[string][]byte
 }
 
 // Limits of the files proxied to GRUB: one file, and all files kept for
@@ -201,6 +211,17 @@ func New(cfg Config) (*Server, error) {
 		}
 		tcfg.Source = s.source
 	}
+	if cfg.SecureBoot {
+		if s.signed, err = loadSignedChain(cfg); err != nil {
+			return nil, err
+		}
+		if s.images == nil {
+			if s.images, err = newImageProxy(cfg.BootScriptURL, maxProxiedFile, maxProxiedCache, cfg.Log.WithName("grub-files")); err != nil {
+				return nil, err
+			}
+		}
+		tcfg.Source = s.source
+	}
 	if s.tftp, err = tftpd.New(tcfg); err != nil {
 		return nil, err
 	}
@@ -218,6 +239,9 @@ func New(cfg Config) (*Server, error) {
 		dcfg.Subnet = pfx.Masked()
 	}
 	dcfg.Relays, dcfg.NewClientRate, dcfg.NewClientBurst = cfg.Relays, cfg.NewClientRate, cfg.NewClientBurst
+	if cfg.SecureBoot {
+		dcfg.EFIPXEBinary = SignedShimName
+	}
 	if cfg.Mode == Authoritative {
 		if !cfg.PoolStart.IsValid() || !cfg.PoolEnd.IsValid() {
 			return nil, errors.New("pxe: authoritative mode needs an address pool")
@@ -479,8 +503,11 @@ func (s *Server) Handle(packet []byte, port int) *Reply {
 // source serves TFTP names outside the iPXE binaries: the arm64 GRUB and,
 // below discovery.GRUBPathPrefix, the image service's files it asks for.
 func (s *Server) source(ctx context.Context, name string, client netip.Addr) ([]byte, error) {
-	if name == s.grubName {
+	if name == s.grubName && s.grub != nil {
 		return s.grub, nil
+	}
+	if data, ok := s.signed[name]; ok {
+		return data, nil
 	}
 	rel, ok := strings.CutPrefix(name, discovery.GRUBPathPrefix+"/")
 	if !ok {

@@ -37,6 +37,8 @@ type pxeFlags struct {
 	observationsURL, observationsCAFile  string
 	observationsTokenFile                string
 	reservations                         stringList
+	secureBoot                           bool
+	shimBinary, signedGRUBBinary         string
 }
 
 func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
@@ -55,6 +57,9 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&p.biosBinary, prefix+"bios-binary", "undionly.kpxe", "iPXE binary for BIOS PXE clients")
 	fs.StringVar(&p.efiBinary, prefix+"efi-binary", "ipxe.efi", "iPXE binary for x86-64 UEFI clients (ipxe.efi, or snponly.efi to use the firmware's network driver)")
 	fs.StringVar(&p.arm64Binary, prefix+"arm64-binary", "", "agentboot's netboot GRUB for arm64 UEFI clients (make pxe-grub builds bin/pxe/grubnetaa64.efi), a path or a name in the TFTP directory (empty: arm64 clients are not answered)")
+	fs.BoolVar(&p.secureBoot, prefix+"secure-boot", false, "send x86-64 UEFI PXE clients Debian's signed shim and network GRUB instead of iPXE, which firmware with Secure Boot enforced refuses (docs/pxe.md#secure-boot)")
+	fs.StringVar(&p.shimBinary, prefix+"shim-binary", "/usr/lib/shim/shimx64.efi.signed", "with --secure-boot: the signed shim (Debian's shim-signed)")
+	fs.StringVar(&p.signedGRUBBinary, prefix+"signed-grub-binary", "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed", "with --secure-boot: the signed network GRUB the shim loads (Debian's grub-efi-amd64-signed)")
 	fs.StringVar(&p.pool, prefix+"pool", "", "authoritative mode: the address range handed out, first-last, e.g. 198.18.0.100-198.18.0.200")
 	fs.IntVar(&p.prefixLen, prefix+"prefix-length", 0, "authoritative mode: the boot network's prefix length (default: the interface address's)")
 	fs.StringVar(&p.router, prefix+"router", "", "authoritative mode: default gateway given to clients")
@@ -141,6 +146,7 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 		Interface: p.iface, Mode: pxe.Mode(p.mode), BootScriptURL: p.bootScriptURL,
 		TFTPDir: p.tftpDir, TFTPAddr: p.tftpAddr, TFTPSinglePort: p.tftpSinglePort, HTTPAddr: p.httpAddr,
 		BIOSBinary: p.biosBinary, EFIBinary: p.efiBinary, ARM64Binary: p.arm64Binary,
+		SecureBoot: p.secureBoot, ShimBinary: p.shimBinary, SignedGRUBBinary: p.signedGRUBBinary,
 		PrefixLen: p.prefixLen, LeaseTime: p.leaseTime, LeaseFile: p.leaseFile, Log: log, NewClientRate: p.newClientRate, NewClientBurst: p.newClientBurst,
 	}
 	if p.iface == "" {

@@ -4,6 +4,7 @@ package e2e_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -73,4 +74,38 @@ func waitAgentState(t *testing.T, a v1beta1.Agent, ok func(v1beta1.Agent) bool) 
 		return s.Client.Get(context.Background(), client.ObjectKeyFromObject(&a), &cur) == nil && ok(cur)
 	}, time.Minute, time.Second, "Agent %s: %+v", a.Name, cur.Status.ValidationsInfo)
 	return cur
+}
+
+// Network boot with Secure Boot enforced: `agentboot pxe --secure-boot`
+// sends OVMF's PXE Debian's signed shim over TFTP, the shim the signed
+// network GRUB, which reads its config from the PXE service and asks the
+// image service, through it, what the host boots; the signed kernel starts
+// and the host registers with Secure Boot enabled. Alone on its segment
+// (authoritative) and next to the site's DHCP server (proxy).
+func TestLabPXESecureBoot(t *testing.T) {
+	ie := infraEnv(t, nil)
+	for n, mode := range map[int]string{14: "authoritative", 15: "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			seg, err := theLab.Segment(n)
+			require.NoError(t, err)
+			mac := fmt.Sprintf("52:54:00:2e:50:%02x", n)
+			declareHost(t, ie, "sb-pxe-"+mode, mac)
+			args := []string{"--secure-boot"}
+			if mode == "authoritative" {
+				args = append(args, "--mode", "authoritative", "--pool", seg.Prefix+".100-"+seg.Prefix+".150",
+					"--router", seg.HostIP, "--lease-file", theLab.Dir+"/pxe-secureboot-leases.json")
+			} else {
+				require.NoError(t, theLab.Dnsmasq("sb-dnsmasq", seg.Bridge, seg.HostIP, seg.Prefix))
+			}
+			name := "pxe-secureboot-" + mode
+			startPXE(t, name, seg.Bridge, seg.HostIP, args...)
+			v := bootVMOn(t, seg.Bridge, vm.Options{Name: name, UEFI: true, SecureBoot: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536})
+			a := agentWithMAC(t, ie.Namespace, mac, v)
+			registered(t, "IPv4 UEFI PXE with Secure Boot enforced, agentboot "+mode+" (signed shim, GRUB, kernel)", v, a)
+			require.Equal(t, "Enabled", a.Status.Inventory.Boot.SecureBootState)
+			requireSerial(t, v, "NBP filename is shimx64.efi", "agentboot: network boot through "+seg.HostIP, "agentboot: loading the discovery kernel", "Secure boot enabled")
+			require.Regexp(t, `msg="TFTP transfer ended" logger=pxe/tftp client=\S+ file=grubx64.efi result=ok`, theLab.Log(name+".out"))
+		})
+	}
 }

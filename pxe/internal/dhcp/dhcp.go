@@ -52,6 +52,10 @@ type Config struct {
 	// Binaries for each firmware.
 	BIOSBinary  string // undionly.kpxe
 	EFIBinary   string // ipxe.efi or snponly.efi
+	// EFIPXEBinary, when set, goes to x86-64 UEFI PXE clients instead of
+	// EFIBinary: the signed shim of the Secure Boot path. UEFI HTTP boot
+	// clients keep EFIBinary.
+	EFIPXEBinary string
 	ARM64Binary string // agentboot's netboot GRUB; empty: arm64 clients are not answered
 	// Authoritative mode.
 	Leases    *leases.DB
@@ -226,6 +230,9 @@ func (h *Handler) boot(f firmware, mac string) (bootInfo, string) {
 	case iana.INTEL_X86PC:
 		return bootInfo{file: h.cfg.BIOSBinary, viaTFTP: true}, ""
 	case iana.EFI_X86_64, iana.EFI_BC:
+		if h.cfg.EFIPXEBinary != "" {
+			return bootInfo{file: h.cfg.EFIPXEBinary, viaTFTP: true}, ""
+		}
 		return bootInfo{file: h.cfg.EFIBinary, viaTFTP: true}, ""
 	case iana.EFI_ARM64:
 		if h.cfg.ARM64Binary == "" {
