@@ -133,3 +133,20 @@ func TestWrongConfigs(t *testing.T) {
 		require.False(t, errors.As(err, &u), state)
 	}
 }
+
+// IPv6-only: a static address, its default route as the gateway, and a
+// DNS server of that family.
+func TestStaticIPv6(t *testing.T) {
+	state := `{"interfaces": [{"name": "eth0", "type": "ethernet",
+	    "ipv4": {"enabled": false},
+	    "ipv6": {"enabled": true, "dhcp": false, "autoconf": false, "address": [{"ip": "2001:2::10", "prefix-length": 64}]}}],
+	  "routes": {"config": [{"destination": "::/0", "next-hop-address": "2001:2::1", "next-hop-interface": "eth0"},
+	    {"destination": "2001:2:0:5::/64", "next-hop-address": "2001:2::fe", "next-hop-interface": "eth0", "metric": 10}]},
+	  "dns-resolver": {"config": {"server": ["2001:2::53"]}}}`
+	files, err := Convert("v6", []byte(state), map[string]string{"eth0": "52:54:00:aa:00:06"})
+	require.NoError(t, err)
+	require.Len(t, files, 1)
+	require.Contains(t, string(files[0].Data), "[ipv4]\nmethod=disabled\n\n[ipv6]\nmethod=manual\naddress1=2001:2::10/64\ngateway=2001:2::1\nroute1=2001:2:0:5::/64,2001:2::fe,10\ndns=2001:2::53;\n")
+	_, err = Convert("v6", []byte(strings.Replace(state, `"next-hop-address": "2001:2::1"`, `"next-hop-address": "2001:3::1"`, 1)), map[string]string{"eth0": "52:54:00:aa:00:06"})
+	require.ErrorContains(t, err, "next hop 2001:3::1 is on none of eth0's networks (2001:2::10/64)")
+}
