@@ -16,6 +16,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -528,6 +529,10 @@ func (s *Server) source(ctx context.Context, name string, client netip.Addr) ([]
 // firmware asks for the size first) and ranges are not.
 func (s *Server) serveBootFile(w http.ResponseWriter, r *http.Request, name string) {
 	f, err := os.Open(filepath.Join(s.cfg.TFTPDir, name))
+	if errors.Is(err, os.ErrNotExist) {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
 	if err != nil {
 		s.cfg.Log.Error(err, "HTTP boot file unreadable", "file", name)
 		http.Error(w, "boot file unreadable", http.StatusInternalServerError)
@@ -542,8 +547,8 @@ func (s *Server) serveBootFile(w http.ResponseWriter, r *http.Request, name stri
 	w.Header().Set("Content-Type", "application/efi")
 	cw := &countingWriter{ResponseWriter: w}
 	http.ServeContent(cw, r, name, fi.ModTime(), f)
-	if r.Method != http.MethodGet || r.Header.Get("Range") != "" {
-		return
+	if r.Method != http.MethodGet || r.Header.Get("Range") != "" || cw.status != http.StatusOK {
+		return // the size, a part, or not modified: no boot file sent
 	}
 	result := "ok"
 	if cw.n != fi.Size() {
@@ -562,15 +567,36 @@ func (s *Server) serveBootFile(w http.ResponseWriter, r *http.Request, name stri
 	}
 }
 
-// countingWriter counts the body bytes written.
+// countingWriter counts the body bytes written and keeps the status.
 type countingWriter struct {
 	http.ResponseWriter
-	n int64
+	n      int64
+	status int
+}
+
+func (c *countingWriter) WriteHeader(code int) {
+	if c.status == 0 {
+		c.status = code
+	}
+	c.ResponseWriter.WriteHeader(code)
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
 	n, err := c.ResponseWriter.Write(p)
 	c.n += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps the connection's sendfile path for the file.
+func (c *countingWriter) ReadFrom(r io.Reader) (int64, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	n, err := io.Copy(c.ResponseWriter, r)
+	c.n += n
 	return n, err
 }
 

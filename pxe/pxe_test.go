@@ -479,6 +479,13 @@ func TestHTTPBootFileObserved(t *testing.T) {
 		return body
 	}
 	require.Empty(t, do(http.MethodHead, ""))
+	cond, err := http.NewRequest(http.MethodGet, "http://"+httpAddr+"/ipxe/ipxe.efi", nil)
+	require.NoError(t, err)
+	cond.Header.Set("If-Modified-Since", time.Now().Add(time.Hour).UTC().Format(http.TimeFormat))
+	resp, err := http.DefaultClient.Do(cond)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusNotModified, resp.StatusCode)
 	require.Equal(t, files["ipxe.efi"][:10], do(http.MethodGet, "bytes=0-9"))
 	require.Equal(t, files["ipxe.efi"], do(http.MethodGet, ""))
 
@@ -494,7 +501,7 @@ func TestHTTPBootFileObserved(t *testing.T) {
 		}
 		return len(bf) > 0
 	}, 10*time.Second, 50*time.Millisecond)
-	require.Len(t, bf, 1, "one boot file: not the HEAD, nor the range")
+	require.Len(t, bf, 1, "one boot file: not the HEAD, the range, nor the conditional GET answered 304")
 	require.True(t, bf[0].OK)
 	require.EqualValues(t, 1, bf[0].Count)
 	require.Equal(t, "ipxe.efi over HTTP from 127.0.0.1", bf[0].Detail)

@@ -314,6 +314,16 @@ func version(out *Output, in Input, kargs []string, s Settings) string {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
+	// The keyfiles follow from the Ignition's NMStateConfigs, but also
+	// from the converter: a new agentboot that writes them differently
+	// serves different bytes under a new version. Without any, the version
+	// is what it was before keyfiles existed.
+	for _, f := range out.Network {
+		h.Write([]byte(f.Path))
+		h.Write([]byte{0})
+		h.Write(f.Data)
+		h.Write([]byte{0})
+	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -511,15 +521,25 @@ func networkFiles(cfgs []v1beta1.NMStateConfig) ([]initramfs.File, []string, err
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	var files []initramfs.File
 	var notes []string
+	owner := map[string]string{} // MAC → the config whose profiles bind it
 	for _, c := range sorted {
 		if len(c.Spec.NetConfig.Raw) == 0 {
 			continue // nothing to configure
 		}
 		macs := map[string]string{}
+		taken := ""
 		for _, i := range c.Spec.Interfaces {
 			if i != nil {
 				macs[i.Name] = i.MacAddress
+				if o, ok := owner[strings.ToLower(i.MacAddress)]; ok && taken == "" {
+					taken = fmt.Sprintf("NMStateConfig %s is left out of the initramfs: MAC %s is already NMStateConfig %s's", c.Name, i.MacAddress, o)
+				}
 			}
+		}
+		if taken != "" {
+			// Two profiles for one NIC: NetworkManager would pick either.
+			notes = append(notes, taken)
+			continue
 		}
 		kf, err := nmkeyfile.Convert(c.Name, c.Spec.NetConfig.Raw, macs)
 		var unsupported *nmkeyfile.Unsupported
@@ -530,9 +550,21 @@ func networkFiles(cfgs []v1beta1.NMStateConfig) ([]initramfs.File, []string, err
 		case err != nil:
 			return nil, nil, inputErrorf("%v", err)
 		}
+		for _, i := range c.Spec.Interfaces {
+			if i != nil {
+				owner[strings.ToLower(i.MacAddress)] = c.Name
+			}
+		}
 		for _, f := range kf {
 			files = append(files, initramfs.File{Path: nmkeyfile.Dir + "/" + f.Name, Mode: 0o600, Data: f.Data})
 		}
+	}
+	if len(files) > 0 {
+		// CoreOS drops NetworkManager's own DHCP profiles once there are
+		// keyfiles: every other NIC, and every host without a config,
+		// gets DHCP from this one.
+		f := nmkeyfile.Fallback()
+		files = append(files, initramfs.File{Path: nmkeyfile.Dir + "/" + f.Name, Mode: 0o600, Data: f.Data})
 	}
 	return files, notes, nil
 }

@@ -142,10 +142,13 @@ func TestRenderEverything(t *testing.T) {
 	unpack.Dir, unpack.Stdin = dir, bytes.NewReader(out.Archive)
 	o, err := unpack.CombinedOutput()
 	require.NoError(t, err, string(o))
-	kf, err := os.ReadFile(filepath.Join(dir, "etc/coreos-firstboot-network/host-a-eth0.nmconnection"))
+	kf, err := os.ReadFile(filepath.Join(dir, "etc/coreos-firstboot-network/host-a_eth0.nmconnection"))
 	require.NoError(t, err)
 	require.Contains(t, string(kf), "[ethernet]\nmac-address=52:54:00:AA:BB:CC\n")
 	require.Contains(t, string(kf), "[ipv4]\nmethod=manual\naddress1=198.18.1.10/24\n")
+	fallback, err := os.ReadFile(filepath.Join(dir, "etc/coreos-firstboot-network/agentboot-dhcp.nmconnection"))
+	require.NoError(t, err, "DHCP for every NIC no config binds: CoreOS drops its own once keyfiles exist")
+	require.Contains(t, string(fallback), "[ipv4]\nmethod=auto\n")
 	ign, err := os.ReadFile(filepath.Join(dir, "config.ign"))
 	require.NoError(t, err)
 	require.Equal(t, out.Ignition, ign)
@@ -288,7 +291,17 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		NetConfig: runtime.RawExtension{Raw: []byte(`{"interfaces":[{"name":"bond0","type":"bond","link-aggregation":{"mode":"active-backup","port":["eth0"]}}]}`)}}}
 	out := render(t, infraEnv(), bond)
 	require.Equal(t, []string{`NMStateConfig host-b applies after boot only (interface "bond0" has type "bond"; agentboot converts ethernet and vlan): its hosts need DHCP to fetch the agent`}, out.Notes)
-	require.Empty(t, out.Network)
+	require.Empty(t, out.Network, "no keyfile, and so no fallback either: CoreOS keeps its own DHCP")
+	// Two configs for one MAC: the second is left out, and noted.
+	a := v1beta1.NMStateConfig{ObjectMeta: metav1.ObjectMeta{Name: "host-a"}, Spec: v1beta1.NMStateConfigSpec{
+		Interfaces: []*v1beta1.Interface{{Name: "eth0", MacAddress: "52:54:00:aa:bb:cc"}},
+		NetConfig:  runtime.RawExtension{Raw: []byte(`{"interfaces":[{"name":"eth0","type":"ethernet","ipv4":{"enabled":true,"dhcp":true}}]}`)}}}
+	b := *a.DeepCopy()
+	b.Name = "host-b"
+	b.Spec.Interfaces[0].MacAddress = "52:54:00:AA:BB:CC"
+	out = render(t, infraEnv(), b, a)
+	require.Equal(t, []string{"NMStateConfig host-b is left out of the initramfs: MAC 52:54:00:AA:BB:CC is already NMStateConfig host-a's"}, out.Notes)
+	require.Len(t, out.Network, 2, "host-a's profile and the fallback")
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			ie := infraEnv()

@@ -13,12 +13,17 @@
 // The nmstate subset converted: Ethernet and VLAN interfaces in state up,
 // with MTU, static IPv4/IPv6 addresses or DHCP/autoconf, or the family
 // disabled; routes (destination, next-hop-address, next-hop-interface,
-// metric); dns-resolver servers and search domains. A config with any other
-// interface type (bond, bridge, ...) is not converted: Unsupported says so,
-// and that config applies only once the host's own OS runs (the host needs
-// DHCP to boot). A field this package does not know, or a value that cannot
-// work (an address without a prefix, a route whose next hop is on none of
-// its interface's networks), is an error naming it.
+// metric, the main table); dns-resolver servers and search domains. A
+// config beyond it (another interface type, a field this package does not
+// know, an interface without a MAC) is not converted: Unsupported says so,
+// and that config applies only once the host's own OS runs. A value that
+// cannot work (an address without a prefix, a route whose next hop is on
+// none of its interface's networks) is an error naming it.
+//
+// With any keyfile in the initramfs, CoreOS removes the profiles
+// NetworkManager would generate (DHCP on every NIC), so Fallback, a DHCP
+// profile for every Ethernet device no MAC-bound profile takes, goes with
+// them.
 package nmkeyfile
 
 import (
@@ -76,7 +81,7 @@ type iface struct {
 type ip struct {
 	Enabled  *bool     `json:"enabled,omitempty"`
 	DHCP     bool      `json:"dhcp,omitempty"`
-	Autoconf bool      `json:"autoconf,omitempty"`
+	Autoconf *bool     `json:"autoconf,omitempty"`
 	Address  []address `json:"address,omitempty"`
 }
 
@@ -99,6 +104,7 @@ type route struct {
 	NextHopAddress   string `json:"next-hop-address,omitempty"`
 	NextHopInterface string `json:"next-hop-interface"`
 	Metric           *int   `json:"metric,omitempty"`
+	TableID          *int   `json:"table-id,omitempty"`
 }
 
 type dnsResolver struct {
@@ -136,7 +142,9 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 	dec := json.NewDecoder(bytes.NewReader(state))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&doc); err != nil {
-		return nil, wrong("%v (agentboot converts the nmstate fields its docs list; a field left out would silently change the network)", err)
+		// A field left out would silently change the network: the
+		// config is left to the nmstate path after boot instead.
+		return nil, &Unsupported{Config: config, Why: strings.TrimPrefix(err.Error(), "json: ")}
 	}
 	if len(doc.Interfaces) == 0 {
 		return nil, wrong("config has no interfaces")
@@ -152,7 +160,7 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 		}
 		byName[i.Name] = i
 		if i.State != "" && i.State != "up" {
-			return nil, wrong("interface %q has state %q; the discovery network configures interfaces that are up", i.Name, i.State)
+			return nil, &Unsupported{Config: config, Why: fmt.Sprintf("interface %q has state %q; agentboot converts interfaces that are up", i.Name, i.State)}
 		}
 		if i.MTU != 0 && (i.MTU < 576 || i.MTU > 65535) {
 			return nil, wrong("interface %q: mtu %d is not between 576 and 65535", i.Name, i.MTU)
@@ -168,7 +176,8 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 			m = i.MACAddress
 		}
 		if m == "" {
-			return "", wrong("interface %q has no MAC address: map it in spec.interfaces (name and macAddress)", name)
+			// Bound by name only, it would apply to any host.
+			return "", &Unsupported{Config: config, Why: fmt.Sprintf("interface %q has no MAC address in spec.interfaces", name)}
 		}
 		hw, err := net.ParseMAC(m)
 		if err != nil || len(hw) != 6 {
@@ -220,7 +229,9 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 		}
 		c.mtu = i.MTU
 		var err error
-		if c.v4, err = family(i.Name, "ipv4", i.IPv4, false); err != nil {
+		if c.v4, err = family(i.Name, "ipv4", i.IPv4, false); errors.Is(err, errNothingToDo) {
+			return nil, &Unsupported{Config: config, Why: fmt.Sprintf("interface %q: ipv4 is enabled with no address or dhcp", i.Name)}
+		} else if err != nil {
 			return nil, wrong("%v", err)
 		}
 		if c.v6, err = family(i.Name, "ipv6", i.IPv6, true); err != nil {
@@ -241,7 +252,11 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 	}
 	if doc.Routes != nil {
 		for n, r := range doc.Routes.Config {
-			if err := addRoute(conns, r); err != nil {
+			var u *Unsupported
+			if err := addRoute(conns, r); errors.As(err, &u) {
+				u.Config = config
+				return nil, u
+			} else if err != nil {
 				return nil, wrong("routes.config[%d]: %v", n, err)
 			}
 		}
@@ -253,12 +268,19 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 	}
 	var files []File
 	for _, c := range sortedConns(conns) {
-		files = append(files, File{Name: fileName(config, c.iface), Data: c.render()})
+		data := c.render()
+		if err := checkRendered(data); err != nil {
+			return nil, wrong("interface %q: %v", c.iface, err)
+		}
+		files = append(files, File{Name: fileName(config, c.iface), Data: data})
 	}
 	return files, nil
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+var (
+	nameRE   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+	domainRE = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$`)
+)
 
 func checkName(name string) error {
 	if !nameRE.MatchString(name) || name == "." || name == ".." {
@@ -267,9 +289,30 @@ func checkName(name string) error {
 	return nil
 }
 
-// fileName is the keyfile's name: the config and the interface, both
-// already free of path separators.
-func fileName(config, name string) string { return config + "-" + name + ".nmconnection" }
+// fileName is the keyfile's name, <config>_<interface>: a Kubernetes name
+// has no '_', so no two pairs share one, and neither has a path separator.
+// A name too long for a file is shortened with a digest of the whole.
+func fileName(config, name string) string {
+	f := config + "_" + name
+	if len(f) > 200 {
+		h := sha256.Sum256([]byte(f))
+		f = fmt.Sprintf("%s-%x_%s", config[:150], h[:6], name)
+	}
+	return f + ".nmconnection"
+}
+
+// FallbackName is the file of the Fallback profile; no config's file can
+// have its name (theirs hold a '_').
+const FallbackName = "agentboot-dhcp.nmconnection"
+
+// Fallback is DHCP (and IPv6 autoconfiguration) on every Ethernet device
+// no MAC-bound profile takes: the hosts an image carries no config for,
+// and the other NICs of those it does. Its lower autoconnect priority
+// leaves a device to its own profile.
+func Fallback() File {
+	return File{Name: FallbackName, Data: []byte("[connection]\nid=agentboot-dhcp\nuuid=" + uuidFor("", "agentboot-dhcp") +
+		"\ntype=ethernet\nautoconnect=true\nautoconnect-priority=-100\nmulti-connect=3\n\n[ipv4]\nmethod=auto\n\n[ipv6]\nmethod=auto\n")}
+}
 
 // conn is one NetworkManager connection profile.
 type conn struct {
@@ -311,10 +354,16 @@ func uuidFor(config, name string) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
 }
 
+func isTrue(b *bool) bool { return b != nil && *b }
+
+// errNothingToDo is IPv4 enabled with no address and no DHCP, which
+// nmstate reads from the interface's current state: nothing to convert.
+var errNothingToDo = errors.New("enabled with no address or dhcp")
+
 func family(name, fam string, cfg *ip, six bool) (*familyConfig, error) {
 	f := &familyConfig{method: "disabled"}
 	if cfg == nil || (cfg.Enabled != nil && !*cfg.Enabled) {
-		if cfg != nil && (cfg.DHCP || cfg.Autoconf || len(cfg.Address) > 0) {
+		if cfg != nil && (cfg.DHCP || isTrue(cfg.Autoconf) || len(cfg.Address) > 0) {
 			return nil, fmt.Errorf("interface %q: %s is disabled but has dhcp, autoconf or addresses", name, fam)
 		}
 		return f, nil
@@ -322,20 +371,24 @@ func family(name, fam string, cfg *ip, six bool) (*familyConfig, error) {
 	if cfg.Enabled == nil {
 		return nil, fmt.Errorf("interface %q: %s needs enabled: true or false", name, fam)
 	}
-	if cfg.Autoconf && !six {
+	if cfg.Autoconf != nil && !six {
 		return nil, fmt.Errorf("interface %q: autoconf is an ipv6 setting", name)
 	}
 	switch {
-	case cfg.DHCP || cfg.Autoconf:
+	case six && cfg.DHCP && cfg.Autoconf != nil && !*cfg.Autoconf:
+		f.method = "dhcp" // DHCPv6 without router advertisements' addresses
+	case cfg.DHCP || isTrue(cfg.Autoconf):
 		f.method = "auto"
 	case len(cfg.Address) > 0:
 		f.method = "manual"
+	case six:
+		f.method = "link-local" // nmstate: IPv6 enabled, no address: link-local only
 	default:
-		return nil, fmt.Errorf("interface %q: %s is enabled with no address, dhcp or autoconf", name, fam)
+		return nil, errNothingToDo
 	}
 	for n, a := range cfg.Address {
 		addr, err := netip.ParseAddr(a.IP)
-		if err != nil || addr.Is4() == six || addr.Zone() != "" {
+		if err != nil || addr.Is4() == six || addr.Zone() != "" || addr.Is4In6() {
 			return nil, fmt.Errorf("interface %q: %s.address[%d].ip %q is not an %s address", name, fam, n, a.IP, map[bool]string{false: "IPv4", true: "IPv6"}[six])
 		}
 		if a.PrefixLength == nil {
@@ -350,6 +403,9 @@ func family(name, fam string, cfg *ip, six bool) (*familyConfig, error) {
 }
 
 func addRoute(conns map[string]*conn, r route) error {
+	if r.TableID != nil && *r.TableID != 0 && *r.TableID != 254 {
+		return &Unsupported{Why: fmt.Sprintf("a route in table %d; agentboot converts routes of the main table", *r.TableID)}
+	}
 	dst, err := netip.ParsePrefix(r.Destination)
 	if err != nil {
 		return fmt.Errorf("destination %q is not an address with a prefix length (0.0.0.0/0 for the default route)", r.Destination)
@@ -371,7 +427,7 @@ func addRoute(conns map[string]*conn, r route) error {
 	e := routeEntry{dst: dst, metric: r.Metric}
 	if r.NextHopAddress != "" {
 		via, err := netip.ParseAddr(r.NextHopAddress)
-		if err != nil || via.Is4() != dst.Addr().Is4() {
+		if err != nil || via.Is4() != dst.Addr().Is4() || via.Zone() != "" {
 			return fmt.Errorf("next-hop-address %q is not an address of the destination's family", r.NextHopAddress)
 		}
 		e.via = via
@@ -407,7 +463,7 @@ func addDNS(conns map[string]*conn, servers, search []string) error {
 	var v4, v6 []netip.Addr
 	for n, s := range servers {
 		a, err := netip.ParseAddr(s)
-		if err != nil {
+		if err != nil || a.Zone() != "" {
 			return fmt.Errorf("config.server[%d] %q is not an IP address", n, s)
 		}
 		if a.Is4() {
@@ -417,8 +473,8 @@ func addDNS(conns map[string]*conn, servers, search []string) error {
 		}
 	}
 	for n, d := range search {
-		if d == "" || strings.ContainsAny(d, " ;\t\n") {
-			return fmt.Errorf("config.search[%d] %q is not a domain", n, d)
+		if !domainRE.MatchString(d) || len(d) > 253 {
+			return fmt.Errorf("config.search[%d] %q is not a domain name", n, d)
 		}
 	}
 	place := func(get func(*conn) *familyConfig, addrs []netip.Addr) error {
@@ -463,6 +519,28 @@ func sortedConns(m map[string]*conn) []*conn {
 	return out
 }
 
+var keyfileLine = regexp.MustCompile(`^$|^\[[a-z0-9-]+\]$|^[a-z0-9-]+=[^\x00-\x1f\x7f]*$`)
+
+// checkRendered refuses a keyfile with a line that is no section header or
+// key=value, or a section twice: what a value smuggling a line break into
+// the file would make. Values are checked where they are read; this keeps
+// a slip there from binding a profile to every host.
+func checkRendered(data []byte) error {
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		if !keyfileLine.MatchString(line) {
+			return fmt.Errorf("keyfile line %q is not one NetworkManager reads", line)
+		}
+		if strings.HasPrefix(line, "[") {
+			if seen[line] {
+				return fmt.Errorf("keyfile section %s twice", line)
+			}
+			seen[line] = true
+		}
+	}
+	return nil
+}
+
 // render writes the profile in NetworkManager's keyfile format.
 func (c *conn) render() []byte {
 	var b strings.Builder
@@ -477,10 +555,12 @@ func (c *conn) render() []byte {
 			fmt.Fprintf(&b, "mtu=%d\n", c.mtu)
 		}
 	case "vlan":
-		fmt.Fprintf(&b, "\n[vlan]\nid=%d\nparent=%s\n", c.vlanID, c.parentUUID)
+		// NetworkManager has no vlan.mtu: a VLAN's MTU is its wired
+		// setting's.
 		if c.mtu > 0 {
-			fmt.Fprintf(&b, "mtu=%d\n", c.mtu)
+			fmt.Fprintf(&b, "\n[ethernet]\nmtu=%d\n", c.mtu)
 		}
+		fmt.Fprintf(&b, "\n[vlan]\nid=%d\nparent=%s\n", c.vlanID, c.parentUUID)
 	}
 	for _, f := range []struct {
 		name string

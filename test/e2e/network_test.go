@@ -206,8 +206,8 @@ func TestLabStaticNetwork(t *testing.T) {
 		v := bootVMOn(t, plain.Bridge, vm.Options{Name: "static-plain", CDROM: iso, Boot: "d", MAC: plainMAC, MemoryMB: 1536})
 		a := agentWithMAC(t, ns, plainMAC, v)
 		registered(t, "ISO, static IPv4 from an NMStateConfig, no DHCP", v, a)
-		requireSerial(t, v, "network: static profile host-plain-eno1.nmconnection on eth0: 198.18.12.10/24, via 198.18.12.1, dns 198.18.12.53",
-			"network: profile host-vlan-eno1.nmconnection is for MAC "+vlanMAC+", not on this host")
+		requireSerial(t, v, "network: profile host-plain_eno1.nmconnection on eth0: 198.18.12.10/24, via 198.18.12.1, dns 198.18.12.53",
+			"network: profile host-vlan_eno1.nmconnection is for MAC "+vlanMAC+", not on this host")
 		require.NotContains(t, v.Log(), "udhcpc", "no DHCP client ran: the segment has no server")
 		require.Equal(t, []string{"198.18.12.10/24"}, a.Status.Inventory.Interfaces[0].IPV4Addresses)
 	})
@@ -216,8 +216,18 @@ func TestLabStaticNetwork(t *testing.T) {
 		v := bootVMOn(t, tagged.Bridge, vm.Options{Name: "static-vlan", CDROM: iso, Boot: "d", MAC: vlanMAC, MemoryMB: 1536})
 		a := agentWithMAC(t, ns, vlanMAC, v)
 		registered(t, "ISO, VLAN 100 with static IPv4 from an NMStateConfig, no DHCP", v, a)
-		requireSerial(t, v, "network: static profile host-vlan-eno1.nmconnection on eth0: ",
-			"network: static profile host-vlan-eno1.100.nmconnection on eno1.100: 198.18.13.10/24, via 198.18.13.1, dns 198.18.13.53")
+		requireSerial(t, v, "network: profile host-vlan_eno1.nmconnection on eth0: ",
+			"network: profile host-vlan_eno1.100.nmconnection on eno1.100: 198.18.13.10/24, via 198.18.13.1, dns 198.18.13.53")
 		require.NotContains(t, v.Log(), "udhcpc")
+	})
+	// A host the image carries no config for boots it with DHCP: once
+	// keyfiles exist CoreOS drops NetworkManager's own DHCP profiles, and
+	// the image's catch-all profile takes their place.
+	t.Run("dhcp", func(t *testing.T) {
+		t.Parallel()
+		const mac = "52:54:00:2c:10:03"
+		v := bootVM(t, vm.Options{Name: "static-none", CDROM: iso, Boot: "d", MAC: mac, MemoryMB: 1536})
+		agentWithMAC(t, ns, mac, v)
+		requireSerial(t, v, "network: profile agentboot-dhcp.nmconnection on eth0: ipv4 auto, ipv6 auto")
 	})
 }

@@ -232,9 +232,12 @@ func secureBootEnabled(f *facts) result {
 	}
 	b := f.agent.Status.Inventory.Boot
 	state := b.SecureBootState
-	if b.CurrentBootMode != "uefi" {
+	switch {
+	case b.CurrentBootMode == "":
+		state = "Unknown (the host did not say how it booted)"
+	case b.CurrentBootMode != "uefi":
 		state = "not available (the host booted with " + b.CurrentBootMode + ")"
-	} else if state == "" {
+	case state == "":
 		state = "Unknown"
 	}
 	switch {

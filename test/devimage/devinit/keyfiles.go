@@ -52,16 +52,19 @@ func readKeyfile(path string) (keyfile, error) {
 }
 
 // staticNetwork applies this host's profiles among the keyfiles, as
-// NetworkManager would: an Ethernet profile whose mac-address is one of the
-// host's NICs, a VLAN profile whose parent profile is applied. It returns
-// the interfaces it took (DHCP leaves them alone) and whether any has an
-// address. It only reads what agentboot's keyfiles use and logs the rest.
-func staticNetwork() (taken map[string]bool, addressed bool) {
+// NetworkManager in a CoreOS initramfs would: an Ethernet profile whose
+// mac-address is one of the host's NICs, a VLAN profile whose parent
+// profile is applied, and an Ethernet profile bound to no MAC on every NIC
+// left. It returns the interfaces it took and whether any has a static
+// address; found says there were keyfiles, in which case CoreOS has
+// dropped NetworkManager's own DHCP profiles and nothing else runs DHCP.
+// It only reads what agentboot's keyfiles use and logs the rest.
+func staticNetwork() (taken map[string]bool, addressed, found bool) {
 	taken = map[string]bool{}
 	paths, _ := filepath.Glob(filepath.Join(firstbootNetwork, "*.nmconnection"))
 	sort.Strings(paths)
 	if len(paths) == 0 {
-		return taken, false
+		return taken, false, false
 	}
 	byMAC := map[string]string{}
 	for _, name := range ethernetInterfaces() {
@@ -82,7 +85,7 @@ func staticNetwork() (taken map[string]bool, addressed bool) {
 	apply := func(k keyfile, dev string) {
 		devOf[k.get("connection", "uuid")] = dev
 		taken[dev] = true
-		if mtu := k.get(k.get("connection", "type"), "mtu"); mtu != "" {
+		if mtu := k.get("ethernet", "mtu"); mtu != "" { // a VLAN's too: NetworkManager has no vlan.mtu
 			_ = run("ip", "link", "set", dev, "mtu", mtu)
 		}
 		_ = run("ip", "link", "set", dev, "up")
@@ -151,10 +154,10 @@ func staticNetwork() (taken map[string]bool, addressed bool) {
 				resolv = append(resolv, "search "+search)
 			}
 		}
-		logf("network: static profile %s on %s: %s", k.name, dev, strings.Join(said, ", "))
+		logf("network: profile %s on %s: %s", k.name, dev, strings.Join(said, ", "))
 	}
 	for _, k := range profiles {
-		if k.get("connection", "type") != "ethernet" {
+		if k.get("connection", "type") != "ethernet" || k.get("ethernet", "mac-address") == "" {
 			continue
 		}
 		mac := strings.ToLower(k.get("ethernet", "mac-address"))
@@ -168,6 +171,16 @@ func staticNetwork() (taken map[string]bool, addressed bool) {
 	for _, k := range profiles {
 		switch t := k.get("connection", "type"); t {
 		case "ethernet":
+			if k.get("ethernet", "mac-address") != "" {
+				continue // applied above
+			}
+			// Bound to no device: every Ethernet NIC no profile took
+			// (multi-connect).
+			for _, dev := range ethernetInterfaces() {
+				if !taken[dev] {
+					apply(k, dev)
+				}
+			}
 		case "vlan":
 			if idx, err := loadModuleIndex(); err == nil {
 				if err := idx.load("8021q", 0); err != nil {
@@ -194,5 +207,5 @@ func staticNetwork() (taken map[string]bool, addressed bool) {
 			logf("network: resolv.conf: %v", err)
 		}
 	}
-	return taken, addressed
+	return taken, addressed, true
 }

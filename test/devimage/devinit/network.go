@@ -20,23 +20,17 @@ func bringUpNetwork() bool {
 		logf("network: no Ethernet interface")
 		return false
 	}
-	taken, addressed := staticNetwork()
+	taken, addressed, found := staticNetwork()
 	if addressed {
 		// As NetworkManager's "online": a static address is there at once.
-		for _, name := range ifaces {
-			if !taken[name] {
-				_ = run("ip", "link", "set", name, "up")
-				startDHCP(name)
-			}
-		}
 		return true
 	}
-	for _, name := range ifaces {
-		if taken[name] {
-			continue
+	if !found {
+		// No keyfiles: NetworkManager's default, DHCP on every NIC.
+		for _, name := range ifaces {
+			_ = run("ip", "link", "set", name, "up")
+			startDHCP(name)
 		}
-		_ = run("ip", "link", "set", name, "up")
-		startDHCP(name)
 	}
 	for name := range taken {
 		ifaces = append(ifaces, name) // VLANs with a DHCP address
