@@ -50,13 +50,13 @@ type Config struct {
 	// HTTPBase serves the iPXE binaries for UEFI HTTP boot (http://ip:port).
 	HTTPBase string
 	// Binaries for each firmware.
-	BIOSBinary  string // undionly.kpxe
-	EFIBinary   string // ipxe.efi or snponly.efi
+	BIOSBinary string // undionly.kpxe
+	EFIBinary  string // ipxe.efi or snponly.efi
 	// EFIPXEBinary, when set, goes to x86-64 UEFI PXE clients instead of
 	// EFIBinary: the signed shim of the Secure Boot path. UEFI HTTP boot
 	// clients keep EFIBinary.
 	EFIPXEBinary string
-	ARM64Binary string // agentboot's netboot GRUB; empty: arm64 clients are not answered
+	ARM64Binary  string // agentboot's netboot GRUB; empty: arm64 clients are not answered
 	// Authoritative mode.
 	Leases    *leases.DB
 	Netmask   net.IPMask

@@ -57,7 +57,7 @@ var targets = map[string]target{
 		console:       "ttyS0",
 		bios:          true,
 		grubFormat:    "x86_64-efi", efiName: "BOOTX64.EFI",
-		signedEFI:     true,
+		signedEFI: true,
 	},
 	"aarch64": {
 		name: "aarch64", deb: "arm64", goarch: "arm64",
