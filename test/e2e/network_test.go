@@ -137,7 +137,7 @@ func TestLabPXERelay(t *testing.T) {
 	require.NoError(t, theLab.StartIn(r.Router, "dhcrelay", dhcrelayReady, "/usr/sbin/dhcrelay", "-4", "-d", "--no-pid",
 		"-iu", r.UpIface, "-id", r.Bridge, servers.HostIP, servers.Prefix+".3"))
 
-	const mac = "52:54:00:2d:00:01"
+	const mac = "52:54:00:2d:10:01" // 2d:00:xx are the BMC tests'
 	declareHost(t, ie, "relayed-0", mac)
 	v := vm.Start(t, onRouted(t, r, vm.Options{Name: "relayed", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536}))
 	a := agentWithMAC(t, ie.Namespace, mac, v)
