@@ -142,12 +142,7 @@ func TestLabPXERelay(t *testing.T) {
 	v := vm.Start(t, onRouted(t, r, vm.Options{Name: "relayed", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536}))
 	a := agentWithMAC(t, ie.Namespace, mac, v)
 	registered(t, "IPv4 UEFI PXE through a DHCP relay (ISC dhcrelay), agentboot proxyDHCP", v, a)
-	var addrs []string
-	for _, i := range a.Status.Inventory.Interfaces {
-		if i.MacAddress == mac {
-			addrs = i.IPV4Addresses
-		}
-	}
+	addrs := ipv4Of(a, mac)
 	require.Len(t, addrs, 1)
 	require.True(t, strings.HasPrefix(addrs[0], r.Prefix+"."), "an address of the routed network from the site's server: %v", addrs)
 	requireSerial(t, v, "NBP filename is ipxe.efi", "Filename: "+bootScriptURL()+"?mac="+mac)

@@ -73,6 +73,16 @@ func agentWithMAC(t *testing.T, ns, mac string, v *vm.VM) v1beta1.Agent {
 	return v1beta1.Agent{}
 }
 
+// ipv4Of is the IPv4 addresses the Agent reports on its NIC with mac.
+func ipv4Of(a v1beta1.Agent, mac string) []string {
+	for _, i := range a.Status.Inventory.Interfaces {
+		if i.MacAddress == mac {
+			return i.IPV4Addresses
+		}
+	}
+	return nil
+}
+
 // requireSerial checks that the VM's console showed each pattern.
 func requireSerial(t *testing.T, v *vm.VM, patterns ...string) {
 	t.Helper()
@@ -282,13 +292,7 @@ func TestLabPXEAuthoritative(t *testing.T) {
 	v := bootVMOn(t, seg.Bridge, vm.Options{Name: "pxe-isolated", Boot: "n", MAC: mac, MemoryMB: 1536})
 	a := agentWithMAC(t, ie.Namespace, mac, v)
 	registered(t, "IPv4 BIOS, NIC's iPXE ROM, agentboot authoritative DHCP", v, a)
-	var addrs []string
-	for _, i := range a.Status.Inventory.Interfaces {
-		if i.MacAddress == mac {
-			addrs = i.IPV4Addresses
-		}
-	}
-	require.Contains(t, addrs, reserved+"/24", "the reserved address")
+	require.Contains(t, ipv4Of(a, mac), reserved+"/24", "the reserved address")
 	// On disk as the lease file's journal line, which the next start folds
 	// into the lease file.
 	data, err := os.ReadFile(leases + ".journal")

@@ -213,23 +213,7 @@ func (l *Lab) Routed(n int, up Segment, peers ...*netns.NS) (*Routed, error) {
 
 // Tap creates a tap device on the routed network's bridge, inside the
 // router's namespace (qemu runs there too).
-func (r *Routed) Tap() (string, error) {
-	l := r.lab
-	l.mu.Lock()
-	l.taps++
-	name := fmt.Sprintf("tap%d", l.taps)
-	l.mu.Unlock()
-	for _, cmd := range [][]string{
-		{"tuntap", "add", name, "mode", "tap"},
-		{"link", "set", name, "master", r.Bridge},
-		{"link", "set", name, "up"},
-	} {
-		if err := r.Router.IP(cmd...); err != nil {
-			return "", err
-		}
-	}
-	return name, nil
-}
+func (r *Routed) Tap() (string, error) { return r.lab.tapIn(r.Router, r.Bridge) }
 
 // VLANSegment is boot network br<n> reached through a switch port that
 // carries VLAN vid tagged: the lab (198.18.<n>.1/24, on bridge br<n>a)
@@ -344,7 +328,10 @@ func (l *Lab) openTap(name, bridge string) (*os.File, error) {
 func (l *Lab) Tap() (string, error) { return l.TapOn(bridgeName) }
 
 // TapOn creates a tap device on bridge and returns its name.
-func (l *Lab) TapOn(bridge string) (string, error) {
+func (l *Lab) TapOn(bridge string) (string, error) { return l.tapIn(l.NS, bridge) }
+
+// tapIn creates a tap device on bridge inside namespace ns.
+func (l *Lab) tapIn(ns *netns.NS, bridge string) (string, error) {
 	l.mu.Lock()
 	l.taps++
 	name := fmt.Sprintf("tap%d", l.taps)
@@ -354,7 +341,7 @@ func (l *Lab) TapOn(bridge string) (string, error) {
 		{"link", "set", name, "master", bridge},
 		{"link", "set", name, "up"},
 	} {
-		if err := l.IP(cmd...); err != nil {
+		if err := ns.IP(cmd...); err != nil {
 			return "", err
 		}
 	}
