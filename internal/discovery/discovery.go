@@ -209,6 +209,11 @@ func Render(in Input, s Settings) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(network) > 0 && !in.Image.Layout.InitrdNetwork {
+		// Older CoreOS live images: harmless, and no help.
+		notes = append(notes, fmt.Sprintf("OS image %s does not apply network keyfiles before Ignition (no live-initrd-network in %s): "+
+			"NMStateConfigs apply after boot only, and hosts without DHCP need ip= kernel arguments", in.ImageKey, liveiso.FeaturesPath))
+	}
 	archive, err := initramfs.Archive(initramfs.XZ, append([]initramfs.File{{Path: "config.ign", Mode: 0o600, Data: ign}}, network...)...)
 	if err != nil {
 		return nil, err

@@ -302,6 +302,15 @@ func TestRenderRejectsBadInput(t *testing.T) {
 	out = render(t, infraEnv(), b, a)
 	require.Equal(t, []string{"NMStateConfig host-b is left out of the initramfs: MAC 52:54:00:AA:BB:CC is already NMStateConfig host-a's"}, out.Notes)
 	require.Len(t, out.Network, 2, "host-a's profile and the fallback")
+	// An OS image whose live initramfs does not read the keyfiles: noted.
+	old := devImage(t)
+	layout := *old.Layout
+	layout.InitrdNetwork = false
+	old.Layout = &layout
+	out, err = Render(Input{InfraEnv: infraEnv(), NMStateConfigs: []v1beta1.NMStateConfig{a}, Image: old, ImageKey: imageKey, Key: key(t)}, settings)
+	require.NoError(t, err)
+	require.Len(t, out.Notes, 1)
+	require.Contains(t, out.Notes[0], "does not apply network keyfiles before Ignition (no live-initrd-network in coreos/features.json)")
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			ie := infraEnv()

@@ -21,10 +21,14 @@ import (
 const (
 	IgnInfoPath = "coreos/igninfo.json"
 	KargsPath   = "coreos/kargs.json"
-	KernelPath  = "images/pxeboot/vmlinuz"
-	InitrdPath  = "images/pxeboot/initrd.img"
-	RootfsPath  = "images/pxeboot/rootfs.img"
-	defaultIgn  = "images/ignition.img"
+	// FeaturesPath says what the image's live initramfs does; its
+	// live-initrd-network is NetworkManager keyfiles in
+	// etc/coreos-firstboot-network applied before Ignition.
+	FeaturesPath = "coreos/features.json"
+	KernelPath   = "images/pxeboot/vmlinuz"
+	InitrdPath   = "images/pxeboot/initrd.img"
+	RootfsPath   = "images/pxeboot/rootfs.img"
+	defaultIgn   = "images/ignition.img"
 
 	// maxKargAreaSize is coreos-installer's limit for one karg area.
 	maxKargAreaSize = 2048
@@ -61,6 +65,9 @@ type Layout struct {
 	Initrd   Area
 	// Rootfs is zero-length in an ISO without images/pxeboot/rootfs.img.
 	Rootfs Area
+	// InitrdNetwork: the live initramfs applies NetworkManager keyfiles
+	// it carries before Ignition (coreos/features.json live-initrd-network).
+	InitrdNetwork bool
 }
 
 type ignInfo struct {
@@ -95,6 +102,18 @@ func Inspect(r io.ReaderAt, size int64) (*Layout, error) {
 		return nil, err
 	}
 	if l.Kargs, err = kargAreas(fs, r); err != nil {
+		return nil, err
+	}
+	switch raw, err := fs.ReadFile(FeaturesPath, 4096); {
+	case err == nil:
+		var f struct {
+			InitrdNetwork bool `json:"live-initrd-network"`
+		}
+		if err := json.Unmarshal(raw, &f); err != nil {
+			return nil, fmt.Errorf("%s: %w", FeaturesPath, err)
+		}
+		l.InitrdNetwork = f.InitrdNetwork
+	case !errors.Is(err, iso9660.ErrNotExist):
 		return nil, err
 	}
 	for _, f := range []struct {

@@ -34,6 +34,7 @@ func TestInspectDevImageAndEmbed(t *testing.T) {
 	require.Positive(t, l.Kernel.Length)
 	require.Positive(t, l.Initrd.Length)
 	require.Positive(t, l.Rootfs.Length)
+	require.True(t, l.InitrdNetwork, "coreos/features.json says live-initrd-network")
 
 	config := []byte(`{"ignition":{"version":"3.2.0"}}`)
 	archive, err := initramfs.Archive(initramfs.XZ, initramfs.File{Path: "config.ign", Mode: 0o600, Data: config})
@@ -127,9 +128,10 @@ func TestInspectErrors(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			r, size := makeLiveISO(t, tc.kargs, tc.cfg)
-			_, err := Inspect(r, size)
+			l, err := Inspect(r, size)
 			if tc.want == "" {
 				require.NoError(t, err)
+				require.False(t, l.InitrdNetwork, "no coreos/features.json: an older live image")
 				return
 			}
 			require.ErrorContains(t, err, tc.want)

@@ -41,7 +41,7 @@ import (
 
 // builderVersion changes whenever the image layout changes, to invalidate
 // cached images.
-const builderVersion = "9"
+const builderVersion = "10"
 
 type builder struct {
 	out, cache, repo string
@@ -504,7 +504,10 @@ func (b *builder) makeISO(out, root, volID string, kernel, initrd, rootfs []byte
 		"images/pxeboot/rootfs.img": rootfs,
 		"images/ignition.img":       make([]byte, 256<<10),
 		"coreos/igninfo.json":       []byte(`{"file": "images/ignition.img"}` + "\n"),
-		"EFI/agentboot/grub.cfg":    []byte(grub),
+		// devinit applies etc/coreos-firstboot-network, as CoreOS live
+		// initramfs images since this feature do.
+		"coreos/features.json":   []byte(`{"live-initrd-network": true}` + "\n"),
+		"EFI/agentboot/grub.cfg": []byte(grub),
 	}
 	kargFiles := []map[string]any{{"path": "EFI/agentboot/grub.cfg", "offset": strings.Index(grub, kargs), "pad": "#", "end": "\n"}}
 	if b.t.signedEFI {
