@@ -547,8 +547,8 @@ func (s *Server) serveBootFile(w http.ResponseWriter, r *http.Request, name stri
 	w.Header().Set("Content-Type", "application/efi")
 	cw := &countingWriter{ResponseWriter: w}
 	http.ServeContent(cw, r, name, fi.ModTime(), f)
-	if r.Method != http.MethodGet || r.Header.Get("Range") != "" || cw.status != http.StatusOK {
-		return // the size, a part, or not modified: no boot file sent
+	if r.Method != http.MethodGet || cw.status != http.StatusOK {
+		return // the size, a part (206), or not modified (304): no boot file sent
 	}
 	result := "ok"
 	if cw.n != fi.Size() {

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -208,6 +209,16 @@ func Render(in Input, s Settings) (*Output, error) {
 	network, notes, err := networkFiles(in.NMStateConfigs)
 	if err != nil {
 		return nil, err
+	}
+	if len(network) > 0 {
+		// CoreOS replaces every initramfs profile with the keyfiles,
+		// including those dracut made of network kernel arguments.
+		for _, k := range ie.Spec.KernelArguments {
+			key, _, _ := strings.Cut(k.Value, "=")
+			if k.Operation != "delete" && slices.Contains([]string{"ip", "bond", "vlan", "bridge", "nameserver"}, key) {
+				notes = append(notes, fmt.Sprintf("kernel argument %q is ignored before Ignition: with NMStateConfig keyfiles in the image, CoreOS's initramfs uses those instead", k.Value))
+			}
+		}
 	}
 	if len(network) > 0 && !in.Image.Layout.InitrdNetwork {
 		// Older CoreOS live images: harmless, and no help.
@@ -532,19 +543,10 @@ func networkFiles(cfgs []v1beta1.NMStateConfig) ([]initramfs.File, []string, err
 			continue // nothing to configure
 		}
 		macs := map[string]string{}
-		taken := ""
 		for _, i := range c.Spec.Interfaces {
 			if i != nil {
 				macs[i.Name] = i.MacAddress
-				if o, ok := owner[strings.ToLower(i.MacAddress)]; ok && taken == "" {
-					taken = fmt.Sprintf("NMStateConfig %s is left out of the initramfs: MAC %s is already NMStateConfig %s's", c.Name, i.MacAddress, o)
-				}
 			}
-		}
-		if taken != "" {
-			// Two profiles for one NIC: NetworkManager would pick either.
-			notes = append(notes, taken)
-			continue
 		}
 		kf, err := nmkeyfile.Convert(c.Name, c.Spec.NetConfig.Raw, macs)
 		var unsupported *nmkeyfile.Unsupported
@@ -555,13 +557,29 @@ func networkFiles(cfgs []v1beta1.NMStateConfig) ([]initramfs.File, []string, err
 		case err != nil:
 			return nil, nil, inputErrorf("%v", err)
 		}
-		for _, i := range c.Spec.Interfaces {
-			if i != nil {
-				owner[strings.ToLower(i.MacAddress)] = c.Name
+		// Two profiles for one NIC: NetworkManager would pick either. The
+		// MACs are those the profiles bind, wherever the config named them.
+		taken := ""
+		for _, f := range kf {
+			if o, ok := owner[f.MAC]; ok && f.MAC != "" && taken == "" {
+				taken = fmt.Sprintf("NMStateConfig %s is left out of the initramfs: MAC %s is already NMStateConfig %s's", c.Name, f.MAC, o)
 			}
 		}
+		if taken != "" {
+			notes = append(notes, taken)
+			continue
+		}
 		for _, f := range kf {
-			files = append(files, initramfs.File{Path: nmkeyfile.Dir + "/" + f.Name, Mode: 0o600, Data: f.Data})
+			if f.MAC != "" {
+				owner[f.MAC] = c.Name
+			}
+			// Names come from validated parts; a path separator or a name
+			// twice would put a file elsewhere or over another's.
+			p := nmkeyfile.Dir + "/" + f.Name
+			if strings.ContainsAny(f.Name, "/\\") || f.Name == nmkeyfile.FallbackName || slices.ContainsFunc(files, func(x initramfs.File) bool { return x.Path == p }) {
+				return nil, nil, fmt.Errorf("NMStateConfig %s: keyfile name %q is not a file of its own", c.Name, f.Name)
+			}
+			files = append(files, initramfs.File{Path: p, Mode: 0o600, Data: f.Data})
 		}
 	}
 	if len(files) > 0 {

@@ -300,8 +300,13 @@ func TestRenderRejectsBadInput(t *testing.T) {
 	b.Name = "host-b"
 	b.Spec.Interfaces[0].MacAddress = "52:54:00:AA:BB:CC"
 	out = render(t, infraEnv(), b, a)
-	require.Equal(t, []string{"NMStateConfig host-b is left out of the initramfs: MAC 52:54:00:AA:BB:CC is already NMStateConfig host-a's"}, out.Notes)
+	require.Equal(t, []string{"NMStateConfig host-b is left out of the initramfs: MAC 52:54:00:aa:bb:cc is already NMStateConfig host-a's"}, out.Notes)
 	require.Len(t, out.Network, 2, "host-a's profile and the fallback")
+	// A network kernel argument next to keyfiles: noted.
+	withIP := infraEnv()
+	withIP.Spec.KernelArguments = []v1beta1.KernelArgument{{Operation: "append", Value: "ip=198.18.1.10::198.18.1.1:255.255.255.0::eth0:none"}}
+	out = render(t, withIP, a)
+	require.Equal(t, []string{`kernel argument "ip=198.18.1.10::198.18.1.1:255.255.255.0::eth0:none" is ignored before Ignition: with NMStateConfig keyfiles in the image, CoreOS's initramfs uses those instead`}, out.Notes)
 	// An OS image whose live initramfs does not read the keyfiles: noted.
 	old := devImage(t)
 	layout := *old.Layout

@@ -45,8 +45,10 @@ const Dir = "etc/coreos-firstboot-network"
 
 // File is one keyfile.
 type File struct {
-	Name string // <config>-<interface>.nmconnection
+	Name string // <config>_<interface>.nmconnection
 	Data []byte
+	// MAC is the NIC an Ethernet profile binds (lower case), "" for others.
+	MAC string
 }
 
 // Unsupported is a config that is valid nmstate but uses what this package
@@ -193,6 +195,12 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 		if err != nil {
 			return nil, err
 		}
+		for other, oc := range conns {
+			if oc.mac == m {
+				// Two profiles for one NIC: NetworkManager would pick either.
+				return nil, &Unsupported{Config: config, Why: fmt.Sprintf("interfaces %q and %q have the same MAC %s", other, name, m)}
+			}
+		}
 		c := newConn(config, name, "ethernet")
 		c.mac = m
 		conns[name] = c
@@ -214,6 +222,9 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 			if i.VLAN == nil || i.VLAN.BaseIface == "" {
 				return nil, wrong("vlan interface %q needs vlan.base-iface and vlan.id", i.Name)
 			}
+			if err := checkName(i.VLAN.BaseIface); err != nil {
+				return nil, wrong("vlan interface %q: base-iface: %v", i.Name, err)
+			}
 			if i.VLAN.ID < 1 || i.VLAN.ID > 4094 {
 				return nil, wrong("vlan interface %q: id %d is not between 1 and 4094", i.Name, i.VLAN.ID)
 			}
@@ -230,11 +241,13 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 		c.mtu = i.MTU
 		var err error
 		if c.v4, err = family(i.Name, "ipv4", i.IPv4, false); errors.Is(err, errNothingToDo) {
-			return nil, &Unsupported{Config: config, Why: fmt.Sprintf("interface %q: ipv4 is enabled with no address or dhcp", i.Name)}
+			return nil, &Unsupported{Config: config, Why: fmt.Sprintf("interface %q: ipv4 has no address or dhcp", i.Name)}
 		} else if err != nil {
 			return nil, wrong("%v", err)
 		}
-		if c.v6, err = family(i.Name, "ipv6", i.IPv6, true); err != nil {
+		if c.v6, err = family(i.Name, "ipv6", i.IPv6, true); errors.Is(err, errNothingToDo) {
+			return nil, &Unsupported{Config: config, Why: fmt.Sprintf("interface %q: ipv6 has no address, dhcp or autoconf", i.Name)}
+		} else if err != nil {
 			return nil, wrong("%v", err)
 		}
 	}
@@ -262,7 +275,11 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 		}
 	}
 	if doc.DNS != nil {
-		if err := addDNS(conns, doc.DNS.Config.Server, doc.DNS.Config.Search); err != nil {
+		var u *Unsupported
+		if err := addDNS(conns, doc.DNS.Config.Server, doc.DNS.Config.Search); errors.As(err, &u) {
+			u.Config = config
+			return nil, u
+		} else if err != nil {
 			return nil, wrong("dns-resolver: %v", err)
 		}
 	}
@@ -272,7 +289,7 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 		if err := checkRendered(data); err != nil {
 			return nil, wrong("interface %q: %v", c.iface, err)
 		}
-		files = append(files, File{Name: fileName(config, c.iface), Data: data})
+		files = append(files, File{Name: fileName(config, c.iface), Data: data, MAC: strings.ToLower(c.mac)})
 	}
 	return files, nil
 }
@@ -296,7 +313,7 @@ func fileName(config, name string) string {
 	f := config + "_" + name
 	if len(f) > 200 {
 		h := sha256.Sum256([]byte(f))
-		f = fmt.Sprintf("%s-%x_%s", config[:150], h[:6], name)
+		f = fmt.Sprintf("%s-%x_%s", config[:min(len(config), 150)], h[:6], name)
 	}
 	return f + ".nmconnection"
 }
@@ -368,9 +385,11 @@ func family(name, fam string, cfg *ip, six bool) (*familyConfig, error) {
 		}
 		return f, nil
 	}
-	if cfg.Enabled == nil {
-		return nil, fmt.Errorf("interface %q: %s needs enabled: true or false", name, fam)
+	if cfg.Enabled == nil && !cfg.DHCP && !isTrue(cfg.Autoconf) && len(cfg.Address) == 0 {
+		return nil, errNothingToDo // nmstate keeps the interface's current state
 	}
+	// Without enabled, dhcp, autoconf or an address enable the family, as
+	// in nmstate.
 	if cfg.Autoconf != nil && !six {
 		return nil, fmt.Errorf("interface %q: autoconf is an ipv6 setting", name)
 	}
@@ -415,7 +434,8 @@ func addRoute(conns map[string]*conn, r route) error {
 	}
 	c := conns[r.NextHopInterface]
 	if c == nil {
-		return fmt.Errorf("next-hop-interface %q is not an interface of this config", r.NextHopInterface)
+		// nmstate routes through the interface as it is: nothing to bind.
+		return &Unsupported{Why: fmt.Sprintf("a route through %q, an interface the config does not configure", r.NextHopInterface)}
 	}
 	f, fam := c.v4, "ipv4"
 	if dst.Addr().Is6() {
@@ -497,7 +517,7 @@ func addDNS(conns map[string]*conn, servers, search []string) error {
 			targets = enabled
 		}
 		if len(targets) == 0 && len(addrs) > 0 {
-			return errors.New("DNS servers of a family no interface is configured for")
+			return &Unsupported{Why: "DNS servers of a family no interface of the config configures"}
 		}
 		for _, f := range targets {
 			f.dns, f.search = addrs, search

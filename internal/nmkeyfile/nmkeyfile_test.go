@@ -112,17 +112,15 @@ func TestWrongConfigs(t *testing.T) {
 		eth(`{"enabled": true, "address": [{"ip": "198.18.12.10"}]}`) + `}`:                                                                                               "has no prefix-length",
 		eth(`{"enabled": true, "address": [{"ip": "198.18.12.10", "prefix-length": 33}]}`) + `}`:                                                                          "prefix-length 33 does not fit",
 		eth(`{"enabled": true, "address": [{"ip": "2001:db8::1", "prefix-length": 64}]}`) + `}`:                                                                           `"2001:db8::1" is not an IPv4 address`,
-		eth(`{"address": [{"ip": "198.18.12.10", "prefix-length": 24}]}`) + `}`:                                                                                           "needs enabled: true or false",
 		eth(`{"enabled": false, "dhcp": true}`) + `}`:                                                                                                                     "disabled but has dhcp",
 		eth(static) + `, "routes": {"config": [{"destination": "0.0.0.0/0", "next-hop-address": "198.18.99.1", "next-hop-interface": "eth0"}]}}`:                          "next hop 198.18.99.1 is on none of eth0's networks (198.18.12.10/24)",
-		eth(static) + `, "routes": {"config": [{"destination": "0.0.0.0/0", "next-hop-address": "198.18.12.1", "next-hop-interface": "eth1"}]}}`:                          `next-hop-interface "eth1" is not an interface`,
 		eth(static) + `, "routes": {"config": [{"destination": "198.18.5.1/24", "next-hop-address": "198.18.12.1", "next-hop-interface": "eth0"}]}}`:                      "has host bits set",
 		eth(static) + `, "routes": {"config": [{"destination": "::/0", "next-hop-address": "2001:db8::1", "next-hop-interface": "eth0"}]}}`:                               "whose ipv6 is disabled",
 		eth(static) + `, "dns-resolver": {"config": {"server": ["fe80::53%x\\n[ethernet]\\nmac-address="]}}}`:                                                             "is not an IP address",
 		eth(static) + `, "dns-resolver": {"config": {"search": ["lab.example\\r[x]"]}}}`:                                                                                  "is not a domain name",
 		eth(`{"enabled": true, "dhcp": true}`) + `, "routes": {"config": [{"destination": "0.0.0.0/0", "next-hop-address": "fe80::1%x", "next-hop-interface": "eth0"}]}}`: "is not an address of the destination's family",
 		eth(static) + `, "dns-resolver": {"config": {"server": ["dns.example"]}}}`:                                                                                        `"dns.example" is not an IP address`,
-		eth(static) + `, "dns-resolver": {"config": {"server": ["2001:db8::53"]}}}`:                                                                                       "no interface is configured for",
+		`{"interfaces": [{"name": "v100", "type": "vlan", "vlan": {"base-iface": "x/../b_eth0", "id": 100}, "ipv4": ` + static + `}]}`:                                    `base-iface: interface name "x/../b_eth0"`,
 		`{"interfaces": [{"name": "v100", "type": "vlan", "vlan": {"base-iface": "eth0", "id": 5000}}]}`:                                                                  "id 5000 is not between 1 and 4094",
 	} {
 		_, err := Convert("host-c", []byte(state), macs)
@@ -157,13 +155,16 @@ func TestUnsupportedIsNoted(t *testing.T) {
 	macs := map[string]string{"eth0": "52:54:00:aa:00:01"}
 	static := `{"enabled": true, "address": [{"ip": "198.18.12.10", "prefix-length": 24}]}`
 	for state, want := range map[string]string{
-		`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": ` + static + `}], "ethtool": {}}`:                                                                                           `unknown field "ethtool"`,
-		`{"interfaces": [{"name": "eth0", "type": "ethernet", "lldp": {"enabled": true}}]}`:                                                                                                       `unknown field "lldp"`,
-		`{"interfaces": [{"name": "eth9", "type": "ethernet", "ipv4": ` + static + `}]}`:                                                                                                          `interface "eth9" has no MAC address in spec.interfaces`,
-		`{"interfaces": [{"name": "eth0", "type": "ethernet", "state": "absent"}]}`:                                                                                                               `has state "absent"`,
-		`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": {"enabled": true}}]}`:                                                                                                       "ipv4 is enabled with no address or dhcp",
-		`{"interfaces": [{"name": "v100", "type": "vlan", "vlan": {"base-iface": "eth7", "id": 100}, "ipv4": ` + static + `}]}`:                                                                   `interface "eth7" has no MAC address`,
-		`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": ` + static + `}], "routes": {"config": [{"destination": "198.18.9.0/24", "next-hop-interface": "eth0", "table-id": 100}]}}`: "a route in table 100",
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": ` + static + `}], "ethtool": {}}`:                                                                                                         `unknown field "ethtool"`,
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "lldp": {"enabled": true}}]}`:                                                                                                                     `unknown field "lldp"`,
+		`{"interfaces": [{"name": "eth9", "type": "ethernet", "ipv4": ` + static + `}]}`:                                                                                                                        `interface "eth9" has no MAC address in spec.interfaces`,
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "state": "absent"}]}`:                                                                                                                             `has state "absent"`,
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": {"enabled": true}}]}`:                                                                                                                     "ipv4 has no address or dhcp",
+		`{"interfaces": [{"name": "v100", "type": "vlan", "vlan": {"base-iface": "eth7", "id": 100}, "ipv4": ` + static + `}]}`:                                                                                 `interface "eth7" has no MAC address`,
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": ` + static + `}], "routes": {"config": [{"destination": "198.18.9.0/24", "next-hop-interface": "eth0", "table-id": 100}]}}`:               "a route in table 100",
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": ` + static + `}], "routes": {"config": [{"destination": "0.0.0.0/0", "next-hop-address": "198.18.12.1", "next-hop-interface": "eth1"}]}}`: `a route through "eth1", an interface the config does not configure`,
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": ` + static + `}], "dns-resolver": {"config": {"server": ["2001:db8::53"]}}}`:                                                              "DNS servers of a family no interface of the config configures",
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": ` + static + `}, {"name": "eth1", "type": "ethernet", "mac-address": "52:54:00:AA:00:01", "ipv4": {"enabled": false}}]}`:                  `interfaces "eth0" and "eth1" have the same MAC 52:54:00:AA:00:01`,
 	} {
 		_, err := Convert("host-u", []byte(state), macs)
 		var u *Unsupported
@@ -171,8 +172,14 @@ func TestUnsupportedIsNoted(t *testing.T) {
 		require.Equal(t, "host-u", u.Config)
 		require.Contains(t, err.Error(), want, state)
 	}
+	// A family with dhcp or addresses and no "enabled" is enabled, as in
+	// nmstate.
+	files, err := Convert("host-d", []byte(`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": {"dhcp": true}}]}`), macs)
+	require.NoError(t, err)
+	require.Contains(t, string(files[0].Data), "[ipv4]\nmethod=auto\n")
+	require.Equal(t, "52:54:00:aa:00:01", files[0].MAC)
 	// IPv6 enabled with nothing is link-local, as nmstate reads it.
-	files, err := Convert("host-l", []byte(`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": `+static+`, "ipv6": {"enabled": true}}]}`), macs)
+	files, err = Convert("host-l", []byte(`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": `+static+`, "ipv6": {"enabled": true}}]}`), macs)
 	require.NoError(t, err)
 	require.Contains(t, string(files[0].Data), "[ipv6]\nmethod=link-local\n")
 }
