@@ -373,9 +373,11 @@ func uuidFor(config, name string) string {
 
 func isTrue(b *bool) bool { return b != nil && *b }
 
-// errNothingToDo is IPv4 enabled with no address and no DHCP, which
-// nmstate reads from the interface's current state: nothing to convert.
-var errNothingToDo = errors.New("enabled with no address or dhcp")
+// errNothingToDo is a family section that neither disables it nor gives
+// an address, DHCP or (IPv6) autoconf — IPv4 enabled with nothing, or no
+// "enabled" at all — which nmstate fills from the interface's current
+// state: nothing to convert.
+var errNothingToDo = errors.New("no address, dhcp or autoconf")
 
 func family(name, fam string, cfg *ip, six bool) (*familyConfig, error) {
 	f := &familyConfig{method: "disabled"}
