@@ -42,8 +42,11 @@ const GRUBServerPlaceholder = "AGENTBOOT_PXE_SERVER_ADDRESS"
 const GRUBEarlyConfig = `set agentboot_server=` + GRUBServerPlaceholder + `
 set ` + discovery.GRUBRootVariable + `=(tftp,$agentboot_server)/` + discovery.GRUBPathPrefix + `
 set prefix=(memdisk)
-echo "agentboot: network boot through $agentboot_server, MAC $net_default_mac"
-normal
+` + grubGreeting + `normal
+`
+
+// grubGreeting is the line each GRUB says once it knows this service.
+const grubGreeting = `echo "agentboot: network boot through $agentboot_server, MAC $net_default_mac"
 `
 
 // GRUBConfig is the memdisk's grub.cfg: ask the image service, through
@@ -337,10 +340,8 @@ const (
 // netboot GRUB's two configs in one, with this server's address, since
 // the signed binary cannot carry it.
 func signedGRUBConfig(server netip.Addr) []byte {
-	early := strings.Replace(GRUBEarlyConfig, GRUBServerPlaceholder, server.String(), 1)
-	early = strings.Replace(early, "set prefix=(memdisk)\n", "", 1)
-	early = strings.Replace(early, "normal\n", "", 1)
-	return []byte(early + GRUBConfig)
+	return []byte("set agentboot_server=" + server.String() + "\nset " + discovery.GRUBRootVariable + "=(tftp,$agentboot_server)/" +
+		discovery.GRUBPathPrefix + "\n" + grubGreeting + GRUBConfig)
 }
 
 // loadSignedChain reads the shim and GRUB of the Secure Boot path and

@@ -207,19 +207,17 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 		s.grubName = filepath.Base(file)
-		if s.images, err = newImageProxy(cfg.BootScriptURL, maxProxiedFile, maxProxiedCache, cfg.Log.WithName("grub-files")); err != nil {
-			return nil, err
-		}
-		tcfg.Source = s.source
 	}
 	if cfg.SecureBoot {
 		if s.signed, err = loadSignedChain(cfg); err != nil {
 			return nil, err
 		}
-		if s.images == nil {
-			if s.images, err = newImageProxy(cfg.BootScriptURL, maxProxiedFile, maxProxiedCache, cfg.Log.WithName("grub-files")); err != nil {
-				return nil, err
-			}
+	}
+	if s.grub != nil || s.signed != nil {
+		// Either GRUB fetches the image service's files through this
+		// service's TFTP server.
+		if s.images, err = newImageProxy(cfg.BootScriptURL, maxProxiedFile, maxProxiedCache, cfg.Log.WithName("grub-files")); err != nil {
+			return nil, err
 		}
 		tcfg.Source = s.source
 	}

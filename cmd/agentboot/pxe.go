@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -41,6 +42,13 @@ type pxeFlags struct {
 	shimBinary, signedGRUBBinary         string
 }
 
+// Where Debian's shim-signed and grub-efi-amd64-signed put the binaries of
+// the Secure Boot path.
+const (
+	defaultShim       = "/usr/lib/shim/shimx64.efi.signed"
+	defaultSignedGRUB = "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed"
+)
+
 func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&p.iface, prefix+"interface", "", "the boot network's interface (required)")
 	fs.StringVar(&p.serverIP, prefix+"server-ip", "", "this host's IPv4 address on the boot network (default: the interface's first)")
@@ -58,8 +66,8 @@ func (p *pxeFlags) register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&p.efiBinary, prefix+"efi-binary", "ipxe.efi", "iPXE binary for x86-64 UEFI clients (ipxe.efi, or snponly.efi to use the firmware's network driver)")
 	fs.StringVar(&p.arm64Binary, prefix+"arm64-binary", "", "agentboot's netboot GRUB for arm64 UEFI clients (make pxe-grub builds bin/pxe/grubnetaa64.efi), a path or a name in the TFTP directory (empty: arm64 clients are not answered)")
 	fs.BoolVar(&p.secureBoot, prefix+"secure-boot", false, "send x86-64 UEFI PXE clients Debian's signed shim and network GRUB instead of iPXE, which firmware with Secure Boot enforced refuses (docs/pxe.md#secure-boot)")
-	fs.StringVar(&p.shimBinary, prefix+"shim-binary", "/usr/lib/shim/shimx64.efi.signed", "with --secure-boot: the signed shim (Debian's shim-signed)")
-	fs.StringVar(&p.signedGRUBBinary, prefix+"signed-grub-binary", "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed", "with --secure-boot: the signed network GRUB the shim loads (Debian's grub-efi-amd64-signed)")
+	fs.StringVar(&p.shimBinary, prefix+"shim-binary", "", "with --"+prefix+"secure-boot: the signed shim (default "+defaultShim+", Debian's shim-signed)")
+	fs.StringVar(&p.signedGRUBBinary, prefix+"signed-grub-binary", "", "with --"+prefix+"secure-boot: the signed network GRUB the shim loads (default "+defaultSignedGRUB+", Debian's grub-efi-amd64-signed)")
 	fs.StringVar(&p.pool, prefix+"pool", "", "authoritative mode: the address range handed out, first-last, e.g. 198.18.0.100-198.18.0.200")
 	fs.IntVar(&p.prefixLen, prefix+"prefix-length", 0, "authoritative mode: the boot network's prefix length (default: the interface address's)")
 	fs.StringVar(&p.router, prefix+"router", "", "authoritative mode: default gateway given to clients")
@@ -146,11 +154,21 @@ func (p *pxeFlags) config(prefix string, log logr.Logger) (pxe.Config, error) {
 		Interface: p.iface, Mode: pxe.Mode(p.mode), BootScriptURL: p.bootScriptURL,
 		TFTPDir: p.tftpDir, TFTPAddr: p.tftpAddr, TFTPSinglePort: p.tftpSinglePort, HTTPAddr: p.httpAddr,
 		BIOSBinary: p.biosBinary, EFIBinary: p.efiBinary, ARM64Binary: p.arm64Binary,
-		SecureBoot: p.secureBoot, ShimBinary: p.shimBinary, SignedGRUBBinary: p.signedGRUBBinary,
-		PrefixLen: p.prefixLen, LeaseTime: p.leaseTime, LeaseFile: p.leaseFile, Log: log, NewClientRate: p.newClientRate, NewClientBurst: p.newClientBurst,
+		SecureBoot: p.secureBoot,
+		PrefixLen:  p.prefixLen, LeaseTime: p.leaseTime, LeaseFile: p.leaseFile, Log: log, NewClientRate: p.newClientRate, NewClientBurst: p.newClientBurst,
 	}
 	if p.iface == "" {
 		return cfg, flagErr("interface", "required: the interface on the boot network")
+	}
+	if !p.secureBoot {
+		for _, f := range []struct{ name, value string }{{"shim-binary", p.shimBinary}, {"signed-grub-binary", p.signedGRUBBinary}} {
+			if f.value != "" {
+				return cfg, flagErr(f.name, "only applies with --%ssecure-boot", prefix)
+			}
+		}
+	} else {
+		cfg.ShimBinary = cmp.Or(p.shimBinary, defaultShim)
+		cfg.SignedGRUBBinary = cmp.Or(p.signedGRUBBinary, defaultSignedGRUB)
 	}
 	if !(p.newClientRate > 0) {
 		return cfg, flagErr("dhcp-new-clients-per-second", "%v: want more than 0", p.newClientRate)

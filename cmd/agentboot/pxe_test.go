@@ -33,6 +33,13 @@ func TestPXEFlags(t *testing.T) {
 	cfg, err = parsePXEFlags(t, base+"--dhcp-relays 198.18.6.1,198.18.9.1")
 	require.NoError(t, err)
 	require.Equal(t, []netip.Addr{netip.MustParseAddr("198.18.6.1"), netip.MustParseAddr("198.18.9.1")}, cfg.Relays)
+	cfg, err = parsePXEFlags(t, base+"--secure-boot")
+	require.NoError(t, err)
+	require.Equal(t, "/usr/lib/shim/shimx64.efi.signed", cfg.ShimBinary, "Debian's, by default")
+	require.Equal(t, "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed", cfg.SignedGRUBBinary)
+	cfg, err = parsePXEFlags(t, base+"--secure-boot --shim-binary /opt/shim.efi")
+	require.NoError(t, err)
+	require.Equal(t, "/opt/shim.efi", cfg.ShimBinary)
 
 	cfg, err = parsePXEFlags(t, base+"--mode authoritative --server-ip 198.18.0.1 --pool 198.18.0.100-198.18.0.150 --router 198.18.0.254 "+
 		"--dns 198.18.0.53,198.18.0.54 --reservation 52:54:00:AA:00:01=198.18.0.20 --reservation 52-54-00-aa-00-02=198.18.0.21")
@@ -76,6 +83,8 @@ func TestPXEFlags(t *testing.T) {
 		base + "--dhcp-new-clients-per-second -5":                                                      "--dhcp-new-clients-per-second: -5: want more than 0",
 		base + "--dhcp-new-clients-burst 0":                                                            "--dhcp-new-clients-burst: 0: want at least 1",
 		base + "--dhcp-relays 198.18.6.1,relay":                                                        `--dhcp-relays: "relay" is not an IPv4 address`,
+		base + "--shim-binary /opt/shim.efi":                                                           "--shim-binary: only applies with --secure-boot",
+		base + "--signed-grub-binary /opt/grub.efi":                                                    "--signed-grub-binary: only applies with --secure-boot",
 	} {
 		_, err := parsePXEFlags(t, args)
 		require.ErrorContains(t, err, want, args)
