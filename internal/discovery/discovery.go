@@ -219,11 +219,11 @@ func Render(in Input, s Settings) (*Output, error) {
 				notes = append(notes, fmt.Sprintf("kernel argument %q is ignored before Ignition: with NMStateConfig keyfiles in the image, CoreOS's initramfs uses those instead", k.Value))
 			}
 		}
-	}
-	if len(network) > 0 && !in.Image.Layout.InitrdNetwork {
-		// Older CoreOS live images: harmless, and no help.
-		notes = append(notes, fmt.Sprintf("OS image %s does not apply network keyfiles before Ignition (no live-initrd-network in %s): "+
-			"NMStateConfigs apply after boot only, and hosts without DHCP need ip= kernel arguments", in.ImageKey, liveiso.FeaturesPath))
+		if !in.Image.Layout.InitrdNetwork {
+			// Older CoreOS live images: harmless, and no help.
+			notes = append(notes, fmt.Sprintf("OS image %s does not apply network keyfiles before Ignition (no live-initrd-network in %s): "+
+				"NMStateConfigs apply after boot only, and hosts without DHCP need ip= kernel arguments", in.ImageKey, liveiso.FeaturesPath))
+		}
 	}
 	archive, err := initramfs.Archive(initramfs.XZ, append([]initramfs.File{{Path: "config.ign", Mode: 0o600, Data: ign}}, network...)...)
 	if err != nil {
@@ -533,12 +533,11 @@ func proxyEnvironment(p *agentwire.Proxy) string {
 // what converts is left to the agent's after-boot path and noted; a wrong
 // one is the InfraEnv's error.
 func networkFiles(cfgs []v1beta1.NMStateConfig) ([]initramfs.File, []string, error) {
-	sorted := append([]v1beta1.NMStateConfig(nil), cfgs...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	var files []initramfs.File
 	var notes []string
 	owner := map[string]string{} // MAC → the config whose profiles bind it
-	for _, c := range sorted {
+	paths := map[string]bool{nmkeyfile.Dir + "/" + nmkeyfile.FallbackName: true}
+	for _, c := range byName(cfgs) {
 		if len(c.Spec.NetConfig.Raw) == 0 {
 			continue // nothing to configure
 		}
@@ -559,14 +558,8 @@ func networkFiles(cfgs []v1beta1.NMStateConfig) ([]initramfs.File, []string, err
 		}
 		// Two profiles for one NIC: NetworkManager would pick either. The
 		// MACs are those the profiles bind, wherever the config named them.
-		taken := ""
-		for _, f := range kf {
-			if o, ok := owner[f.MAC]; ok && f.MAC != "" && taken == "" {
-				taken = fmt.Sprintf("NMStateConfig %s is left out of the initramfs: MAC %s is already NMStateConfig %s's", c.Name, f.MAC, o)
-			}
-		}
-		if taken != "" {
-			notes = append(notes, taken)
+		if i := slices.IndexFunc(kf, func(f nmkeyfile.File) bool { return f.MAC != "" && owner[f.MAC] != "" }); i >= 0 {
+			notes = append(notes, fmt.Sprintf("NMStateConfig %s is left out of the initramfs: MAC %s is already NMStateConfig %s's", c.Name, kf[i].MAC, owner[kf[i].MAC]))
 			continue
 		}
 		for _, f := range kf {
@@ -576,9 +569,10 @@ func networkFiles(cfgs []v1beta1.NMStateConfig) ([]initramfs.File, []string, err
 			// Names come from validated parts; a path separator or a name
 			// twice would put a file elsewhere or over another's.
 			p := nmkeyfile.Dir + "/" + f.Name
-			if strings.ContainsAny(f.Name, "/\\") || f.Name == nmkeyfile.FallbackName || slices.ContainsFunc(files, func(x initramfs.File) bool { return x.Path == p }) {
+			if strings.ContainsAny(f.Name, "/\\") || paths[p] {
 				return nil, nil, fmt.Errorf("NMStateConfig %s: keyfile name %q is not a file of its own", c.Name, f.Name)
 			}
+			paths[p] = true
 			files = append(files, initramfs.File{Path: p, Mode: 0o600, Data: f.Data})
 		}
 	}
@@ -592,12 +586,17 @@ func networkFiles(cfgs []v1beta1.NMStateConfig) ([]initramfs.File, []string, err
 	return files, notes, nil
 }
 
+// byName is cfgs sorted by name, the order every image lists them in.
+func byName(cfgs []v1beta1.NMStateConfig) []v1beta1.NMStateConfig {
+	sorted := slices.Clone(cfgs)
+	slices.SortFunc(sorted, func(a, b v1beta1.NMStateConfig) int { return strings.Compare(a.Name, b.Name) })
+	return sorted
+}
+
 // staticNetworks serialises the selected NMStateConfigs for the agent.
 func staticNetworks(cfgs []v1beta1.NMStateConfig) ([]byte, error) {
-	sorted := append([]v1beta1.NMStateConfig(nil), cfgs...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	var nets []agentwire.StaticNetwork
-	for _, c := range sorted {
+	for _, c := range byName(cfgs) {
 		n := agentwire.StaticNetwork{Name: c.Name}
 		for _, i := range c.Spec.Interfaces {
 			if i == nil {

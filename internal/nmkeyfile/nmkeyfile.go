@@ -28,6 +28,7 @@ package nmkeyfile
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -169,23 +170,34 @@ func Convert(config string, state []byte, macs map[string]string) ([]File, error
 		}
 	}
 	conns := map[string]*conn{} // by interface name
-	mac := func(name string) (string, error) {
-		m := macs[name]
-		if i := byName[name]; i != nil && i.MACAddress != "" {
-			if m != "" && !strings.EqualFold(m, i.MACAddress) {
-				return "", wrong("interface %q has mac-address %s but spec.interfaces maps it to %s", name, i.MACAddress, m)
-			}
-			m = i.MACAddress
-		}
-		if m == "" {
-			// Bound by name only, it would apply to any host.
-			return "", &Unsupported{Config: config, Why: fmt.Sprintf("interface %q has no MAC address in spec.interfaces", name)}
-		}
+	parseMAC := func(name, m string) (string, error) {
 		hw, err := net.ParseMAC(m)
 		if err != nil || len(hw) != 6 {
 			return "", wrong("interface %q: %q is not an Ethernet MAC address", name, m)
 		}
 		return strings.ToUpper(hw.String()), nil
+	}
+	mac := func(name string) (string, error) {
+		var mapped, own string
+		var err error
+		if m := macs[name]; m != "" {
+			if mapped, err = parseMAC(name, m); err != nil {
+				return "", err
+			}
+		}
+		if i := byName[name]; i != nil && i.MACAddress != "" {
+			if own, err = parseMAC(name, i.MACAddress); err != nil {
+				return "", err
+			}
+		}
+		switch {
+		case mapped != "" && own != "" && mapped != own:
+			return "", wrong("interface %q has mac-address %s but spec.interfaces maps it to %s", name, own, mapped)
+		case mapped == "" && own == "":
+			// Bound by name only, it would apply to any host.
+			return "", &Unsupported{Config: config, Why: fmt.Sprintf("interface %q has no MAC address in spec.interfaces", name)}
+		}
+		return cmp.Or(mapped, own), nil
 	}
 	ethernet := func(name string) (*conn, error) {
 		if c := conns[name]; c != nil {

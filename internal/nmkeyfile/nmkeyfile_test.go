@@ -107,7 +107,7 @@ func TestWrongConfigs(t *testing.T) {
 	for state, want := range map[string]string{
 		`[1, 2]`:             "not an nmstate document",
 		`{"interfaces": []}`: "no interfaces",
-		`{"interfaces": [{"name": "eth0", "type": "ethernet", "mac-address": "52:54:00:aa:00:02", "ipv4": ` + static + `}]}`:                                              "has mac-address 52:54:00:aa:00:02 but spec.interfaces maps it to 52:54:00:aa:00:01",
+		`{"interfaces": [{"name": "eth0", "type": "ethernet", "mac-address": "52:54:00:aa:00:02", "ipv4": ` + static + `}]}`:                                              "has mac-address 52:54:00:AA:00:02 but spec.interfaces maps it to 52:54:00:AA:00:01",
 		`{"interfaces": [{"name": "eth0/x", "type": "ethernet"}]}`:                                                                                                        `interface name "eth0/x"`,
 		eth(`{"enabled": true, "address": [{"ip": "198.18.12.10"}]}`) + `}`:                                                                                               "has no prefix-length",
 		eth(`{"enabled": true, "address": [{"ip": "198.18.12.10", "prefix-length": 33}]}`) + `}`:                                                                          "prefix-length 33 does not fit",
@@ -178,6 +178,9 @@ func TestUnsupportedIsNoted(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(files[0].Data), "[ipv4]\nmethod=auto\n")
 	require.Equal(t, "52:54:00:aa:00:01", files[0].MAC)
+	// The same MAC written two ways is one MAC.
+	_, err = Convert("host-d", []byte(`{"interfaces": [{"name": "eth0", "type": "ethernet", "mac-address": "52-54-00-AA-00-01", "ipv4": {"dhcp": true}}]}`), macs)
+	require.NoError(t, err)
 	// IPv6 enabled with nothing is link-local, as nmstate reads it.
 	files, err = Convert("host-l", []byte(`{"interfaces": [{"name": "eth0", "type": "ethernet", "ipv4": `+static+`, "ipv6": {"enabled": true}}]}`), macs)
 	require.NoError(t, err)

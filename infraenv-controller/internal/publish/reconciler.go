@@ -176,12 +176,27 @@ func (r *Reconciler) observe(ctx context.Context, ie *v1beta1.InfraEnv, key sign
 			return failed(v1beta1.ImageCreationErrorReason, imageRecheck, "minimal ISO: %v", err), nil
 		}
 	}
+	return observation{ok: true, reason: v1beta1.ImageCreatedReason, message: createdMessage(out.Notes), output: out}, nil
+}
+
+// maxNotes is how many of an image's notes the condition spells out: one
+// per NMStateConfig could be hundreds, and the message is also an event's
+// note.
+const maxNotes = 3
+
+// createdMessage is ImageCreated's message for an image made with notes,
+// seen in the condition and, when it changes, as an event.
+func createdMessage(notes []string) string {
 	msg := "Image has been created"
-	if len(out.Notes) > 0 {
-		// Seen in the condition, and as an event when it changes.
-		msg += "; " + strings.Join(out.Notes, "; ")
+	if len(notes) == 0 {
+		return msg
 	}
-	return observation{ok: true, reason: v1beta1.ImageCreatedReason, message: msg, output: out}, nil
+	shown := notes[:min(len(notes), maxNotes)]
+	msg += "; " + strings.Join(shown, "; ")
+	if more := len(notes) - len(shown); more > 0 {
+		msg += fmt.Sprintf("; and %d more like them", more)
+	}
+	return msg
 }
 
 // checkPullSecret returns why the pull secret is unusable, or "".
