@@ -135,16 +135,7 @@ func (h *host) waitAgent(t *testing.T, what string, cond func(*v1beta1.Agent) bo
 	return nil
 }
 
-func validation(a *v1beta1.Agent, id string) v1beta1.ValidationResult {
-	for _, vs := range a.Status.ValidationsInfo {
-		for _, v := range vs {
-			if v.ID == id {
-				return v
-			}
-		}
-	}
-	return v1beta1.ValidationResult{}
-}
+func validation(a *v1beta1.Agent, id string) v1beta1.ValidationResult { return stack.Validation(a, id) }
 
 func condition(a *v1beta1.Agent, t v1beta1.ConditionType) v1beta1.Condition {
 	if c := conditions.Find(a.Status.Conditions, t); c != nil {

@@ -12,20 +12,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/vm"
 )
 
 // validationOf returns the Agent's validation id.
-func validationOf(a v1beta1.Agent, id string) v1beta1.ValidationResult {
-	for _, list := range a.Status.ValidationsInfo {
-		for _, v := range list {
-			if v.ID == id {
-				return v
-			}
-		}
-	}
-	return v1beta1.ValidationResult{}
-}
+func validationOf(a v1beta1.Agent, id string) v1beta1.ValidationResult { return stack.Validation(&a, id) }
 
 // UEFI Secure Boot: OVMF with Microsoft's keys enrolled and Secure Boot
 // enforced boots the discovery ISO through Debian's signed shim, signed

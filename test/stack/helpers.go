@@ -189,3 +189,15 @@ func deployedFrom(env *testenv.Env, deploy string) (ids Identities, err error) {
 	ids.ImageService, err = identity("agentboot-image-service")
 	return ids, err
 }
+
+// Validation is the Agent's validation with id, or the zero result.
+func Validation(a *v1beta1.Agent, id string) v1beta1.ValidationResult {
+	for _, vs := range a.Status.ValidationsInfo {
+		for _, v := range vs {
+			if v.ID == id {
+				return v
+			}
+		}
+	}
+	return v1beta1.ValidationResult{}
+}

@@ -182,15 +182,16 @@ func staticNetwork() (taken map[string]bool, addressed, found bool) {
 				}
 			}
 		case "vlan":
-			if idx, err := loadModuleIndex(); err == nil {
-				if err := idx.load("8021q", 0); err != nil {
-					logf("network: 8021q: %v", err)
-				}
-			}
 			parent, ok := devOf[k.get("vlan", "parent")]
 			if !ok {
 				logf("network: profile %s: its parent %s is not applied on this host", k.name, k.get("vlan", "parent"))
 				continue
+			}
+			// Only a host with a VLAN of its own needs 802.1Q (loaded once).
+			if idx, err := loadModuleIndex(); err == nil {
+				if err := idx.load("8021q", 0); err != nil {
+					logf("network: 8021q: %v", err)
+				}
 			}
 			dev := k.get("connection", "interface-name")
 			if err := run("ip", "link", "add", "link", parent, "name", dev, "type", "vlan", "id", k.get("vlan", "id")); err != nil {
