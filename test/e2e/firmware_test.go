@@ -17,7 +17,9 @@ import (
 )
 
 // validationOf returns the Agent's validation id.
-func validationOf(a v1beta1.Agent, id string) v1beta1.ValidationResult { return stack.Validation(&a, id) }
+func validationOf(a v1beta1.Agent, id string) v1beta1.ValidationResult {
+	return stack.Validation(&a, id)
+}
 
 // UEFI Secure Boot: OVMF with Microsoft's keys enrolled and Secure Boot
 // enforced boots the discovery ISO through Debian's signed shim, signed
