@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -98,6 +99,24 @@ func (e *NoAgentError) Error() string {
 		e.Arch, have, flag)
 }
 
+// bareIPv6 says whether URL text names an IPv6 address without brackets
+// (2001:db8::1:8443 is itself an address: which part would be the port?).
+func bareIPv6(text string) bool {
+	_, rest, ok := strings.Cut(text, "://")
+	host, _, _ := strings.Cut(rest, "/")
+	return ok && !strings.Contains(host, "[") && strings.Count(host, ":") > 1
+}
+
+// checkURLHost refuses a link-local address, with a zone or without: the
+// zone names an interface of this machine, not the host's, and link-local
+// reaches no further than one link.
+func checkURLHost(u *url.URL) error {
+	if a, err := netip.ParseAddr(u.Hostname()); err == nil && (a.Zone() != "" || a.IsLinkLocalUnicast()) {
+		return errors.New("a link-local address reaches no host beyond one link: use a global or unique local address, or a name")
+	}
+	return nil
+}
+
 // Validate checks that the settings make usable URLs.
 func (s Settings) Validate() error {
 	for _, u := range []struct{ name, v, scheme string }{
@@ -105,9 +124,15 @@ func (s Settings) Validate() error {
 		{"image service URL", s.ImageServiceURL, "https"},
 		{"image service HTTP URL", s.ImageServiceHTTPURL, "http"},
 	} {
+		if bareIPv6(u.v) {
+			return fmt.Errorf("%s %q: an IPv6 address in a URL goes in brackets, as %s://[2001:db8::1]:8443", u.name, u.v, u.scheme)
+		}
 		p, err := url.Parse(u.v)
 		if err != nil || p.Scheme != u.scheme || p.Host == "" || p.RawQuery != "" {
 			return fmt.Errorf("%s %q must be an %s:// URL without a query", u.name, u.v, u.scheme)
+		}
+		if err := checkURLHost(p); err != nil {
+			return fmt.Errorf("%s %q: %w", u.name, u.v, err)
 		}
 	}
 	if len(s.Agents) == 0 {

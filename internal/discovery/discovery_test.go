@@ -354,6 +354,22 @@ func TestSettingsValidate(t *testing.T) {
 	bad = settings
 	bad.ImageServiceHTTPURL = "https://x"
 	require.ErrorContains(t, bad.Validate(), "image service HTTP URL")
+
+	// IPv6: bracketed literals are fine; a bare one is ambiguous, and a
+	// link-local one (with or without its zone) reaches no host.
+	v6 := settings
+	v6.AgentAPIURL, v6.ImageServiceURL, v6.ImageServiceHTTPURL = "https://[2001:2::1]:7443", "https://[2001:2::1]:8443", "http://[2001:2::1]"
+	require.NoError(t, v6.Validate())
+	for _, u := range []string{"https://2001:2::1:8443", "https://2001:2::1", "https://[fe80::1%25eth0]:8443", "https://[fe80::1]:8443"} {
+		bad = v6
+		bad.ImageServiceURL = u
+		require.ErrorContains(t, bad.Validate(), "image service URL", u)
+	}
+	bad = v6
+	bad.ImageServiceURL = "https://2001:2::1:8443"
+	require.ErrorContains(t, bad.Validate(), "an IPv6 address in a URL goes in brackets")
+	bad.ImageServiceURL = "https://[fe80::1]:8443"
+	require.ErrorContains(t, bad.Validate(), "link-local")
 }
 
 // Hosts get the agent of their InfraEnv's architecture, and an

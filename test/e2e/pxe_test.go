@@ -52,10 +52,17 @@ func startPXE(t *testing.T, name, bridge, hostIP string, extra ...string) {
 // agentWithMAC waits until an Agent in ns reports an inventory with mac.
 func agentWithMAC(t *testing.T, ns, mac string, v *vm.VM) v1beta1.Agent {
 	t.Helper()
+	return agentOf(t, s, ns, mac, v)
+}
+
+// agentOf waits until an Agent of stack st in ns reports an inventory
+// with mac.
+func agentOf(t *testing.T, st *stack.Stack, ns, mac string, v *vm.VM) v1beta1.Agent {
+	t.Helper()
 	deadline := time.Now().Add(bootTimeout)
 	for time.Now().Before(deadline) {
 		var list v1beta1.AgentList
-		if s.Client.List(context.Background(), &list, client.InNamespace(ns)) == nil {
+		if st.Client.List(context.Background(), &list, client.InNamespace(ns)) == nil {
 			for _, a := range list.Items {
 				for _, i := range a.Status.Inventory.Interfaces {
 					if i.MacAddress == mac && a.Status.Inventory.ReportTime != nil {

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -314,13 +315,14 @@ func start(opts Options, log logr.Logger) (*Stack, func() error, error) {
 	if opts.Listen != nil {
 		listenHost = opts.AdvertiseHost
 	}
-	s.HTTPSAddr = fmt.Sprintf("%s:%d", listenHost, ports[0])
-	s.HTTPAddr = fmt.Sprintf("%s:%d", listenHost, ports[1])
-	s.AgentAPIAddr = fmt.Sprintf("%s:%d", listenHost, ports[2])
+	hostPort := func(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+	s.HTTPSAddr = hostPort(listenHost, ports[0])
+	s.HTTPAddr = hostPort(listenHost, ports[1])
+	s.AgentAPIAddr = hostPort(listenHost, ports[2])
 	s.Settings = discovery.Settings{
-		AgentAPIURL:         fmt.Sprintf("https://%s:%d", opts.AdvertiseHost, ports[2]),
-		ImageServiceURL:     fmt.Sprintf("https://%s:%d", opts.AdvertiseHost, ports[0]),
-		ImageServiceHTTPURL: fmt.Sprintf("http://%s:%d", opts.AdvertiseHost, ports[1]),
+		AgentAPIURL:         "https://" + hostPort(opts.AdvertiseHost, ports[2]),
+		ImageServiceURL:     "https://" + hostPort(opts.AdvertiseHost, ports[0]),
+		ImageServiceHTTPURL: "http://" + hostPort(opts.AdvertiseHost, ports[1]),
 		ISOOverHTTP:         opts.ISOOverHTTP,
 		CABundle:            string(caPEM),
 	}

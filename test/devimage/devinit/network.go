@@ -1,18 +1,24 @@
 package main
 
 import (
+	"encoding/hex"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
 
 // bringUpNetwork applies this host's static network profiles (keyfiles in
 // the initramfs), starts a DHCP client (busybox udhcpc) on every other
-// Ethernet interface, and waits until one of them has an IPv4 address. The
-// clients keep running and renew their leases.
+// Ethernet interface, and waits until one of them has an address: an IPv4
+// lease, or a global IPv6 address the kernel configured from a router
+// advertisement (SLAAC) once it passed duplicate address detection. As
+// NetworkManager with both families on "auto", either is enough to go on.
+// The clients keep running and renew their leases.
 func bringUpNetwork() bool {
 	_ = run("ip", "link", "set", "lo", "up")
 	ifaces := ethernetInterfaces()
@@ -42,10 +48,14 @@ func bringUpNetwork() bool {
 				logf("network: %s has %s", name, addr)
 				return true
 			}
+			if addr := globalIPv6Of(name); addr != "" {
+				logf("network: %s has %s", name, addr)
+				return true
+			}
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	logf("network: no DHCP lease after 90s on %s", strings.Join(ifaces, ", "))
+	logf("network: no DHCP lease and no IPv6 router advertisement after 90s on %s", strings.Join(ifaces, ", "))
 	return false
 }
 
@@ -89,6 +99,35 @@ func ipv4Of(name string) string {
 		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
 			return n.String()
 		}
+	}
+	return ""
+}
+
+// globalIPv6Of returns name's first global IPv6 address that is usable:
+// not tentative (duplicate address detection still running) and not
+// failed. /proc/net/if_inet6 lines: address (32 hex digits), interface
+// index, prefix length, scope, flags (all hex), name.
+func globalIPv6Of(name string) string {
+	data, err := os.ReadFile("/proc/net/if_inet6")
+	if err != nil {
+		return ""
+	}
+	const tentative, dadFailed = 0x40, 0x08
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 6 || f[5] != name || f[3] != "00" || len(f[0]) != 32 {
+			continue
+		}
+		flags, err := strconv.ParseUint(f[4], 16, 32)
+		if err != nil || flags&(tentative|dadFailed) != 0 {
+			continue
+		}
+		raw, err := hex.DecodeString(f[0])
+		if err != nil {
+			continue
+		}
+		bits, _ := strconv.ParseUint(f[2], 16, 8)
+		return fmt.Sprintf("%s/%d", net.IP(raw), bits)
 	}
 	return ""
 }

@@ -114,6 +114,56 @@ func (l *Lab) Segment(n int) (Segment, error) {
 	return seg, l.bridge(seg.Bridge, n, seg.HostIP)
 }
 
+// Segment6 is a boot network with IPv6: bridge br<n> with
+// 2001:2:0:<n>::1/64 (the IPv6 benchmarking range, RFC 5180; <n> in
+// decimal digits, as in 198.18.<n>) and, when
+// dual, 198.18.<n>.1/24 as well. The lab's address skips duplicate address
+// detection, so that services can bind it at once.
+type Segment6 struct {
+	Segment        // Bridge; HostIP and Prefix only when dual-stack
+	HostIP6 string // 2001:2:0:<n>::1
+	Prefix6 string // 2001:2:0:<n>::
+}
+
+// SegmentIPv6 creates segment n with IPv6, and IPv4 too when dual.
+func (l *Lab) SegmentIPv6(n int, dual bool) (Segment6, error) {
+	seg := Segment6{Segment: Segment{Bridge: fmt.Sprintf("br%d", n)}, Prefix6: fmt.Sprintf("2001:2:0:%d::", n)}
+	seg.HostIP6 = seg.Prefix6 + "1"
+	cmds := [][]string{
+		{"link", "add", seg.Bridge, "address", fmt.Sprintf("02:00:c6:12:%02x:01", n), "type", "bridge"},
+		{"addr", "add", seg.HostIP6 + "/64", "dev", seg.Bridge, "nodad"},
+		{"link", "set", seg.Bridge, "up"},
+	}
+	if dual {
+		seg.Prefix = fmt.Sprintf("198.18.%d", n)
+		seg.HostIP = seg.Prefix + ".1"
+		cmds = append(cmds, []string{"addr", "add", seg.HostIP + "/24", "dev", seg.Bridge})
+	}
+	for _, cmd := range cmds {
+		if err := l.IP(cmd...); err != nil {
+			return Segment6{}, err
+		}
+	}
+	return seg, nil
+}
+
+// RAOptions are dnsmasq's options to send router advertisements on seg:
+// its prefix for SLAAC, no DHCPv6, and the lab as the default router
+// (lifetime 1800 s), so that hosts reach the lab's addresses on other
+// segments.
+func RAOptions(seg Segment6) []string {
+	return []string{"--enable-ra", "--dhcp-range=" + seg.Prefix6 + ",ra-only,64,12h", "--ra-param=" + seg.Bridge + ",0,1800"}
+}
+
+// RouterAdvertisements runs dnsmasq on seg sending router advertisements
+// only (RAOptions): no DHCP of either family.
+func (l *Lab) RouterAdvertisements(name string, seg Segment6) error {
+	args := []string{"dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0",
+		"--interface=" + seg.Bridge, "--bind-interfaces", "--except-interface=lo",
+		"--log-dhcp", "--log-facility=" + filepath.Join(l.Dir, name+".log")}
+	return l.Start(name, DnsmasqReady, append(args, RAOptions(seg)...)...)
+}
+
 // Peer is another machine on segment seg: namespace <lab>-<name> with a
 // veth on seg's bridge addressed ip/24 and a default route through the
 // lab. It stands for a server of the site (its DHCP server) beside

@@ -1,0 +1,87 @@
+//go:build e2e
+
+package e2e_test
+
+import (
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/test/e2e/lab"
+	"github.com/agentboot/agentboot/test/stack"
+	"github.com/agentboot/agentboot/test/vm"
+)
+
+// IPv6, deployed as on an IPv6-only management network: a stack of its
+// own whose every published URL (agent API, image service) is an IPv6
+// literal; the lab's main stack publishes IPv4 ones. Hosts boot its ISO
+// (a) on an IPv6-only segment: router advertisements (SLAAC), no DHCP
+// server of either family, no IPv4 address at all; (b) on a dual-stack
+// segment (DHCPv4 and SLAAC), reaching the service on another IPv6 network
+// through the lab's router. Each fetches the agent over IPv6, registers,
+// reports its addresses, and passes its network validations.
+func TestLabIPv6(t *testing.T) {
+	t.Parallel()
+	only, err := theLab.SegmentIPv6(16, false)
+	require.NoError(t, err)
+	dual, err := theLab.SegmentIPv6(17, true)
+	require.NoError(t, err)
+	require.NoError(t, theLab.RouterAdvertisements("ra16", only))
+	require.NoError(t, theLab.Dnsmasq("dual17", dual.Bridge, dual.HostIP, dual.Prefix, lab.RAOptions(dual)...))
+
+	v6 := stack.Start(t, stack.Options{AdvertiseHost: only.HostIP6, Listen: theLab.Listen, Dial: theLab.Dial, Quiet: true})
+	ie := v6.CreateInfraEnv(t, "lab-ipv6", "ipv6", nil)
+	require.True(t, strings.HasPrefix(ie.Status.ISODownloadURL, "https://["+only.HostIP6+"]:"), ie.Status.ISODownloadURL)
+	iso := v6.Download(t, ie.Status.ISODownloadURL)
+
+	// booted boots the ISO with mac on bridge and returns the Agent's
+	// interface, checked to have passed its network validations, and the
+	// VM.
+	booted := func(t *testing.T, path, bridge, mac string) (v1beta1.HostInterface, *vm.VM) {
+		v := bootVMOn(t, bridge, vm.Options{Name: "ipv6-" + strings.ReplaceAll(mac[12:], ":", ""), CDROM: iso, Boot: "d", MAC: mac, MemoryMB: 1536})
+		a := agentOf(t, v6, ie.Namespace, mac, v)
+		registered(t, path, v, a)
+		for _, id := range []string{"has-inventory", "connected", "ntp-synced"} {
+			require.Equal(t, v1beta1.ValidationSuccess, stack.Validation(&a, id).Status, "%s: %+v", id, stack.Validation(&a, id))
+		}
+		for _, i := range a.Status.Inventory.Interfaces {
+			if i.MacAddress == mac {
+				return i, v
+			}
+		}
+		t.Fatalf("no interface %s in the inventory", mac)
+		return v1beta1.HostInterface{}, nil
+	}
+	t.Run("ipv6-only", func(t *testing.T) {
+		t.Parallel()
+		const mac = "52:54:00:26:16:01"
+		i, v := booted(t, "ISO, IPv6-only (SLAAC, no DHCP), IPv6 service URLs", only.Bridge, mac)
+		require.Empty(t, i.IPV4Addresses, "no IPv4 on this segment")
+		require.Equal(t, []string{slaac(only.Prefix6, mac)}, i.IPV6Addresses)
+		requireSerial(t, v, "network: eth0 has "+slaac(only.Prefix6, mac))
+	})
+	t.Run("dual-stack", func(t *testing.T) {
+		t.Parallel()
+		const mac = "52:54:00:26:17:01"
+		i, _ := booted(t, "ISO, dual-stack (DHCPv4 + SLAAC), IPv6 service URLs", dual.Bridge, mac)
+		require.Len(t, i.IPV4Addresses, 1)
+		require.True(t, strings.HasPrefix(i.IPV4Addresses[0], dual.Prefix+"."), "%v", i.IPV4Addresses)
+		require.Equal(t, []string{slaac(dual.Prefix6, mac)}, i.IPV6Addresses)
+	})
+}
+
+// slaac is the address a Linux host forms from a router's prefix for its
+// MAC (EUI-64: the universal/local bit flipped, ff:fe in the middle), with
+// the prefix length.
+func slaac(prefix, mac string) string {
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		panic(err)
+	}
+	ip := net.ParseIP(prefix)
+	copy(ip[8:], []byte{hw[0] ^ 2, hw[1], hw[2], 0xff, 0xfe, hw[3], hw[4], hw[5]})
+	return ip.String() + "/64"
+}
