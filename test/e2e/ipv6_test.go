@@ -4,6 +4,7 @@ package e2e_test
 
 import (
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -21,8 +22,12 @@ import (
 // (a) on an IPv6-only segment: router advertisements (SLAAC), no DHCP
 // server of either family, no IPv4 address at all; (b) on a dual-stack
 // segment (DHCPv4 and SLAAC), reaching the service on another IPv6 network
-// through the lab's router. Each fetches the agent over IPv6, registers,
-// reports its addresses, and passes its network validations.
+// through the lab's router. (c) A host network boots on a third, IPv6-only
+// segment: OVMF's PXE over IPv6 gets an address and ipxe.efi from the
+// site's dnsmasq (DHCPv6 and TFTP, configured with the README's recipe),
+// and iPXE the InfraEnv's boot script over HTTP on IPv6. Each fetches the
+// agent over IPv6, registers, reports its addresses, and passes its
+// network validations.
 func TestLabIPv6(t *testing.T) {
 	t.Parallel()
 	only, err := theLab.SegmentIPv6(16, false)
@@ -44,16 +49,7 @@ func TestLabIPv6(t *testing.T) {
 		v := bootVMOn(t, bridge, vm.Options{Name: "ipv6-" + strings.ReplaceAll(mac[12:], ":", ""), CDROM: iso, Boot: "d", MAC: mac, MemoryMB: 1536})
 		a := agentOf(t, v6, ie.Namespace, mac, v)
 		registered(t, path, v, a)
-		for _, id := range []string{"has-inventory", "connected", "ntp-synced"} {
-			require.Equal(t, v1beta1.ValidationSuccess, stack.Validation(&a, id).Status, "%s: %+v", id, stack.Validation(&a, id))
-		}
-		for _, i := range a.Status.Inventory.Interfaces {
-			if i.MacAddress == mac {
-				return i, v
-			}
-		}
-		t.Fatalf("no interface %s in the inventory", mac)
-		return v1beta1.HostInterface{}, nil
+		return ifaceOf(t, a, mac), v
 	}
 	t.Run("ipv6-only", func(t *testing.T) {
 		t.Parallel()
@@ -63,6 +59,28 @@ func TestLabIPv6(t *testing.T) {
 		require.Equal(t, []string{slaac(only.Prefix6, mac)}, i.IPV6Addresses)
 		requireSerial(t, v, "network: eth0 has "+slaac(only.Prefix6, mac))
 	})
+	t.Run("pxe", func(t *testing.T) {
+		t.Parallel()
+		seg, err := theLab.SegmentIPv6(18, false)
+		require.NoError(t, err)
+		conf := recipe(t, "dnsmasq-ipv6.conf", map[string]string{"RANGE6_FIRST": seg.Prefix6 + "100", "RANGE6_LAST": seg.Prefix6 + "1ff",
+			"TFTP_SERVER6": seg.HostIP6, "IPXE_SCRIPT_URL": ie.Status.BootArtifacts.IpxeScriptURL})
+		require.NoError(t, theLab.Start("ipv6-site-dnsmasq", lab.DnsmasqReady, "dnsmasq", "--no-daemon", "--port=0",
+			"--interface="+seg.Bridge, "--bind-interfaces", "--except-interface=lo", "--log-dhcp",
+			"--log-facility="+filepath.Join(theLab.Dir, "ipv6-site-dnsmasq.log"), "--conf-file="+conf))
+		const mac = "52:54:00:26:18:01"
+		// IPv4 PXE off, as on a server set to boot over IPv6 only: OVMF
+		// would otherwise wait out DHCPv4 first.
+		v := bootVMOn(t, seg.Bridge, vm.Options{Name: "ipv6-pxe", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536,
+			Extra: []string{"-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n"}})
+		a := agentOf(t, v6, ie.Namespace, mac, v)
+		registered(t, "IPv6-only UEFI PXE (OVMF PXEv6), the site's dnsmasq DHCPv6 (recipe), IPv6 service URLs", v, a)
+		requireSerial(t, v, "Start PXE over IPv6", "NBP filename is ipxe.efi", "Filename: "+ie.Status.BootArtifacts.IpxeScriptURL)
+		require.NotContains(t, v.Log(), "Start PXE over IPv4")
+		i := ifaceOf(t, a, mac)
+		require.Empty(t, i.IPV4Addresses)
+		require.Equal(t, []string{slaac(seg.Prefix6, mac)}, i.IPV6Addresses, "the booted OS's own SLAAC address")
+	})
 	t.Run("dual-stack", func(t *testing.T) {
 		t.Parallel()
 		const mac = "52:54:00:26:17:01"
@@ -71,6 +89,22 @@ func TestLabIPv6(t *testing.T) {
 		require.True(t, strings.HasPrefix(i.IPV4Addresses[0], dual.Prefix+"."), "%v", i.IPV4Addresses)
 		require.Equal(t, []string{slaac(dual.Prefix6, mac)}, i.IPV6Addresses)
 	})
+}
+
+// ifaceOf returns the Agent's interface with mac, and checks that the
+// Agent passed its network validations.
+func ifaceOf(t *testing.T, a v1beta1.Agent, mac string) v1beta1.HostInterface {
+	t.Helper()
+	for _, id := range []string{"has-inventory", "connected", "ntp-synced"} {
+		require.Equal(t, v1beta1.ValidationSuccess, stack.Validation(&a, id).Status, "%s: %+v", id, stack.Validation(&a, id))
+	}
+	for _, i := range a.Status.Inventory.Interfaces {
+		if i.MacAddress == mac {
+			return i
+		}
+	}
+	t.Fatalf("no interface %s in the inventory of Agent %s", mac, a.Name)
+	return v1beta1.HostInterface{}
 }
 
 // slaac is the address a Linux host forms from a router's prefix for its
