@@ -23,15 +23,19 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
+	"github.com/insomniacslk/dhcp/dhcpv6"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 
 	"github.com/agentboot/agentboot/internal/bootpath"
 	"github.com/agentboot/agentboot/internal/discovery"
@@ -115,7 +119,10 @@ type Config struct {
 
 	// Socket factories; the defaults open them on this host. Tests open
 	// them inside a network namespace.
-	ListenDHCP   func(iface string, port int) (net.PacketConn, error)
+	ListenDHCP func(iface string, port int) (net.PacketConn, error)
+	// ListenDHCP6 opens the DHCPv6 server port (547) on the interface, to
+	// log the IPv6 network-boot clients this service does not answer.
+	ListenDHCP6  func(iface string) (net.PacketConn, error)
 	ListenPacket func(network, addr string) (net.PacketConn, error)
 	Listen       func(network, addr string) (net.Listener, error)
 	Log          logr.Logger
@@ -293,6 +300,9 @@ func defaults(cfg *Config) {
 			return server4.NewIPv4UDPConn(iface, &net.UDPAddr{Port: p})
 		}
 	}
+	if cfg.ListenDHCP6 == nil {
+		cfg.ListenDHCP6 = listenDHCP6
+	}
 	if cfg.ListenPacket == nil {
 		cfg.ListenPacket = net.ListenPacket
 	}
@@ -390,6 +400,13 @@ func (s *Server) Start(ctx context.Context) error {
 		s.growReceiveBuffer(conn, fmt.Sprintf("DHCP port %d", p))
 		tasks = append(tasks, serve.Task{Name: fmt.Sprintf("DHCP port %d", p), Serve: func() error { return s.serveDHCP(conn, p) }, Stop: func(context.Context) { conn.Close() }})
 	}
+	// DHCPv6 is watched, never answered: a failure to listen costs only
+	// the log lines about IPv6 boot clients.
+	if conn6, err := s.cfg.ListenDHCP6(s.cfg.Interface); err != nil {
+		s.cfg.Log.Info("not watching DHCPv6: IPv6 network boot clients, which this service does not answer, will not be logged", "interface", s.cfg.Interface, "err", err.Error())
+	} else {
+		tasks = append(tasks, serve.Task{Name: "DHCPv6 watch", Serve: func() error { return s.watchDHCP6(conn6) }, Stop: func(context.Context) { conn6.Close() }})
+	}
 	tconn, err := s.cfg.ListenPacket("udp4", s.cfg.TFTPAddr)
 	if err != nil {
 		serve.StopAll(tasks)
@@ -474,6 +491,68 @@ func (s *Server) serveDHCP(conn net.PacketConn, port int) error {
 			}
 			off += sent
 		}
+	}
+}
+
+// listenDHCP6 opens a socket bound to All_DHCP_Relay_Agents_and_Servers
+// (ff02::1:2), port 547, on iface and joins that group: it receives what
+// clients send there and never a packet addressed to a server, so a DHCPv6
+// server on the same machine (bound to the port on every address, with
+// address reuse as this socket) keeps every packet meant for it;
+// multicast goes to both.
+func listenDHCP6(iface string) (net.PacketConn, error) {
+	ifi, err := net.InterfaceByName(iface)
+	if err != nil {
+		return nil, err
+	}
+	group := net.ParseIP("ff02::1:2")
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = setReuseAddr(fd) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	addr := net.JoinHostPort(group.String()+"%"+iface, strconv.Itoa(dhcpv6.DefaultServerPort))
+	c, err := lc.ListenPacket(context.Background(), "udp6", addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := ipv6.NewPacketConn(c).JoinGroup(ifi, &net.UDPAddr{IP: group}); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("join %s on %s: %w", group, iface, err)
+	}
+	return c, nil
+}
+
+// watchDHCP6 hands each DHCPv6 packet that arrived on the boot network's
+// interface to the handler, which logs the network-boot clients it does
+// not answer (dhcp.Handler.Unserved6). Nothing is sent.
+func (s *Server) watchDHCP6(conn net.PacketConn) error {
+	ifi, err := net.InterfaceByName(s.cfg.Interface)
+	if err != nil {
+		return err
+	}
+	pc := ipv6.NewPacketConn(conn)
+	// Without the interface of each packet, packets of every interface
+	// would be taken for the boot network's.
+	if err := pc.SetControlMessage(ipv6.FlagInterface, true); err != nil {
+		return fmt.Errorf("DHCPv6: %w", err)
+	}
+	buf := make([]byte, 65536)
+	for {
+		n, cm, src, err := pc.ReadFrom(buf)
+		if err != nil {
+			return err
+		}
+		if cm == nil || cm.IfIndex != ifi.Index {
+			continue
+		}
+		var peer netip.Addr
+		if u, ok := src.(*net.UDPAddr); ok {
+			peer, _ = netip.AddrFromSlice(u.IP)
+		}
+		s.handler.Unserved6(buf[:n], peer)
 	}
 }
 

@@ -18,8 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/dhcpv6"
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/pin/tftp/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -81,6 +83,7 @@ func startServer(t *testing.T, mode Mode, options ...func(*Config)) (*Server, st
 		Interface: "lo", ServerIP: netip.MustParseAddr("127.0.0.1"), Mode: mode,
 		BootScriptURL: "http://127.0.0.1:8080/boot.ipxe", TFTPDir: dir, TFTPAddr: tftpAddr, HTTPAddr: httpAddr,
 		ListenDHCP:   func(string, int) (net.PacketConn, error) { return net.ListenPacket("udp4", "127.0.0.1:0") },
+		ListenDHCP6:  func(string) (net.PacketConn, error) { return net.ListenPacket("udp6", "[::1]:0") },
 		Log:          testr.New(t),
 		MetricsToken: testMetricsToken,
 	}
@@ -103,6 +106,42 @@ func startServer(t *testing.T, mode Mode, options ...func(*Config)) (*Server, st
 		return err == nil
 	}, 10*time.Second, 20*time.Millisecond)
 	return s, tftpAddr, httpAddr
+}
+
+// DHCPv6 on the boot network's interface is read and never answered: an
+// IPv6 network-boot client is logged with the reason and counted.
+func TestDHCPv6Watched(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		lines []string
+		conn6 net.PacketConn
+	)
+	s, _, _ := startServer(t, ProxyDHCP, func(c *Config) {
+		c.Log = funcr.New(func(_, args string) { mu.Lock(); lines = append(lines, args); mu.Unlock() }, funcr.Options{})
+		c.ListenDHCP6 = func(string) (net.PacketConn, error) {
+			var err error
+			conn6, err = net.ListenPacket("udp6", "[::1]:0")
+			return conn6, err
+		}
+	})
+	hw, _ := net.ParseMAC("52:54:00:26:18:01")
+	solicit, err := dhcpv6.NewSolicit(hw, dhcpv6.WithArchType(iana.EFI_X86_64), dhcpv6.WithNetboot)
+	require.NoError(t, err)
+	c, err := net.Dial("udp6", conn6.LocalAddr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write(solicit.ToBytes())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(strings.Join(lines, "\n"), `"msg"="DHCPv6 network boot client not answered: agentboot pxe answers DHCP over IPv4 only`)
+	}, 5*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1.0, testutil.ToFloat64(s.handler.Metrics().Dropped.WithLabelValues("ipv6-not-served")))
+	buf := make([]byte, 1500)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, err = c.Read(buf)
+	require.Error(t, err, "nothing is sent back")
 }
 
 func TestTFTP(t *testing.T) {

@@ -104,28 +104,42 @@ func (e *NoAgentError) Error() string {
 func bareIPv6(text string) bool {
 	_, rest, ok := strings.Cut(text, "://")
 	host, _, _ := strings.Cut(rest, "/")
+	if i := strings.LastIndexByte(host, '@'); i >= 0 {
+		host = host[i+1:] // user:password@
+	}
 	return ok && !strings.Contains(host, "[") && strings.Count(host, ":") > 1
 }
 
-// checkURLHost refuses a link-local address, with a zone or without: the
-// zone names an interface of this machine, not the host's, and link-local
-// reaches no further than one link.
+// checkURLHost refuses addresses no host can reach agentboot at: an
+// address with a zone (it names an interface of this machine, not the
+// host's), a link-local one (IPv6 fe80::/10, IPv4 169.254/16: one link
+// only), the unspecified and multicast ones. Loopback stays allowed: it is
+// what a single-machine setup (tests, VMs behind user-mode networking)
+// publishes.
 func checkURLHost(u *url.URL) error {
-	if a, err := netip.ParseAddr(u.Hostname()); err == nil && (a.Zone() != "" || a.IsLinkLocalUnicast()) {
+	a, err := netip.ParseAddr(u.Hostname())
+	switch {
+	case err != nil:
+		return nil // a name
+	case a.Zone() != "":
+		return errors.New("an address with a zone names an interface of this machine, which hosts do not have: give the address without it, or a name")
+	case a.IsLinkLocalUnicast():
 		return errors.New("a link-local address reaches no host beyond one link: use a global or unique local address, or a name")
+	case a.IsUnspecified(), a.IsMulticast():
+		return fmt.Errorf("%s is no address a host reaches this service at: use the service's own address, or a name", a)
 	}
 	return nil
 }
 
 // Validate checks that the settings make usable URLs.
 func (s Settings) Validate() error {
-	for _, u := range []struct{ name, v, scheme string }{
-		{"agent API URL", s.AgentAPIURL, "https"},
-		{"image service URL", s.ImageServiceURL, "https"},
-		{"image service HTTP URL", s.ImageServiceHTTPURL, "http"},
+	for _, u := range []struct{ name, v, scheme, port string }{
+		{"agent API URL", s.AgentAPIURL, "https", "7443"},
+		{"image service URL", s.ImageServiceURL, "https", "8443"},
+		{"image service HTTP URL", s.ImageServiceHTTPURL, "http", "8080"},
 	} {
 		if bareIPv6(u.v) {
-			return fmt.Errorf("%s %q: an IPv6 address in a URL goes in brackets, as %s://[2001:db8::1]:8443", u.name, u.v, u.scheme)
+			return fmt.Errorf("%s %q: an IPv6 address in a URL goes in brackets, as %s://[2001:db8::1]:%s", u.name, u.v, u.scheme, u.port)
 		}
 		p, err := url.Parse(u.v)
 		if err != nil || p.Scheme != u.scheme || p.Host == "" || p.RawQuery != "" {

@@ -360,16 +360,22 @@ func TestSettingsValidate(t *testing.T) {
 	v6 := settings
 	v6.AgentAPIURL, v6.ImageServiceURL, v6.ImageServiceHTTPURL = "https://[2001:2::1]:7443", "https://[2001:2::1]:8443", "http://[2001:2::1]"
 	require.NoError(t, v6.Validate())
-	for _, u := range []string{"https://2001:2::1:8443", "https://2001:2::1", "https://[fe80::1%25eth0]:8443", "https://[fe80::1]:8443"} {
+	v6.ImageServiceURL = "https://user:secret@[2001:2::1]:8443"
+	require.NoError(t, v6.Validate(), "user info is no part of the host")
+	for u, want := range map[string]string{
+		"https://2001:2::1:8443":        `image service URL "https://2001:2::1:8443": an IPv6 address in a URL goes in brackets, as https://[2001:db8::1]:8443`,
+		"https://2001:2::1":             "an IPv6 address in a URL goes in brackets",
+		"https://[fe80::1%25eth0]:8443": "an address with a zone names an interface of this machine",
+		"https://[2001:2::1%25eth0]":    "an address with a zone names an interface of this machine",
+		"https://[fe80::1]:8443":        "a link-local address reaches no host beyond one link",
+		"https://169.254.1.1:8443":      "a link-local address reaches no host beyond one link",
+		"https://0.0.0.0:8443":          "0.0.0.0 is no address a host reaches this service at",
+		"https://[ff02::1]:8443":        "ff02::1 is no address a host reaches this service at",
+	} {
 		bad = v6
 		bad.ImageServiceURL = u
-		require.ErrorContains(t, bad.Validate(), "image service URL", u)
+		require.ErrorContains(t, bad.Validate(), want, u)
 	}
-	bad = v6
-	bad.ImageServiceURL = "https://2001:2::1:8443"
-	require.ErrorContains(t, bad.Validate(), "an IPv6 address in a URL goes in brackets")
-	bad.ImageServiceURL = "https://[fe80::1]:8443"
-	require.ErrorContains(t, bad.Validate(), "link-local")
 }
 
 // Hosts get the agent of their InfraEnv's architecture, and an

@@ -3,14 +3,20 @@
 package e2e_test
 
 import (
+	"context"
 	"net"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/agentboot/agentboot/api/agentboot/v1alpha1"
 	v1beta1 "github.com/agentboot/agentboot/api/agentinstall/v1beta1"
+	"github.com/agentboot/agentboot/internal/boottrace"
 	"github.com/agentboot/agentboot/test/e2e/lab"
 	"github.com/agentboot/agentboot/test/stack"
 	"github.com/agentboot/agentboot/test/vm"
@@ -67,6 +73,7 @@ func TestLabIPv6(t *testing.T) {
 			"TFTP_SERVER6": seg.HostIP6, "IPXE_SCRIPT_URL": ie.Status.BootArtifacts.IpxeScriptURL})
 		require.NoError(t, theLab.Start("ipv6-site-dnsmasq", lab.DnsmasqReady, "dnsmasq", "--no-daemon", "--port=0",
 			"--interface="+seg.Bridge, "--bind-interfaces", "--except-interface=lo", "--log-dhcp",
+			"--dhcp-leasefile="+filepath.Join(theLab.Dir, "ipv6-site.leases"),
 			"--log-facility="+filepath.Join(theLab.Dir, "ipv6-site-dnsmasq.log"), "--conf-file="+conf))
 		const mac = "52:54:00:26:18:01"
 		// IPv4 PXE off, as on a server set to boot over IPv6 only: OVMF
@@ -84,7 +91,13 @@ func TestLabIPv6(t *testing.T) {
 	t.Run("dual-stack", func(t *testing.T) {
 		t.Parallel()
 		const mac = "52:54:00:26:17:01"
-		i, _ := booted(t, "ISO, dual-stack (DHCPv4 + SLAAC), IPv6 service URLs", dual.Bridge, mac)
+		i, v := booted(t, "ISO, dual-stack (DHCPv4 + SLAAC), IPv6 service URLs", dual.Bridge, mac)
+		// The host may have gone on with SLAAC before its DHCPv4 lease
+		// (either family is "up"): the agent reports again each minute.
+		for deadline := time.Now().Add(3 * time.Minute); len(i.IPV4Addresses) == 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Second)
+			i = ifaceOf(t, agentOf(t, v6, ie.Namespace, mac, v), mac)
+		}
 		require.Len(t, i.IPV4Addresses, 1)
 		require.True(t, strings.HasPrefix(i.IPV4Addresses[0], dual.Prefix+"."), "%v", i.IPV4Addresses)
 		require.Equal(t, []string{slaac(dual.Prefix6, mac)}, i.IPV6Addresses)
@@ -95,7 +108,7 @@ func TestLabIPv6(t *testing.T) {
 // Agent passed its network validations.
 func ifaceOf(t *testing.T, a v1beta1.Agent, mac string) v1beta1.HostInterface {
 	t.Helper()
-	for _, id := range []string{"has-inventory", "connected", "ntp-synced"} {
+	for _, id := range []string{"has-inventory", "connected", "ntp-synced", "identity-undisputed"} {
 		require.Equal(t, v1beta1.ValidationSuccess, stack.Validation(&a, id).Status, "%s: %+v", id, stack.Validation(&a, id))
 	}
 	for _, i := range a.Status.Inventory.Interfaces {
@@ -118,4 +131,44 @@ func slaac(prefix, mac string) string {
 	ip := net.ParseIP(prefix)
 	copy(ip[8:], []byte{hw[0] ^ 2, hw[1], hw[2], 0xff, 0xfe, hw[3], hw[4], hw[5]})
 	return ip.String() + "/64"
+}
+
+// A host that tries to network boot over IPv6 where agentboot's PXE
+// service (DHCP over IPv4 only) serves a dual-stack segment: OVMF's PXE
+// over IPv6 is not answered, and the service says so once for the MAC,
+// with what to do, in its log and in the host's boot trace.
+func TestLabPXEIPv6NotServed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ie := infraEnv(t, nil)
+	seg, err := theLab.SegmentIPv6(19, true)
+	require.NoError(t, err)
+	require.NoError(t, theLab.Dnsmasq("dual19", seg.Bridge, seg.HostIP, seg.Prefix, lab.RAOptions(seg)...))
+	startPXE(t, "pxe-ipv6", seg.Bridge, seg.HostIP)
+	const mac = "52:54:00:26:19:01"
+	declareHost(t, ie, "ipv6-unserved", mac)
+	v := bootVMOn(t, seg.Bridge, vm.Options{Name: "ipv6-unserved", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536,
+		Extra: []string{"-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n"}})
+	line := regexp.MustCompile(`msg="DHCPv6 network boot client not answered: agentboot pxe answers DHCP over IPv4 only: an IPv6 network boot needs the site's DHCPv6 server to give the boot file \(docs/pxe.md#ipv6\)" logger=pxe/dhcp mac=` +
+		mac + ` from=fe80::5054:ff:fe26:1901 request="DHCPv6 SOLICIT, EFI x86-64, PXEClient`)
+	require.Eventually(t, func() bool { return line.MatchString(theLab.Log("pxe-ipv6.out")) }, bootTimeout, time.Second,
+		"serial log:\n%s", v.Tail(40))
+	// While OVMF still solicits: afterwards it tries HTTP boot over IPv4,
+	// which agentboot answers, and that is the trace's DHCP hop then.
+	var bt v1alpha1.BootTrace
+	require.Eventually(t, func() bool {
+		if s.Client.Get(ctx, client.ObjectKey{Namespace: ie.Namespace, Name: boottrace.Name(mac)}, &bt) != nil {
+			return false
+		}
+		for _, h := range bt.Status.Hops {
+			if h.Hop == boottrace.DHCP && !h.OK && strings.Contains(h.Outcome, "not answered: agentboot pxe answers DHCP over IPv4 only") {
+				return true
+			}
+		}
+		return false
+	}, time.Minute, time.Second, "boot trace of %s: %+v", mac, &bt.Status)
+	// OVMF retries its solicits, then gives up: one line for all of them.
+	_, err = v.WaitFor(ctx, regexp.MustCompile(`PXE-E16: No valid offer received`), bootTimeout)
+	require.NoError(t, err, "serial log:\n%s", v.Tail(40))
+	require.Len(t, line.FindAllString(theLab.Log("pxe-ipv6.out"), -1), 1, "logged once for its every solicit:\n%s", theLab.Log("pxe-ipv6.out"))
 }

@@ -266,8 +266,14 @@ func recipe(t *testing.T, name string, values map[string]string) string {
 	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "recipes", name))
 	require.NoError(t, err)
 	text := string(data)
+	var directives []string // what dnsmasq reads: not the comments
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			directives = append(directives, line)
+		}
+	}
 	for k, v := range values {
-		require.Contains(t, text, k)
+		require.Contains(t, strings.Join(directives, "\n"), k, "a directive of %s uses %s", name, k)
 		text = strings.ReplaceAll(text, k, v)
 	}
 	p := filepath.Join(theLab.Dir, name)

@@ -108,6 +108,7 @@ type Handler struct {
 	// that rotating MACs buys no fresh burst beyond it.
 	newClients *rate.Limiter
 	others     map[string]time.Time // other DHCP servers seen, for the log
+	unserved6  map[string]time.Time // DHCPv6 boot clients logged, by MAC
 	metrics    *Metrics
 }
 
@@ -159,7 +160,7 @@ func New(cfg Config, m *Metrics) (*Handler, error) {
 	}
 	burst := max(cfg.NewClientBurst, int(math.Ceil(cfg.NewClientRate)))
 	return &Handler{cfg: cfg, limiters: lru.New(maxTrackedMACs), newClients: rate.NewLimiter(rate.Limit(cfg.NewClientRate), burst),
-		others: map[string]time.Time{}, metrics: m}, nil
+		others: map[string]time.Time{}, unserved6: map[string]time.Time{}, metrics: m}, nil
 }
 
 // Per-MAC limit: real clients retransmit every few seconds; a burst of 10

@@ -104,22 +104,22 @@ func ipv4Of(name string) string {
 }
 
 // globalIPv6Of returns name's first global IPv6 address that is usable:
-// not tentative (duplicate address detection still running) and not
-// failed. /proc/net/if_inet6 lines: address (32 hex digits), interface
+// not tentative (duplicate address detection still running), not
+// deprecated, not failed. /proc/net/if_inet6 lines: address (32 hex digits), interface
 // index, prefix length, scope, flags (all hex), name.
 func globalIPv6Of(name string) string {
 	data, err := os.ReadFile("/proc/net/if_inet6")
 	if err != nil {
 		return ""
 	}
-	const tentative, dadFailed = 0x40, 0x08
+	const tentative, deprecated, dadFailed = 0x40, 0x20, 0x08
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
 		if len(f) != 6 || f[5] != name || f[3] != "00" || len(f[0]) != 32 {
 			continue
 		}
 		flags, err := strconv.ParseUint(f[4], 16, 32)
-		if err != nil || flags&(tentative|dadFailed) != 0 {
+		if err != nil || flags&(tentative|deprecated|dadFailed) != 0 {
 			continue
 		}
 		raw, err := hex.DecodeString(f[0])

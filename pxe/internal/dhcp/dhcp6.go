@@ -1,0 +1,134 @@
+package dhcp
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv6"
+	"github.com/insomniacslk/dhcp/iana"
+
+	"github.com/agentboot/agentboot/internal/clip"
+)
+
+// NotServedIPv6 is why a DHCPv6 network-boot client gets no answer, in the
+// log and in its boot trace.
+const NotServedIPv6 = "agentboot pxe answers DHCP over IPv4 only: an IPv6 network boot needs the site's DHCPv6 server to give the boot file (docs/pxe.md#ipv6)"
+
+// Unserved6 is told of a DHCPv6 packet from peer (the sender's address)
+// on the boot network. This service does not answer DHCPv6; a client that
+// is network booting (it sends its architecture, vendor class PXEClient or
+// HTTPClient, user class iPXE, or asks for a boot file URL) is logged
+// once an hour per MAC with the reason, counted as dropped
+// (ipv6-not-served) and, when Observe is set and its MAC is known,
+// observed for its boot trace, so that a host trying IPv6 network boot is seen going nowhere.
+// Other DHCPv6 traffic (an installed system's, the site server's own) is
+// ignored. Packets are rate-limited per MAC as IPv4 ones are.
+func (h *Handler) Unserved6(packet []byte, peer netip.Addr) {
+	d, err := dhcpv6.FromBytes(packet)
+	if err != nil {
+		h.drop("malformed")
+		return
+	}
+	var relayed bool
+	msg, ok := d.(*dhcpv6.Message)
+	if !ok {
+		relay, _ := d.(*dhcpv6.RelayMessage)
+		if relay == nil || relay.Type() != dhcpv6.MessageTypeRelayForward {
+			return // a relay's reply, not a client's request
+		}
+		if msg, err = relay.GetInnerMessage(); err != nil {
+			h.drop("malformed")
+			return
+		}
+		relayed = true
+	}
+	switch msg.Type() {
+	case dhcpv6.MessageTypeSolicit, dhcpv6.MessageTypeRequest, dhcpv6.MessageTypeInformationRequest,
+		dhcpv6.MessageTypeConfirm, dhcpv6.MessageTypeRebind, dhcpv6.MessageTypeRenew:
+	default:
+		return
+	}
+	f, booting := identify6(msg)
+	if !booting {
+		return
+	}
+	mac := mac6(msg, peer, relayed)
+	if ok, why := h.allow(mac); !ok {
+		h.drop(why)
+		return
+	}
+	h.drop("ipv6-not-served")
+	detail := "DHCPv6 " + msg.Type().String() + ", " + f
+	if h.cfg.Observe != nil && mac != "unknown" {
+		h.cfg.Observe(Observation{MAC: mac, Outcome: "not answered: " + NotServedIPv6, Detail: detail})
+	}
+	now := h.cfg.Now()
+	h.mu.Lock()
+	last, seen := h.unserved6[mac]
+	if seen && now.Sub(last) < time.Hour {
+		h.mu.Unlock()
+		return
+	}
+	if len(h.unserved6) >= maxTrackedMACs {
+		clear(h.unserved6) // bounded: a flood of made-up MACs only repeats lines
+	}
+	h.unserved6[mac] = now
+	h.mu.Unlock()
+	h.cfg.Log.Info("DHCPv6 network boot client not answered: "+NotServedIPv6, "mac", mac, "from", peer.String(), "request", detail)
+}
+
+// identify6 describes a DHCPv6 client's firmware and says whether it is
+// network booting.
+func identify6(m *dhcpv6.Message) (string, bool) {
+	var parts []string
+	booting := m.IsNetboot()
+	if archs := m.Options.ArchTypes(); len(archs) > 0 {
+		parts = append(parts, iana.Arch(archs[0]).String())
+		booting = true
+	}
+	for _, vc := range m.Options.VendorClasses() {
+		for _, d := range vc.Data {
+			if s := string(d); strings.HasPrefix(s, "PXEClient") || strings.HasPrefix(s, "HTTPClient") {
+				parts = append(parts, clip.Text(s, 40))
+				booting = true
+			}
+		}
+	}
+	for _, uc := range m.Options.UserClasses() {
+		if string(uc) == "iPXE" {
+			parts = append(parts, "iPXE")
+			booting = true
+		}
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "asks for a boot file URL")
+	}
+	return strings.Join(parts, ", "), booting
+}
+
+// mac6 is the client's MAC as well as DHCPv6 tells it: the link-layer
+// address in its DUID (DUID-LL, DUID-LLT of Ethernet), else, when it
+// asked from its own link-local address formed from its MAC (EUI-64), that
+// MAC; else "unknown". Clients choose both, so the MAC only names the
+// client in the log and the boot trace, as a DHCPv4 chaddr does.
+func mac6(m *dhcpv6.Message, peer netip.Addr, relayed bool) string {
+	switch d := m.Options.ClientID().(type) {
+	case *dhcpv6.DUIDLL:
+		if d.HWType == iana.HWTypeEthernet && len(d.LinkLayerAddr) == 6 {
+			return d.LinkLayerAddr.String()
+		}
+	case *dhcpv6.DUIDLLT:
+		if d.HWType == iana.HWTypeEthernet && len(d.LinkLayerAddr) == 6 {
+			return d.LinkLayerAddr.String()
+		}
+	}
+	if !relayed && peer.Is6() && peer.IsLinkLocalUnicast() {
+		b := peer.As16()
+		if b[11] == 0xff && b[12] == 0xfe {
+			return net.HardwareAddr{b[8] ^ 2, b[9], b[10], b[13], b[14], b[15]}.String()
+		}
+	}
+	return "unknown"
+}

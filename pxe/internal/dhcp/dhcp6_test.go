@@ -1,0 +1,107 @@
+package dhcp
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/go-logr/logr/funcr"
+	"github.com/insomniacslk/dhcp/dhcpv6"
+	"github.com/insomniacslk/dhcp/iana"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+)
+
+// DHCPv6 is not answered: a network-boot client is logged once (per MAC
+// an hour) with the reason, counted and observed for its boot trace, as
+// OVMF's PXE over IPv6 and iPXE send it; anything else on DHCPv6 is left
+// alone.
+func TestUnserved6(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		lines []string
+		obs   []Observation
+	)
+	h := newHandler(t, Proxy, func(c *Config) {
+		c.Log = funcr.New(func(prefix, args string) { mu.Lock(); lines = append(lines, args); mu.Unlock() }, funcr.Options{})
+		c.Observe = func(o Observation) { mu.Lock(); obs = append(obs, o); mu.Unlock() }
+	})
+	ovmfMAC, _ := net.ParseMAC("52:54:00:26:18:01")
+	ovmf := func(t *testing.T) *dhcpv6.Message { // as OVMF sends it (DUID-LLT, arch, vendor class)
+		t.Helper()
+		m, err := dhcpv6.NewMessage(dhcpv6.WithClientID(&dhcpv6.DUIDLLT{HWType: iana.HWTypeEthernet, Time: 1, LinkLayerAddr: ovmfMAC}),
+			dhcpv6.WithArchType(iana.EFI_X86_64), dhcpv6.WithRequestedOptions(dhcpv6.OptionBootfileURL),
+			dhcpv6.WithOption(&dhcpv6.OptVendorClass{EnterpriseNumber: 343, Data: [][]byte{[]byte("PXEClient:Arch:00007:UNDI:003016")}}))
+		require.NoError(t, err)
+		return m
+	}
+	ipxe := func(t *testing.T) *dhcpv6.Message { // as iPXE sends it (DUID-UUID of zeros, user class)
+		t.Helper()
+		m, err := dhcpv6.NewMessage(dhcpv6.WithClientID(&dhcpv6.DUIDUUID{}), dhcpv6.WithUserClass([]byte("iPXE")),
+			dhcpv6.WithRequestedOptions(dhcpv6.OptionBootfileURL))
+		require.NoError(t, err)
+		return m
+	}
+	linkLocal := netip.MustParseAddr("fe80::5054:ff:fe26:1802")
+	reset := func() { mu.Lock(); lines, obs = nil, nil; mu.Unlock() }
+
+	t.Run("firmware", func(t *testing.T) {
+		reset()
+		h.Unserved6(ovmf(t).ToBytes(), netip.MustParseAddr("fe80::1"))
+		h.Unserved6(ovmf(t).ToBytes(), netip.MustParseAddr("fe80::1"))
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, lines, 1, "logged once: %v", lines)
+		require.Contains(t, lines[0], "answers DHCP over IPv4 only")
+		require.Contains(t, lines[0], `"mac"="52:54:00:26:18:01"`)
+		require.Len(t, obs, 2, "every request is a hop of its boot trace")
+		require.Equal(t, "52:54:00:26:18:01", obs[0].MAC)
+		require.False(t, obs[0].Answered)
+		require.Equal(t, "not answered: "+NotServedIPv6, obs[0].Outcome)
+		require.Equal(t, "DHCPv6 SOLICIT, EFI x86-64, PXEClient:Arch:00007:UNDI:003016", obs[0].Detail)
+	})
+	t.Run("ipxe-mac-from-link-local", func(t *testing.T) {
+		reset()
+		h.Unserved6(ipxe(t).ToBytes(), linkLocal)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, obs, 1)
+		require.Equal(t, "52:54:00:26:18:02", obs[0].MAC, "EUI-64 link-local source")
+		require.Equal(t, "DHCPv6 SOLICIT, iPXE", obs[0].Detail)
+		require.Len(t, lines, 1)
+	})
+	t.Run("relayed", func(t *testing.T) {
+		reset()
+		relay, err := dhcpv6.EncapsulateRelay(ipxe(t), dhcpv6.MessageTypeRelayForward, net.ParseIP("2001:2:0:19::1"), net.IP(linkLocal.AsSlice()))
+		require.NoError(t, err)
+		h.Unserved6(relay.ToBytes(), netip.MustParseAddr("fe80::5054:ff:fe00:0001")) // the relay's own link-local address
+		mu.Lock()
+		defer mu.Unlock()
+		require.Empty(t, obs, "the sender is the relay: its address names no client, and no trace is kept for none")
+		require.Len(t, lines, 1)
+		require.Contains(t, lines[0], `"mac"="unknown"`)
+	})
+	t.Run("not-booting", func(t *testing.T) {
+		reset()
+		before := testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("ipv6-not-served"))
+		plain, err := dhcpv6.NewSolicit(ovmfMAC) // an OS's own DHCPv6 client
+		require.NoError(t, err)
+		h.Unserved6(plain.ToBytes(), linkLocal)
+		adv, err := dhcpv6.NewAdvertiseFromSolicit(ovmf(t), dhcpv6.WithServerID(&dhcpv6.DUIDLL{HWType: iana.HWTypeEthernet, LinkLayerAddr: ovmfMAC}))
+		require.NoError(t, err)
+		h.Unserved6(adv.ToBytes(), linkLocal) // another server's answer
+		mu.Lock()
+		defer mu.Unlock()
+		require.Empty(t, obs)
+		require.Empty(t, lines)
+		require.Equal(t, before, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("ipv6-not-served")))
+	})
+	t.Run("malformed", func(t *testing.T) {
+		before := testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("malformed"))
+		h.Unserved6([]byte{1, 2}, linkLocal)
+		require.Equal(t, before+1, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("malformed")))
+		require.False(t, strings.Contains(strings.Join(lines, "\n"), "not answered"))
+	})
+}
