@@ -241,6 +241,7 @@ fuzz: dev-image ## every fuzz target for a fixed number of inputs (about 10 s ea
 	go test -run XXX -fuzz FuzzIPXEScript -fuzztime $(call fuzztime,50000x) ./internal/discovery/
 	go test -run XXX -fuzz FuzzGRUBScript -fuzztime $(call fuzztime,50000x) ./internal/discovery/
 	go test -run XXX -fuzz FuzzDHCP -fuzztime $(call fuzztime,80000x) ./pxe/
+	go test -run XXX -fuzz FuzzUnserved6 -fuzztime $(call fuzztime,80000x) ./pxe/internal/dhcp/
 	go test -run XXX -fuzz FuzzTFTPName -fuzztime $(call fuzztime,60000x) ./pxe/
 	go test -run XXX -fuzz '^FuzzParseRequest$$' -fuzztime $(call fuzztime,250000x) ./pxe/internal/tftpd/
 	go test -run XXX -fuzz '^FuzzTransferAcks$$' -fuzztime $(call fuzztime,300000x) ./pxe/internal/tftpd/

@@ -114,20 +114,22 @@ func TestDHCPv6Watched(t *testing.T) {
 	var (
 		mu    sync.Mutex
 		lines []string
-		conn6 net.PacketConn
 	)
+	opened := make(chan net.Addr, 1)
 	s, _, _ := startServer(t, ProxyDHCP, func(c *Config) {
 		c.Log = funcr.New(func(_, args string) { mu.Lock(); lines = append(lines, args); mu.Unlock() }, funcr.Options{})
 		c.ListenDHCP6 = func(string) (net.PacketConn, error) {
-			var err error
-			conn6, err = net.ListenPacket("udp6", "[::1]:0")
-			return conn6, err
+			conn, err := net.ListenPacket("udp6", "[::1]:0")
+			if err == nil {
+				opened <- conn.LocalAddr()
+			}
+			return conn, err
 		}
 	})
 	hw, _ := net.ParseMAC("52:54:00:26:18:01")
 	solicit, err := dhcpv6.NewSolicit(hw, dhcpv6.WithArchType(iana.EFI_X86_64), dhcpv6.WithNetboot)
 	require.NoError(t, err)
-	c, err := net.Dial("udp6", conn6.LocalAddr().String())
+	c, err := net.Dial("udp6", (<-opened).String())
 	require.NoError(t, err)
 	defer c.Close()
 	_, err = c.Write(solicit.ToBytes())

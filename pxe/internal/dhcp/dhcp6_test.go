@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/insomniacslk/dhcp/dhcpv6"
 	"github.com/insomniacslk/dhcp/iana"
@@ -103,5 +104,37 @@ func TestUnserved6(t *testing.T) {
 		h.Unserved6([]byte{1, 2}, linkLocal)
 		require.Equal(t, before+1, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("malformed")))
 		require.False(t, strings.Contains(strings.Join(lines, "\n"), "not answered"))
+	})
+}
+
+// FuzzUnserved6 feeds arbitrary packets from the boot network to the
+// DHCPv6 watch: nothing panics, and what it keeps stays bounded.
+func FuzzUnserved6(f *testing.F) {
+	hw, _ := net.ParseMAC("52:54:00:26:18:01")
+	sol, err := dhcpv6.NewSolicit(hw, dhcpv6.WithArchType(iana.EFI_X86_64), dhcpv6.WithNetboot,
+		dhcpv6.WithOption(&dhcpv6.OptVendorClass{EnterpriseNumber: 343, Data: [][]byte{[]byte("PXEClient:Arch:00007:UNDI:003016")}}))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(sol.ToBytes())
+	relay, err := dhcpv6.EncapsulateRelay(sol, dhcpv6.MessageTypeRelayForward, net.ParseIP("2001:2::1"), net.ParseIP("fe80::1"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(relay.ToBytes())
+	twice, err := dhcpv6.EncapsulateRelay(relay, dhcpv6.MessageTypeRelayForward, net.ParseIP("2001:2::2"), net.ParseIP("fe80::2"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(twice.ToBytes())
+	h := newHandler(f, Proxy, func(c *Config) { c.Observe, c.Log = func(Observation) {}, logr.Discard() })
+	peers := []netip.Addr{netip.MustParseAddr("fe80::5054:ff:fe26:1801"), netip.MustParseAddr("2001:2::9"), {}}
+	f.Fuzz(func(t *testing.T, packet []byte) {
+		for _, p := range peers {
+			h.Unserved6(packet, p)
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		require.LessOrEqual(t, len(h.unserved6), maxTrackedMACs)
 	})
 }

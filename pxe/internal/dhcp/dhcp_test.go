@@ -20,13 +20,13 @@ import (
 
 var server = netip.MustParseAddr("198.18.0.1")
 
-func newHandler(t *testing.T, mode Mode, change ...func(*Config)) *Handler {
+func newHandler(t testing.TB, mode Mode, change ...func(*Config)) *Handler {
 	t.Helper()
 	cfg := Config{
 		Mode: mode, ServerIP: server, BootScriptURL: "http://198.18.0.1:8080/boot.ipxe",
 		HTTPBase: "http://198.18.0.1:8070", BIOSBinary: "undionly.kpxe", EFIBinary: "ipxe.efi",
 		Subnet: netip.MustParsePrefix("198.18.0.0/24"), Relays: []netip.Addr{netip.MustParseAddr("198.18.1.1")},
-		Log: testr.New(t),
+		Log: testr.NewWithInterface(t, testr.Options{}),
 	}
 	if mode == Authoritative {
 		db, err := leases.Open(leases.Config{Pool: leases.Pool{First: netip.MustParseAddr("198.18.0.100"), Last: netip.MustParseAddr("198.18.0.110")}, File: filepath.Join(t.TempDir(), "leases.json")})
