@@ -108,7 +108,7 @@ type Handler struct {
 	// that rotating MACs buys no fresh burst beyond it.
 	newClients *rate.Limiter
 	others     map[string]time.Time // other DHCP servers seen, for the log
-	unserved6  map[string]time.Time // DHCPv6 boot clients logged, by MAC
+	unserved   map[string]time.Time // boot clients not answered, logged, by reason and MAC
 	metrics    *Metrics
 }
 
@@ -160,7 +160,7 @@ func New(cfg Config, m *Metrics) (*Handler, error) {
 	}
 	burst := max(cfg.NewClientBurst, int(math.Ceil(cfg.NewClientRate)))
 	return &Handler{cfg: cfg, limiters: lru.New(maxTrackedMACs), newClients: rate.NewLimiter(rate.Limit(cfg.NewClientRate), burst),
-		others: map[string]time.Time{}, unserved6: map[string]time.Time{}, metrics: m}, nil
+		others: map[string]time.Time{}, unserved: map[string]time.Time{}, metrics: m}, nil
 }
 
 // Per-MAC limit: real clients retransmit every few seconds; a burst of 10
@@ -263,8 +263,17 @@ func (h *Handler) Respond(req *dhcpv4.DHCPv4, port int) *dhcpv4.DHCPv4 {
 	if why != "" {
 		h.drop(why)
 	}
-	if booting && h.cfg.Observe != nil {
-		h.cfg.Observe(observation(req, port, reply, why))
+	if booting && (h.cfg.Observe != nil || why == "unsupported-arch") {
+		o := observation(req, port, reply, why)
+		if h.cfg.Observe != nil {
+			h.cfg.Observe(o)
+		}
+		// A firmware this service has no boot file for is answered with
+		// nothing, and said so once: otherwise it only retries, then
+		// moves on, with nothing in the log to say why.
+		if why == "unsupported-arch" && h.firstUnserved(o.MAC, why) {
+			h.cfg.Log.Info("network boot client not answered: "+whyText(why), "mac", o.MAC, "request", o.Detail)
+		}
 	}
 	return reply
 }

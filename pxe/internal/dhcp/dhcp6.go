@@ -64,19 +64,27 @@ func (h *Handler) Unserved6(packet []byte, peer netip.Addr) {
 	if h.cfg.Observe != nil && mac != "unknown" {
 		h.cfg.Observe(Observation{MAC: mac, Outcome: "not answered: " + NotServedIPv6, Detail: detail})
 	}
-	now := h.cfg.Now()
+	if h.firstUnserved(mac, "ipv6") {
+		h.cfg.Log.Info("DHCPv6 network boot client not answered: "+NotServedIPv6, "mac", mac, "from", peer.String(), "request", detail)
+	}
+}
+
+// firstUnserved says whether mac is not yet logged as a client not
+// answered for reason this hour, and notes it: each such client is
+// logged once an hour. The record is bounded: past maxTrackedMACs it
+// starts again, so a flood of made-up MACs only repeats lines.
+func (h *Handler) firstUnserved(mac, reason string) bool {
+	now, key := h.cfg.Now(), reason+" "+mac
 	h.mu.Lock()
-	last, seen := h.unserved6[mac]
-	if seen && now.Sub(last) < time.Hour {
-		h.mu.Unlock()
-		return
+	defer h.mu.Unlock()
+	if last, seen := h.unserved[key]; seen && now.Sub(last) < time.Hour {
+		return false
 	}
-	if len(h.unserved6) >= maxTrackedMACs {
-		clear(h.unserved6) // bounded: a flood of made-up MACs only repeats lines
+	if len(h.unserved) >= maxTrackedMACs {
+		clear(h.unserved)
 	}
-	h.unserved6[mac] = now
-	h.mu.Unlock()
-	h.cfg.Log.Info("DHCPv6 network boot client not answered: "+NotServedIPv6, "mac", mac, "from", peer.String(), "request", detail)
+	h.unserved[key] = now
+	return true
 }
 
 // identify6 describes a DHCPv6 client's firmware and says whether it is

@@ -135,6 +135,6 @@ func FuzzUnserved6(f *testing.F) {
 		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		require.LessOrEqual(t, len(h.unserved6), maxTrackedMACs)
+		require.LessOrEqual(t, len(h.unserved), maxTrackedMACs)
 	})
 }

@@ -6,9 +6,11 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/iana"
@@ -119,12 +121,26 @@ func TestProxyFirmwareDetection(t *testing.T) {
 }
 
 func TestProxyIgnoresOthers(t *testing.T) {
-	h := newHandler(t, Proxy)
+	var (
+		mu    sync.Mutex
+		lines []string
+	)
+	h := newHandler(t, Proxy, func(c *Config) {
+		c.Log = funcr.New(func(_, args string) { mu.Lock(); lines = append(lines, args); mu.Unlock() }, funcr.Options{})
+	})
 	require.Nil(t, h.Respond(client{mac: "52:54:00:00:01:01"}.packet(t, dhcpv4.MessageTypeDiscover), 67), "a plain DHCP client")
 	require.Nil(t, h.Respond(client{mac: "52:54:00:00:01:02", class: "PXEClient", arch: arch(iana.EFI_ARM64)}.packet(t, dhcpv4.MessageTypeDiscover), 67), "arm64 without an arm64 binary")
+	require.Nil(t, h.Respond(client{mac: "52:54:00:00:01:02", class: "PXEClient", arch: arch(iana.EFI_ARM64)}.packet(t, dhcpv4.MessageTypeDiscover), 67), "its retransmission")
 	require.Nil(t, h.Respond(client{mac: "52:54:00:00:01:03", class: "PXEClient", arch: arch(iana.EFI_IA32)}.packet(t, dhcpv4.MessageTypeDiscover), 67), "32-bit UEFI")
 	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("not-pxe")))
-	require.Equal(t, 2.0, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("unsupported-arch")))
+	require.Equal(t, 3.0, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("unsupported-arch")))
+	// Each firmware not served is logged once, with the reason; a plain
+	// DHCP client is not.
+	mu.Lock()
+	require.Len(t, lines, 2, "%v", lines)
+	require.Contains(t, lines[0], `"msg"="network boot client not answered: its firmware's architecture (option 93) is one this PXE service has no boot file for" "mac"="52:54:00:00:01:02" "request"="DISCOVER on port 67, EFI ARM64, PXEClient"`)
+	require.Contains(t, lines[1], `"mac"="52:54:00:00:01:03"`)
+	mu.Unlock()
 
 	h.cfg.ARM64Binary = "grubnetaa64.efi"
 	reply := h.Respond(client{mac: "52:54:00:00:01:04", class: "PXEClient", arch: arch(iana.EFI_ARM64)}.packet(t, dhcpv4.MessageTypeDiscover), 67)
