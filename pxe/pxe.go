@@ -14,6 +14,7 @@ package pxe
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -23,9 +24,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -120,8 +119,9 @@ type Config struct {
 	// Socket factories; the defaults open them on this host. Tests open
 	// them inside a network namespace.
 	ListenDHCP func(iface string, port int) (net.PacketConn, error)
-	// ListenDHCP6 opens the DHCPv6 server port (547) on the interface, to
-	// log the IPv6 network-boot clients this service does not answer.
+	// ListenDHCP6 opens a raw IPv6 UDP socket on the interface's DHCPv6
+	// server group, to log the IPv6 network-boot clients this service does
+	// not answer; it takes no port.
 	ListenDHCP6  func(iface string) (net.PacketConn, error)
 	ListenPacket func(network, addr string) (net.PacketConn, error)
 	Listen       func(network, addr string) (net.Listener, error)
@@ -133,6 +133,7 @@ type Server struct {
 	cfg     Config
 	handler *dhcp.Handler
 	tftp    *tftpd.Server
+	ifindex int       // the boot network's interface
 	obs     *observer // nil: boot observations are not posted
 	reg     *prometheus.Registry
 	hops    *prometheus.CounterVec // agentboot_boot_path_total
@@ -200,6 +201,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pxe: interface %s: %w", cfg.Interface, err)
 	}
+	s.ifindex = ifi.Index
 	tcfg := tftpd.Config{Dir: cfg.TFTPDir, Files: files, SinglePort: cfg.TFTPSinglePort, MaxBlockSize: maxBlockSize(ifi.MTU),
 		Log: cfg.Log.WithName("tftp"), Registerer: s.reg, Completed: hops.WithLabelValues(bootpath.BootFile)}
 	if s.obs != nil {
@@ -494,65 +496,83 @@ func (s *Server) serveDHCP(conn net.PacketConn, port int) error {
 	}
 }
 
-// listenDHCP6 opens a socket bound to All_DHCP_Relay_Agents_and_Servers
-// (ff02::1:2), port 547, on iface and joins that group: it receives what
-// clients send there and never a packet addressed to a server, so a DHCPv6
-// server on the same machine (bound to the port on every address, with
-// address reuse as this socket) keeps every packet meant for it;
-// multicast goes to both.
+// dhcp6Servers is All_DHCP_Relay_Agents_and_Servers (ff02::1:2), where
+// DHCPv6 clients send.
+var dhcp6Servers = net.ParseIP("ff02::1:2")
+
+// listenDHCP6 opens a raw IPv6 socket for UDP on iface's DHCPv6 server
+// group: it reads copies of the UDP packets the host receives and takes
+// no port, so a DHCPv6 server on the same machine binds port 547 as it
+// would without this service (dnsmasq, for one, binds it without address
+// reuse unless told to bind interfaces) and keeps every packet. Joining
+// the group on iface makes the interface take the clients' packets even
+// where no DHCPv6 server runs.
 func listenDHCP6(iface string) (net.PacketConn, error) {
 	ifi, err := net.InterfaceByName(iface)
 	if err != nil {
 		return nil, err
 	}
-	group := net.ParseIP("ff02::1:2")
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) { serr = setReuseAddr(fd) }); err != nil {
-			return err
-		}
-		return serr
-	}}
-	addr := net.JoinHostPort(group.String()+"%"+iface, strconv.Itoa(dhcpv6.DefaultServerPort))
-	c, err := lc.ListenPacket(context.Background(), "udp6", addr)
+	if off, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + iface + "/disable_ipv6"); err == nil && strings.TrimSpace(string(off)) == "1" {
+		return nil, fmt.Errorf("IPv6 is disabled on %s (net.ipv6.conf.%s.disable_ipv6=1)", iface, iface)
+	}
+	c, err := net.ListenPacket("ip6:udp", "::")
 	if err != nil {
 		return nil, err
 	}
-	if err := ipv6.NewPacketConn(c).JoinGroup(ifi, &net.UDPAddr{IP: group}); err != nil {
+	p := ipv6.NewPacketConn(c)
+	if err := p.JoinGroup(ifi, &net.IPAddr{IP: dhcp6Servers}); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("join %s on %s: %w", group, iface, err)
+		return nil, fmt.Errorf("join %s on %s: %w", dhcp6Servers, iface, err)
 	}
 	return c, nil
 }
 
-// watchDHCP6 hands each DHCPv6 packet that arrived on the boot network's
-// interface to the handler, which logs the network-boot clients it does
-// not answer (dhcp.Handler.Unserved6). Nothing is sent.
+// watchDHCP6 reads conn (listenDHCP6's: each packet a UDP header and its
+// payload) and hands the DHCPv6 requests sent to the servers' group on
+// the boot network's interface to the handler, which logs the
+// network-boot clients it does not answer (dhcp.Handler.Unserved6).
+// Nothing is sent. It returns only once conn is closed: a read error is
+// logged (at most once a minute) and reading goes on, since the watch is
+// no reason to stop the PXE service.
 func (s *Server) watchDHCP6(conn net.PacketConn) error {
-	ifi, err := net.InterfaceByName(s.cfg.Interface)
-	if err != nil {
-		return err
-	}
 	pc := ipv6.NewPacketConn(conn)
-	// Without the interface of each packet, packets of every interface
-	// would be taken for the boot network's.
-	if err := pc.SetControlMessage(ipv6.FlagInterface, true); err != nil {
-		return fmt.Errorf("DHCPv6: %w", err)
-	}
 	buf := make([]byte, 65536)
+	// Which interface and which address each packet came to: only the
+	// boot network's, and only the servers' group, are clients' requests.
+	if err := pc.SetControlMessage(ipv6.FlagInterface|ipv6.FlagDst, true); err != nil {
+		s.cfg.Log.Info("not watching DHCPv6: IPv6 network boot clients, which this service does not answer, will not be logged", "err", err.Error())
+		for {
+			if _, _, err := conn.ReadFrom(buf); errors.Is(err, net.ErrClosed) {
+				return err
+			}
+		}
+	}
+	var lastErr time.Time
 	for {
 		n, cm, src, err := pc.ReadFrom(buf)
-		if err != nil {
+		if errors.Is(err, net.ErrClosed) {
 			return err
 		}
-		if cm == nil || cm.IfIndex != ifi.Index {
+		if err != nil {
+			if time.Since(lastErr) > time.Minute {
+				s.cfg.Log.Info("DHCPv6 watch: read failed; reading on", "err", err.Error())
+				lastErr = time.Now()
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if cm == nil || cm.IfIndex != s.ifindex || !cm.Dst.Equal(dhcp6Servers) || n < 8 {
+			continue
+		}
+		udp := buf[:n]
+		if binary.BigEndian.Uint16(udp[2:4]) != dhcpv6.DefaultServerPort {
 			continue
 		}
 		var peer netip.Addr
-		if u, ok := src.(*net.UDPAddr); ok {
-			peer, _ = netip.AddrFromSlice(u.IP)
+		if a, ok := src.(*net.IPAddr); ok {
+			peer, _ = netip.AddrFromSlice(a.IP)
 		}
-		s.handler.Unserved6(buf[:n], peer)
+		s.handler.Unserved6(udp[8:], peer)
 	}
 }
 

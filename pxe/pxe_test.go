@@ -18,10 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	"github.com/insomniacslk/dhcp/dhcpv4"
-	"github.com/insomniacslk/dhcp/dhcpv6"
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/pin/tftp/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -106,44 +104,6 @@ func startServer(t *testing.T, mode Mode, options ...func(*Config)) (*Server, st
 		return err == nil
 	}, 10*time.Second, 20*time.Millisecond)
 	return s, tftpAddr, httpAddr
-}
-
-// DHCPv6 on the boot network's interface is read and never answered: an
-// IPv6 network-boot client is logged with the reason and counted.
-func TestDHCPv6Watched(t *testing.T) {
-	var (
-		mu    sync.Mutex
-		lines []string
-	)
-	opened := make(chan net.Addr, 1)
-	s, _, _ := startServer(t, ProxyDHCP, func(c *Config) {
-		c.Log = funcr.New(func(_, args string) { mu.Lock(); lines = append(lines, args); mu.Unlock() }, funcr.Options{})
-		c.ListenDHCP6 = func(string) (net.PacketConn, error) {
-			conn, err := net.ListenPacket("udp6", "[::1]:0")
-			if err == nil {
-				opened <- conn.LocalAddr()
-			}
-			return conn, err
-		}
-	})
-	hw, _ := net.ParseMAC("52:54:00:26:18:01")
-	solicit, err := dhcpv6.NewSolicit(hw, dhcpv6.WithArchType(iana.EFI_X86_64), dhcpv6.WithNetboot)
-	require.NoError(t, err)
-	c, err := net.Dial("udp6", (<-opened).String())
-	require.NoError(t, err)
-	defer c.Close()
-	_, err = c.Write(solicit.ToBytes())
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return strings.Contains(strings.Join(lines, "\n"), `"msg"="DHCPv6 network boot client not answered: agentboot pxe answers DHCP over IPv4 only`)
-	}, 5*time.Second, 20*time.Millisecond)
-	require.Equal(t, 1.0, testutil.ToFloat64(s.handler.Metrics().Dropped.WithLabelValues("ipv6-not-served")))
-	buf := make([]byte, 1500)
-	require.NoError(t, c.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
-	_, err = c.Read(buf)
-	require.Error(t, err, "nothing is sent back")
 }
 
 func TestTFTP(t *testing.T) {

@@ -7,12 +7,17 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
+	"github.com/insomniacslk/dhcp/dhcpv6"
+	"github.com/insomniacslk/dhcp/iana"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -144,4 +149,124 @@ func TestSpoofedDHCPOnVeth(t *testing.T) {
 	require.Equal(t, dhcpv4.MessageTypeAck, renew.MessageType())
 	require.True(t, renew.YourIPAddr.Equal(ip))
 	require.Equal(t, before, journal(), "nothing written for the attacker's packets or the early renewal")
+}
+
+// DHCPv6 is watched through a raw socket, never answered, and takes no
+// port: a client on the boot network (another namespace, over a veth)
+// soliciting a boot file is logged once with the reason; a packet to the
+// server's own address, and one on another interface, are not the boot
+// network's clients'; and a DHCPv6 server starting afterwards binds port
+// 547 on every address without address reuse, as dnsmasq does by default.
+// Root only (network namespaces, raw sockets); CI runs it as root.
+func TestDHCPv6WatchOnVeth(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	const prefix = "abwatch6"
+	netns.RemoveStale(prefix)
+	id := fmt.Sprintf("%s%d", prefix, os.Getpid())
+	srv, err := netns.New(id + "-s")
+	require.NoError(t, err)
+	t.Cleanup(srv.Close)
+	cli, err := netns.New(id + "-c")
+	require.NoError(t, err)
+	t.Cleanup(cli.Close)
+	const clientMAC = "52:54:00:26:1a:01"
+	for _, c := range []struct {
+		ns  *netns.NS
+		cmd []string
+	}{
+		{srv, []string{"link", "add", "s0", "type", "veth", "peer", "name", "c0", "netns", cli.Name}},
+		{srv, []string{"link", "add", "other", "type", "veth", "peer", "name", "c1", "netns", cli.Name}},
+		{srv, []string{"addr", "add", "198.18.7.1/24", "dev", "s0"}},
+		{srv, []string{"addr", "add", "fe80::1/64", "dev", "s0", "nodad"}},
+		{srv, []string{"link", "set", "s0", "up"}},
+		{srv, []string{"link", "set", "other", "up"}},
+		{cli, []string{"link", "set", "c0", "address", clientMAC}},
+		{cli, []string{"addr", "add", "fe80::5054:ff:fe26:1a01/64", "dev", "c0", "nodad"}},
+		{cli, []string{"addr", "add", "fe80::5054:ff:fe26:1a02/64", "dev", "c1", "nodad"}},
+		{cli, []string{"link", "set", "c0", "up"}},
+		{cli, []string{"link", "set", "c1", "up"}},
+	} {
+		require.NoError(t, c.ns.IP(c.cmd...))
+	}
+	var (
+		mu    sync.Mutex
+		lines []string
+	)
+	dir, _ := binaries(t)
+	cfg := Config{
+		Interface: "s0", ServerIP: netip.MustParseAddr("198.18.7.1"), Mode: ProxyDHCP,
+		BootScriptURL: "http://198.18.7.1:8080/boot.ipxe", TFTPDir: dir, TFTPAddr: "198.18.7.1:69", HTTPAddr: "198.18.7.1:8070",
+		ListenDHCP: func(iface string, p int) (c net.PacketConn, err error) {
+			err = srv.Do(func() (err error) {
+				c, err = server4.NewIPv4UDPConn(iface, &net.UDPAddr{Port: p})
+				return err
+			})
+			return c, err
+		},
+		ListenDHCP6: func(iface string) (c net.PacketConn, err error) {
+			err = srv.Do(func() (err error) { c, err = listenDHCP6(iface); return err })
+			return c, err
+		},
+		ListenPacket: srv.ListenPacket, Listen: srv.Listen,
+		Log: funcr.New(func(_, args string) { mu.Lock(); lines = append(lines, args); mu.Unlock() }, funcr.Options{}),
+	}
+	var s *Server
+	require.NoError(t, srv.Do(func() (err error) { s, err = New(cfg); return err }))
+	runUntilCleanup(t, s)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(strings.Join(lines, "\n"), "PXE service running")
+	}, 10*time.Second, 20*time.Millisecond)
+
+	// The site's DHCPv6 server, started afterwards: [::]:547, no reuse.
+	site, err := srv.ListenPacket("udp6", "[::]:547")
+	require.NoError(t, err, "the watch must not hold port 547")
+	t.Cleanup(func() { site.Close() })
+
+	hw, _ := net.ParseMAC(clientMAC)
+	solicit, err := dhcpv6.NewSolicit(hw, dhcpv6.WithArchType(iana.EFI_X86_64), dhcpv6.WithNetboot,
+		dhcpv6.WithClientID(&dhcpv6.DUIDUUID{})) // the MAC only from the link-local source, as from iPXE
+	require.NoError(t, err)
+	send := func(from, to string) {
+		t.Helper()
+		c, err := cli.ListenPacket("udp6", from)
+		require.NoError(t, err)
+		defer c.Close()
+		dst, err := net.ResolveUDPAddr("udp6", to)
+		require.NoError(t, err)
+		// The kernel routes multicast on a link a moment after it is up.
+		require.Eventually(t, func() bool { _, err = c.WriteTo(solicit.ToBytes(), dst); return err == nil }, 5*time.Second, 50*time.Millisecond,
+			"send to %s: %v", to, err)
+	}
+	send("[fe80::5054:ff:fe26:1a02%c1]:546", "[ff02::1:2%c1]:547") // another interface of the server
+	send("[fe80::5054:ff:fe26:1a01%c0]:546", "[fe80::1%c0]:547")   // the server's own address: not the group
+	send("[fe80::5054:ff:fe26:1a01%c0]:546", "[ff02::1:2%c0]:547")
+	send("[fe80::5054:ff:fe26:1a01%c0]:546", "[ff02::1:2%c0]:547") // a retransmission
+	const want = `"msg"="DHCPv6 network boot client not answered: agentboot pxe answers DHCP over IPv4 only`
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(strings.Join(lines, "\n"), want)
+	}, 5*time.Second, 20*time.Millisecond, "log:\n%s", logText(&mu, &lines))
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, 2.0, testutil.ToFloat64(s.handler.Metrics().Dropped.WithLabelValues("ipv6-not-served")), "the two sent to the group on s0")
+	mu.Lock()
+	defer mu.Unlock()
+	logged := 0
+	for _, l := range lines {
+		if strings.Contains(l, want) {
+			logged++
+			require.Contains(t, l, `"mac"="`+clientMAC+`" "from"="fe80::5054:ff:fe26:1a01"`)
+		}
+	}
+	require.Equal(t, 1, logged)
+}
+
+func logText(mu *sync.Mutex, lines *[]string) string {
+	mu.Lock()
+	defer mu.Unlock()
+	return strings.Join(*lines, "\n")
 }

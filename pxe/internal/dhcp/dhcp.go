@@ -109,6 +109,7 @@ type Handler struct {
 	newClients *rate.Limiter
 	others     map[string]time.Time // other DHCP servers seen, for the log
 	unserved   map[string]time.Time // boot clients not answered, logged, by reason and MAC
+	served4    *lru.Cache           // MAC → time.Time of its last DHCPv4 boot file
 	metrics    *Metrics
 }
 
@@ -160,7 +161,7 @@ func New(cfg Config, m *Metrics) (*Handler, error) {
 	}
 	burst := max(cfg.NewClientBurst, int(math.Ceil(cfg.NewClientRate)))
 	return &Handler{cfg: cfg, limiters: lru.New(maxTrackedMACs), newClients: rate.NewLimiter(rate.Limit(cfg.NewClientRate), burst),
-		others: map[string]time.Time{}, unserved: map[string]time.Time{}, metrics: m}, nil
+		others: map[string]time.Time{}, unserved: map[string]time.Time{}, served4: lru.New(maxTrackedMACs), metrics: m}, nil
 }
 
 // Per-MAC limit: real clients retransmit every few seconds; a burst of 10
@@ -418,6 +419,9 @@ func (h *Handler) reply(req *dhcpv4.DHCPv4, t dhcpv4.MessageType, ip netip.Addr,
 		return nil, err
 	}
 	h.metrics.Packets.WithLabelValues(t.String()).Inc()
+	if bi.file != "" {
+		h.served4.Add(req.ClientHWAddr.String(), h.cfg.Now())
+	}
 	if t == dhcpv4.MessageTypeOffer && bi.file != "" && h.metrics.Hops != nil {
 		h.metrics.Hops.WithLabelValues(bootpath.DHCPOffer).Inc()
 	}

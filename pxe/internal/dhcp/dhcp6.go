@@ -3,6 +3,7 @@ package dhcp
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,7 +29,7 @@ const NotServedIPv6 = "agentboot pxe answers DHCP over IPv4 only: an IPv6 networ
 func (h *Handler) Unserved6(packet []byte, peer netip.Addr) {
 	d, err := dhcpv6.FromBytes(packet)
 	if err != nil {
-		h.drop("malformed")
+		h.drop("malformed-dhcpv6")
 		return
 	}
 	var relayed bool
@@ -39,7 +40,7 @@ func (h *Handler) Unserved6(packet []byte, peer netip.Addr) {
 			return // a relay's reply, not a client's request
 		}
 		if msg, err = relay.GetInnerMessage(); err != nil {
-			h.drop("malformed")
+			h.drop("malformed-dhcpv6")
 			return
 		}
 		relayed = true
@@ -55,12 +56,20 @@ func (h *Handler) Unserved6(packet []byte, peer netip.Addr) {
 		return
 	}
 	mac := mac6(msg, peer, relayed)
-	if ok, why := h.allow(mac); !ok {
+	// A limit of its own: made-up DHCPv6 packets naming a MAC must not use
+	// up that MAC's DHCPv4 allowance.
+	if ok, why := h.allow("v6 " + mac); !ok {
 		h.drop(why)
 		return
 	}
 	h.drop("ipv6-not-served")
-	detail := "DHCPv6 " + msg.Type().String() + ", " + f
+	if h.servedOverIPv4(mac) {
+		// A dual-stack client (iPXE configures both families at once)
+		// that is booting over IPv4: not stuck, and its trace's DHCP
+		// hop is the IPv4 answer.
+		return
+	}
+	detail := clip.Text("DHCPv6 "+msg.Type().String()+", "+f, 120)
 	if h.cfg.Observe != nil && mac != "unknown" {
 		h.cfg.Observe(Observation{MAC: mac, Outcome: "not answered: " + NotServedIPv6, Detail: detail})
 	}
@@ -81,14 +90,33 @@ func (h *Handler) firstUnserved(mac, reason string) bool {
 		return false
 	}
 	if len(h.unserved) >= maxTrackedMACs {
-		clear(h.unserved)
+		for k, at := range h.unserved {
+			if now.Sub(at) >= time.Hour {
+				delete(h.unserved, k)
+			}
+		}
+		if len(h.unserved) >= maxTrackedMACs {
+			// Full of this hour's clients: more are counted, not
+			// logged, so a flood of made-up MACs cannot flood the log.
+			h.metrics.Dropped.WithLabelValues("unserved-log-suppressed").Inc()
+			return false
+		}
 	}
 	h.unserved[key] = now
 	return true
 }
 
-// identify6 describes a DHCPv6 client's firmware and says whether it is
-// network booting.
+// servedOverIPv4 says whether mac was sent a boot file over DHCPv4 in the
+// last ten minutes.
+func (h *Handler) servedOverIPv4(mac string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	at, ok := h.served4.Get(mac)
+	return ok && h.cfg.Now().Sub(at.(time.Time)) < 10*time.Minute
+}
+
+// identify6 describes a DHCPv6 client's firmware (the first of each kind
+// of option that says so) and says whether it is network booting.
 func identify6(m *dhcpv6.Message) (string, bool) {
 	var parts []string
 	booting := m.IsNetboot()
@@ -96,19 +124,19 @@ func identify6(m *dhcpv6.Message) (string, bool) {
 		parts = append(parts, iana.Arch(archs[0]).String())
 		booting = true
 	}
+vendor:
 	for _, vc := range m.Options.VendorClasses() {
 		for _, d := range vc.Data {
 			if s := string(d); strings.HasPrefix(s, "PXEClient") || strings.HasPrefix(s, "HTTPClient") {
 				parts = append(parts, clip.Text(s, 40))
 				booting = true
+				break vendor
 			}
 		}
 	}
-	for _, uc := range m.Options.UserClasses() {
-		if string(uc) == "iPXE" {
-			parts = append(parts, "iPXE")
-			booting = true
-		}
+	if slices.ContainsFunc(m.Options.UserClasses(), func(uc []byte) bool { return string(uc) == "iPXE" }) {
+		parts = append(parts, "iPXE")
+		booting = true
 	}
 	if len(parts) == 0 {
 		parts = append(parts, "asks for a boot file URL")

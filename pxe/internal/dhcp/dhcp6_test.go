@@ -1,14 +1,17 @@
 package dhcp
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv6"
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -100,11 +103,59 @@ func TestUnserved6(t *testing.T) {
 		require.Equal(t, before, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("ipv6-not-served")))
 	})
 	t.Run("malformed", func(t *testing.T) {
-		before := testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("malformed"))
+		before := testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("malformed-dhcpv6"))
 		h.Unserved6([]byte{1, 2}, linkLocal)
-		require.Equal(t, before+1, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("malformed")))
+		require.Equal(t, before+1, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("malformed-dhcpv6")))
 		require.False(t, strings.Contains(strings.Join(lines, "\n"), "not answered"))
 	})
+	t.Run("long-classes", func(t *testing.T) {
+		reset()
+		var classes [][]byte
+		for range 500 {
+			classes = append(classes, []byte("PXEClient:"+strings.Repeat("x", 100)))
+		}
+		m, err := dhcpv6.NewMessage(dhcpv6.WithClientID(&dhcpv6.DUIDLL{HWType: iana.HWTypeEthernet, LinkLayerAddr: net.HardwareAddr{0x52, 0x54, 0, 0x26, 0x18, 0x03}}),
+			dhcpv6.WithOption(&dhcpv6.OptVendorClass{EnterpriseNumber: 343, Data: classes}))
+		require.NoError(t, err)
+		h.Unserved6(m.ToBytes(), linkLocal)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, obs, 1)
+		require.LessOrEqual(t, len(obs[0].Detail), 130, "a packet's size is not the detail's")
+		require.Less(t, len(lines[0]), 1000)
+	})
+	// A dual-stack iPXE booting over IPv4 also solicits over DHCPv6: not
+	// stuck, so neither logged nor observed.
+	t.Run("booting-over-ipv4", func(t *testing.T) {
+		reset()
+		ipv4, err := dhcpv4.New(dhcpv4.WithMessageType(dhcpv4.MessageTypeDiscover), dhcpv4.WithHwAddr(net.HardwareAddr{0x52, 0x54, 0, 0x26, 0x18, 0x04}),
+			dhcpv4.WithOption(dhcpv4.OptUserClass("iPXE")))
+		require.NoError(t, err)
+		require.NotNil(t, h.Respond(ipv4, 67), "iPXE gets its script over IPv4")
+		h.Unserved6(ipxe(t).ToBytes(), netip.MustParseAddr("fe80::5054:ff:fe26:1804"))
+		mu.Lock()
+		defer mu.Unlock()
+		require.Empty(t, lines)
+		for _, o := range obs {
+			require.NotEqual(t, "not answered: "+NotServedIPv6, o.Outcome, "%+v", o)
+		}
+	})
+}
+
+// The record of clients logged as not answered is bounded: full of this
+// hour's, a new one is counted, not logged; an hour later there is room.
+func TestUnservedBounded(t *testing.T) {
+	now := time.Now()
+	h := newHandler(t, Proxy, func(c *Config) { c.Now = func() time.Time { return now } })
+	for i := range maxTrackedMACs {
+		require.True(t, h.firstUnserved(fmt.Sprint(i), "ipv6"))
+	}
+	require.False(t, h.firstUnserved("0", "ipv6"), "logged this hour")
+	require.False(t, h.firstUnserved("new", "ipv6"), "full")
+	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.Dropped.WithLabelValues("unserved-log-suppressed")))
+	now = now.Add(time.Hour)
+	require.True(t, h.firstUnserved("new", "ipv6"), "the hour is over: room again")
+	require.True(t, h.firstUnserved("0", "ipv6"), "logged again an hour later")
 }
 
 // FuzzUnserved6 feeds arbitrary packets from the boot network to the
