@@ -263,6 +263,17 @@ func TestDHCPv6WatchOnVeth(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, logged)
+
+	// An interface without IPv6 is said to be one.
+	require.NoError(t, netns.Run("ip", "netns", "exec", srv.Name, "sysctl", "-q", "-w", "net.ipv6.conf.other.disable_ipv6=1"))
+	err = srv.Do(func() error {
+		c, err := listenDHCP6("other")
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	require.ErrorContains(t, err, "IPv6 is disabled on other (net.ipv6.conf.other.disable_ipv6=1)")
 }
 
 func logText(mu *sync.Mutex, lines *[]string) string {
