@@ -24,6 +24,36 @@ import (
 	"github.com/agentboot/agentboot/test/netns"
 )
 
+// serverAndClient creates two network namespaces, <prefix><pid>-s and -c,
+// gone when the test ends (and those of earlier runs whose process is gone
+// before); the test is skipped without root.
+func serverAndClient(t *testing.T, prefix string) (srv, cli *netns.NS) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	netns.RemoveStale(prefix)
+	id := fmt.Sprintf("%s%d", prefix, os.Getpid())
+	srv, err := netns.New(id + "-s")
+	require.NoError(t, err)
+	t.Cleanup(srv.Close)
+	cli, err = netns.New(id + "-c")
+	require.NoError(t, err)
+	t.Cleanup(cli.Close)
+	return srv, cli
+}
+
+// listenDHCPIn opens the DHCP sockets in namespace ns.
+func listenDHCPIn(ns *netns.NS) func(string, int) (net.PacketConn, error) {
+	return func(iface string, p int) (c net.PacketConn, err error) {
+		err = ns.Do(func() (err error) {
+			c, err = server4.NewIPv4UDPConn(iface, &net.UDPAddr{Port: p})
+			return err
+		})
+		return c, err
+	}
+}
+
 // A host on the boot network sends made-up DHCP packets, through real
 // sockets on a veth pair, to agentboot in authoritative mode: a DECLINE of
 // another client's address, a request through a relay that does not
@@ -31,18 +61,7 @@ import (
 // its lease, nothing is written to disk, and nothing is sent for the
 // relay. Root only (network namespaces); CI runs it as root.
 func TestSpoofedDHCPOnVeth(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	const prefix = "abspoof"
-	netns.RemoveStale(prefix)
-	id := fmt.Sprintf("%s%d", prefix, os.Getpid())
-	srv, err := netns.New(id + "-s")
-	require.NoError(t, err)
-	t.Cleanup(srv.Close)
-	cli, err := netns.New(id + "-c")
-	require.NoError(t, err)
-	t.Cleanup(cli.Close)
+	srv, cli := serverAndClient(t, "abspoof")
 	require.NoError(t, srv.IP("link", "add", "s0", "type", "veth", "peer", "name", "c0", "netns", cli.Name))
 	require.NoError(t, srv.IP("addr", "add", "198.18.7.1/24", "dev", "s0"))
 	require.NoError(t, srv.IP("link", "set", "s0", "up"))
@@ -55,13 +74,7 @@ func TestSpoofedDHCPOnVeth(t *testing.T) {
 		Interface: "s0", ServerIP: netip.MustParseAddr("198.18.7.1"), PrefixLen: 24, Mode: Authoritative,
 		PoolStart: netip.MustParseAddr("198.18.7.100"), PoolEnd: netip.MustParseAddr("198.18.7.110"), LeaseFile: leaseFile,
 		BootScriptURL: "http://198.18.7.1:8080/boot.ipxe", TFTPDir: dir, TFTPAddr: "198.18.7.1:69", HTTPAddr: "198.18.7.1:8070",
-		ListenDHCP: func(iface string, p int) (c net.PacketConn, err error) {
-			err = srv.Do(func() (err error) {
-				c, err = server4.NewIPv4UDPConn(iface, &net.UDPAddr{Port: p})
-				return err
-			})
-			return c, err
-		},
+		ListenDHCP:   listenDHCPIn(srv),
 		ListenPacket: srv.ListenPacket, Listen: srv.Listen,
 		Log: testr.New(t),
 	}
@@ -159,18 +172,7 @@ func TestSpoofedDHCPOnVeth(t *testing.T) {
 // 547 on every address without address reuse, as dnsmasq does by default.
 // Root only (network namespaces, raw sockets); CI runs it as root.
 func TestDHCPv6WatchOnVeth(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	const prefix = "abwatch6"
-	netns.RemoveStale(prefix)
-	id := fmt.Sprintf("%s%d", prefix, os.Getpid())
-	srv, err := netns.New(id + "-s")
-	require.NoError(t, err)
-	t.Cleanup(srv.Close)
-	cli, err := netns.New(id + "-c")
-	require.NoError(t, err)
-	t.Cleanup(cli.Close)
+	srv, cli := serverAndClient(t, "abwatch6")
 	const clientMAC = "52:54:00:26:1a:01"
 	for _, c := range []struct {
 		ns  *netns.NS
@@ -198,13 +200,7 @@ func TestDHCPv6WatchOnVeth(t *testing.T) {
 	cfg := Config{
 		Interface: "s0", ServerIP: netip.MustParseAddr("198.18.7.1"), Mode: ProxyDHCP,
 		BootScriptURL: "http://198.18.7.1:8080/boot.ipxe", TFTPDir: dir, TFTPAddr: "198.18.7.1:69", HTTPAddr: "198.18.7.1:8070",
-		ListenDHCP: func(iface string, p int) (c net.PacketConn, err error) {
-			err = srv.Do(func() (err error) {
-				c, err = server4.NewIPv4UDPConn(iface, &net.UDPAddr{Port: p})
-				return err
-			})
-			return c, err
-		},
+		ListenDHCP: listenDHCPIn(srv),
 		ListenDHCP6: func(iface string) (c net.PacketConn, err error) {
 			err = srv.Do(func() (err error) { c, err = listenDHCP6(iface); return err })
 			return c, err
