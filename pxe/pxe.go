@@ -33,6 +33,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv6"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/bpf"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
@@ -520,6 +521,22 @@ func listenDHCP6(iface string) (net.PacketConn, error) {
 		return nil, err
 	}
 	p := ipv6.NewPacketConn(c)
+	// In the kernel, only UDP to port 547 is copied here: the host's other
+	// IPv6 UDP traffic never reaches this process. A raw IPv6 socket's
+	// filter sees the packet from its UDP header on.
+	filter, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 2, Size: 2}, // destination port
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: dhcpv6.DefaultServerPort, SkipFalse: 1},
+		bpf.RetConstant{Val: 65535},
+		bpf.RetConstant{Val: 0},
+	})
+	if err == nil {
+		err = p.SetBPF(filter)
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("filter port %d: %w", dhcpv6.DefaultServerPort, err)
+	}
 	if err := p.JoinGroup(ifi, &net.IPAddr{IP: dhcp6Servers}); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("join %s on %s: %w", dhcp6Servers, iface, err)
@@ -544,6 +561,8 @@ func (s *Server) watchDHCP6(conn net.PacketConn) error {
 		for {
 			if _, _, err := conn.ReadFrom(buf); errors.Is(err, net.ErrClosed) {
 				return err
+			} else if err != nil {
+				time.Sleep(100 * time.Millisecond)
 			}
 		}
 	}
