@@ -23,8 +23,9 @@ const NotServedIPv6 = "agentboot pxe answers DHCP over IPv4 only: an IPv6 networ
 // HTTPClient, user class iPXE, or asks for a boot file URL) is logged
 // once an hour per MAC with the reason, counted as dropped
 // (ipv6-not-served) and, when Observe is set and its MAC is known,
-// observed for its boot trace, so that a host trying IPv6 network boot is seen going nowhere.
-// Other DHCPv6 traffic (an installed system's, the site server's own) is
+// observed for its boot trace, so that a host trying IPv6 network boot
+// is seen going nowhere; unless it was sent a boot file over DHCPv4
+// lately (then it is only counted). Other DHCPv6 traffic (an installed system's, the site server's own) is
 // ignored. Packets are rate-limited per MAC as IPv4 ones are.
 func (h *Handler) Unserved6(packet []byte, peer netip.Addr) {
 	d, err := dhcpv6.FromBytes(packet)
@@ -80,8 +81,9 @@ func (h *Handler) Unserved6(packet []byte, peer netip.Addr) {
 
 // firstUnserved says whether mac is not yet logged as a client not
 // answered for reason this hour, and notes it: each such client is
-// logged once an hour. The record is bounded: past maxTrackedMACs it
-// starts again, so a flood of made-up MACs only repeats lines.
+// logged once an hour. The record is bounded: full of this hour's
+// clients (maxTrackedMACs), it logs no new one, so that a flood of
+// made-up MACs cannot flood the log.
 func (h *Handler) firstUnserved(mac, reason string) bool {
 	now, key := h.cfg.Now(), reason+" "+mac
 	h.mu.Lock()
