@@ -94,8 +94,11 @@ func TestLabIPv6(t *testing.T) {
 		i, v := booted(t, "ISO, dual-stack (DHCPv4 + SLAAC), IPv6 service URLs", dual.Bridge, mac)
 		// The host may have gone on with SLAAC before its DHCPv4 lease
 		// (either family is "up"): the agent reports again each minute.
-		for deadline := time.Now().Add(3 * time.Minute); len(i.IPV4Addresses) == 0 && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Second)
+		// (A ticker, not Eventually: ifaceOf and agentOf fail the test,
+		// which only the test's own goroutine may.)
+		tick := time.NewTicker(5 * time.Second)
+		defer tick.Stop()
+		for deadline := time.Now().Add(3 * time.Minute); len(i.IPV4Addresses) == 0 && time.Now().Before(deadline); <-tick.C {
 			i = ifaceOf(t, agentOf(t, v6, ie.Namespace, mac, v), mac)
 		}
 		require.Len(t, i.IPV4Addresses, 1)
