@@ -122,8 +122,9 @@ type Config struct {
 	ListenDHCP func(iface string, port int) (net.PacketConn, error)
 	// ListenDHCP6 opens a raw IPv6 UDP socket on the interface's DHCPv6
 	// server group, to log the IPv6 network-boot clients this service does
-	// not answer; it takes no port.
-	ListenDHCP6  func(iface string) (net.PacketConn, error)
+	// not answer; it takes no port, and reports each packet's interface
+	// and destination.
+	ListenDHCP6  func(iface string) (*ipv6.PacketConn, error)
 	ListenPacket func(network, addr string) (net.PacketConn, error)
 	Listen       func(network, addr string) (net.Listener, error)
 	Log          logr.Logger
@@ -508,7 +509,7 @@ var dhcp6Servers = net.ParseIP("ff02::1:2")
 // reuse unless told to bind interfaces) and keeps every packet. Joining
 // the group on iface makes the interface take the clients' packets even
 // where no DHCPv6 server runs.
-func listenDHCP6(iface string) (net.PacketConn, error) {
+func listenDHCP6(iface string) (*ipv6.PacketConn, error) {
 	ifi, err := net.InterfaceByName(iface)
 	if err != nil {
 		return nil, err
@@ -541,31 +542,24 @@ func listenDHCP6(iface string) (net.PacketConn, error) {
 		c.Close()
 		return nil, fmt.Errorf("join %s on %s: %w", dhcp6Servers, iface, err)
 	}
-	return c, nil
+	// Which interface and which address each packet came to: only the
+	// boot network's, and only the servers' group, are clients' requests.
+	if err := p.SetControlMessage(ipv6.FlagInterface|ipv6.FlagDst, true); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("DHCPv6: %w", err)
+	}
+	return p, nil
 }
 
-// watchDHCP6 reads conn (listenDHCP6's: each packet a UDP header and its
+// watchDHCP6 reads pc (listenDHCP6's: each packet a UDP header and its
 // payload) and hands the DHCPv6 requests sent to the servers' group on
 // the boot network's interface to the handler, which logs the
 // network-boot clients it does not answer (dhcp.Handler.Unserved6).
 // Nothing is sent. It returns only once conn is closed: a read error is
 // logged (at most once a minute) and reading goes on, since the watch is
 // no reason to stop the PXE service.
-func (s *Server) watchDHCP6(conn net.PacketConn) error {
-	pc := ipv6.NewPacketConn(conn)
+func (s *Server) watchDHCP6(pc *ipv6.PacketConn) error {
 	buf := make([]byte, 65536)
-	// Which interface and which address each packet came to: only the
-	// boot network's, and only the servers' group, are clients' requests.
-	if err := pc.SetControlMessage(ipv6.FlagInterface|ipv6.FlagDst, true); err != nil {
-		s.cfg.Log.Info("not watching DHCPv6: IPv6 network boot clients, which this service does not answer, will not be logged", "err", err.Error())
-		for {
-			if _, _, err := conn.ReadFrom(buf); errors.Is(err, net.ErrClosed) {
-				return err
-			} else if err != nil {
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
-	}
 	var lastErr time.Time
 	for {
 		n, cm, src, err := pc.ReadFrom(buf)

@@ -20,6 +20,7 @@ import (
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/ipv6"
 
 	"github.com/agentboot/agentboot/test/netns"
 )
@@ -201,7 +202,7 @@ func TestDHCPv6WatchOnVeth(t *testing.T) {
 		Interface: "s0", ServerIP: netip.MustParseAddr("198.18.7.1"), Mode: ProxyDHCP,
 		BootScriptURL: "http://198.18.7.1:8080/boot.ipxe", TFTPDir: dir, TFTPAddr: "198.18.7.1:69", HTTPAddr: "198.18.7.1:8070",
 		ListenDHCP: listenDHCPIn(srv),
-		ListenDHCP6: func(iface string) (c net.PacketConn, err error) {
+		ListenDHCP6: func(iface string) (c *ipv6.PacketConn, err error) {
 			err = srv.Do(func() (err error) { c, err = listenDHCP6(iface); return err })
 			return c, err
 		},
