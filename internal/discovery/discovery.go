@@ -264,7 +264,7 @@ func Render(in Input, s Settings) (*Output, error) {
 				"NMStateConfigs apply after boot only, and hosts without DHCP need ip= kernel arguments", in.ImageKey, liveiso.FeaturesPath))
 		}
 	}
-	archive, err := initramfs.Archive(initramfs.XZ, append([]initramfs.File{{Path: "config.ign", Mode: 0o600, Data: ign}}, network...)...)
+	archive, err := embedArchive(ign, network)
 	if err != nil {
 		return nil, err
 	}
@@ -335,7 +335,7 @@ func (o *Output) WithBootProof(p agentwire.BootProof, area int64) (*Output, erro
 	if err != nil {
 		return nil, err
 	}
-	archive, err := initramfs.Archive(initramfs.XZ, append([]initramfs.File{{Path: "config.ign", Mode: 0o600, Data: ign}}, o.Network...)...)
+	archive, err := embedArchive(ign, o.Network)
 	if err != nil {
 		return nil, err
 	}
@@ -565,6 +565,12 @@ func proxyEnvironment(p *agentwire.Proxy) string {
 	add("NO_PROXY", p.NoProxy)
 	add("no_proxy", p.NoProxy)
 	return strings.Join(env, " ")
+}
+
+// embedArchive is the initramfs archive hosts boot with: config.ign and
+// the static network keyfiles.
+func embedArchive(ign []byte, network []initramfs.File) ([]byte, error) {
+	return initramfs.Archive(initramfs.XZ, append([]initramfs.File{{Path: "config.ign", Mode: 0o600, Data: ign}}, network...)...)
 }
 
 // networkFiles converts the NMStateConfigs to NetworkManager keyfiles for

@@ -111,9 +111,7 @@ func (h *Handler) firstUnserved(mac, reason string) bool {
 // servedOverIPv4 says whether mac was sent a boot file over DHCPv4 in the
 // last ten minutes.
 func (h *Handler) servedOverIPv4(mac string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	at, ok := h.served4.Get(mac)
+	at, ok := h.served4.Get(mac) // the cache has a lock of its own
 	return ok && h.cfg.Now().Sub(at.(time.Time)) < 10*time.Minute
 }
 
