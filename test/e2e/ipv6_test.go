@@ -76,10 +76,7 @@ func TestLabIPv6(t *testing.T) {
 			"--dhcp-leasefile="+filepath.Join(theLab.Dir, "ipv6-site.leases"),
 			"--log-facility="+filepath.Join(theLab.Dir, "ipv6-site-dnsmasq.log"), "--conf-file="+conf))
 		const mac = "52:54:00:26:18:01"
-		// IPv4 PXE off, as on a server set to boot over IPv6 only: OVMF
-		// would otherwise wait out DHCPv4 first.
-		v := bootVMOn(t, seg.Bridge, vm.Options{Name: "ipv6-pxe", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536,
-			Extra: []string{"-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n"}})
+		v := bootVMOn(t, seg.Bridge, vm.Options{Name: "ipv6-pxe", UEFI: true, NoNICROM: true, PXEv6Only: true, Boot: "n", MAC: mac, MemoryMB: 1536})
 		a := agentOf(t, v6, ie.Namespace, mac, v)
 		registered(t, "IPv6-only UEFI PXE (OVMF PXEv6), the site's dnsmasq DHCPv6 (recipe), IPv6 service URLs", v, a)
 		requireSerial(t, v, "Start PXE over IPv6", "NBP filename is ipxe.efi", "Filename: "+ie.Status.BootArtifacts.IpxeScriptURL)
@@ -150,8 +147,7 @@ func TestLabPXEIPv6NotServed(t *testing.T) {
 	startPXE(t, "pxe-ipv6", seg.Bridge, seg.HostIP)
 	const mac = "52:54:00:26:19:01"
 	declareHost(t, ie, "ipv6-unserved", mac)
-	v := bootVMOn(t, seg.Bridge, vm.Options{Name: "ipv6-unserved", UEFI: true, NoNICROM: true, Boot: "n", MAC: mac, MemoryMB: 1536,
-		Extra: []string{"-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n"}})
+	v := bootVMOn(t, seg.Bridge, vm.Options{Name: "ipv6-unserved", UEFI: true, NoNICROM: true, PXEv6Only: true, Boot: "n", MAC: mac, MemoryMB: 1536})
 	line := regexp.MustCompile(`msg="DHCPv6 network boot client not answered: agentboot pxe answers DHCP over IPv4 only: an IPv6 network boot needs the site's DHCPv6 server to give the boot file \(docs/pxe.md#ipv6\)" logger=pxe/dhcp mac=` +
 		mac + ` from=fe80::5054:ff:fe26:1901 request="DHCPv6 SOLICIT, EFI x86-64, PXEClient`)
 	require.Eventually(t, func() bool { return line.MatchString(theLab.Log("pxe-ipv6.out")) }, bootTimeout, time.Second,

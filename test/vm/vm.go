@@ -69,6 +69,11 @@ type Options struct {
 	// network boot is UEFI HTTP boot, as on a server whose setup enables
 	// HTTP boot only. UEFI x86_64 only.
 	HTTPBoot bool
+	// PXEv6Only turns OVMF's IPv4 PXE off (fw_cfg
+	// opt/org.tianocore/IPv4PXESupport), so that its network boot starts
+	// with PXE over IPv6, as on a server set to boot over IPv6 only: OVMF
+	// would otherwise wait out DHCPv4 first. UEFI x86_64 only.
+	PXEv6Only bool
 	// SecureBoot boots OVMF's Secure Boot build with Microsoft's keys
 	// enrolled and Secure Boot enforced (Debian's OVMF_VARS_4M.ms.fd), on
 	// the q35 machine with SMM, which that build needs. UEFI x86_64 only.
@@ -181,12 +186,14 @@ func StartVM(t testing.TB, o Options) (*VM, error) {
 	if o.CPU != "" {
 		args = append(args, "-cpu", o.CPU)
 	}
+	if (o.HTTPBoot || o.PXEv6Only) && (!o.UEFI || arm) {
+		return nil, fmt.Errorf("vm %s: HTTPBoot and PXEv6Only need UEFI on x86_64 (OVMF)", o.Name)
+	}
+	if o.HTTPBoot || o.PXEv6Only {
+		args = append(args, "-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n")
+	}
 	if o.HTTPBoot {
-		if !o.UEFI || arm {
-			return nil, fmt.Errorf("vm %s: HTTPBoot needs UEFI on x86_64 (OVMF)", o.Name)
-		}
-		args = append(args, "-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n",
-			"-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=n")
+		args = append(args, "-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=n")
 	}
 	if o.UUID != "" {
 		args = append(args, "-uuid", o.UUID)
