@@ -88,7 +88,26 @@ func (d *discoveryFlags) catalogConfig(log logr.Logger) (osimage.Config, error) 
 }
 
 // settings reads the CA bundle and digests the agent binary.
+// checkURLs checks the URL flags, naming the flag. Not before the
+// command's preflight (clusterFlags.start): a $(VAR) the kubelet left
+// unexpanded is reported there, and waited out, not crashed on.
+func (d *discoveryFlags) checkURLs() error {
+	for _, u := range []struct{ flag, name, v string }{
+		{"agent-api-url", discovery.AgentAPIURLName, d.agentAPIURL},
+		{"image-service-url", discovery.ImageServiceURLName, d.imageURL},
+		{"image-service-http-url", discovery.ImageServiceHTTPURLName, d.imageHTTPURL},
+	} {
+		if err := discovery.CheckURL(u.name, u.v); err != nil {
+			return fmt.Errorf("--%s: %w", u.flag, err)
+		}
+	}
+	return nil
+}
+
 func (d *discoveryFlags) settings() (discovery.Settings, error) {
+	if err := d.checkURLs(); err != nil {
+		return discovery.Settings{}, err
+	}
 	s := discovery.Settings{
 		AgentAPIURL:         d.agentAPIURL,
 		ImageServiceURL:     d.imageURL,

@@ -57,3 +57,17 @@ func TestAgentAPIFlagsNeedAnAgentAPI(t *testing.T) {
 	require.ErrorContains(t, parse("--agent-api-addr=", "--max-unapproved-agents-per-infraenv=10", "--agent-api-write-budget=1000"),
 		"--agent-api-write-budget, --max-unapproved-agents-per-infraenv set, but --agent-api-addr is empty")
 }
+
+// A service URL that hosts cannot use is refused naming its flag, and the
+// settings are not made.
+func TestURLFlagsNamed(t *testing.T) {
+	good := discoveryFlags{agentAPIURL: "https://[2001:db8::10]:7443", imageURL: "https://[2001:db8::10]:8443", imageHTTPURL: "http://[2001:db8::10]:8080"}
+	require.NoError(t, good.checkURLs())
+	bad := good
+	bad.imageHTTPURL = "http://2001:db8::10:8080"
+	_, err := bad.settings()
+	require.EqualError(t, err, `--image-service-http-url: image service HTTP URL "http://2001:db8::10:8080": an IPv6 address in a URL goes in brackets, as http://[2001:db8::1]:8080`)
+	bad = good
+	bad.agentAPIURL = "https://[fe80::1]:7443"
+	require.ErrorContains(t, bad.checkURLs(), "--agent-api-url: agent API URL")
+}

@@ -131,22 +131,43 @@ func checkURLHost(u *url.URL) error {
 	return nil
 }
 
+// The URLs hosts reach agentboot at, by what they are.
+const (
+	AgentAPIURLName         = "agent API URL"
+	ImageServiceURLName     = "image service URL"
+	ImageServiceHTTPURLName = "image service HTTP URL"
+)
+
+// CheckURL checks that v can be one of the service URLs: name says which
+// (AgentAPIURLName, ...), which the error carries.
+func CheckURL(name, v string) error {
+	scheme, port := "https", "8443"
+	switch name {
+	case AgentAPIURLName:
+		port = "7443"
+	case ImageServiceHTTPURLName:
+		scheme, port = "http", "8080"
+	}
+	if bareIPv6(v) {
+		return fmt.Errorf("%s %q: an IPv6 address in a URL goes in brackets, as %s://[2001:db8::1]:%s", name, v, scheme, port)
+	}
+	p, err := url.Parse(v)
+	if err != nil || p.Scheme != scheme || p.Host == "" || p.RawQuery != "" {
+		return fmt.Errorf("%s %q must be an %s:// URL without a query", name, v, scheme)
+	}
+	if err := checkURLHost(p); err != nil {
+		return fmt.Errorf("%s %q: %w", name, v, err)
+	}
+	return nil
+}
+
 // Validate checks that the settings make usable URLs.
 func (s Settings) Validate() error {
-	for _, u := range []struct{ name, v, scheme, port string }{
-		{"agent API URL", s.AgentAPIURL, "https", "7443"},
-		{"image service URL", s.ImageServiceURL, "https", "8443"},
-		{"image service HTTP URL", s.ImageServiceHTTPURL, "http", "8080"},
+	for _, u := range []struct{ name, v string }{
+		{AgentAPIURLName, s.AgentAPIURL}, {ImageServiceURLName, s.ImageServiceURL}, {ImageServiceHTTPURLName, s.ImageServiceHTTPURL},
 	} {
-		if bareIPv6(u.v) {
-			return fmt.Errorf("%s %q: an IPv6 address in a URL goes in brackets, as %s://[2001:db8::1]:%s", u.name, u.v, u.scheme, u.port)
-		}
-		p, err := url.Parse(u.v)
-		if err != nil || p.Scheme != u.scheme || p.Host == "" || p.RawQuery != "" {
-			return fmt.Errorf("%s %q must be an %s:// URL without a query", u.name, u.v, u.scheme)
-		}
-		if err := checkURLHost(p); err != nil {
-			return fmt.Errorf("%s %q: %w", u.name, u.v, err)
+		if err := CheckURL(u.name, u.v); err != nil {
+			return err
 		}
 	}
 	if len(s.Agents) == 0 {
